@@ -1,0 +1,51 @@
+# One Makefile for the whole loop. `make demo` and `make test` bootstrap .venv from the lock file first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help install demo test test-fast lint format bench lock doctor clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+# The virtual environment is rebuilt when the lock or the project metadata changes.
+$(STAMP): requirements.lock pyproject.toml scripts/bootstrap.sh
+	@PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/bootstrap.sh
+	@touch $@
+
+install: $(STAMP) ## create or refresh .venv from requirements.lock
+
+demo: $(STAMP) ## run the main job: the whole loop on the embedded stack
+	$(BIN)/mlops demo
+
+test: $(STAMP) ## run every test tier
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## the fast tier (unit, data, dags): seconds
+	$(BIN)/python -m pytest -m "unit or data or dags" $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff (with Airflow 3 AIR rules) and a format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP) ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(STAMP) ## benchmarks: ratios against baselines measured in the same run
+	$(BIN)/python -m benchmarks
+
+doctor: $(STAMP) ## check Java, Spark and the active profile's services
+	$(BIN)/mlops doctor
+
+lock: ## re-resolve pyproject.toml into requirements.lock (needs the network's package registry)
+	@PYTHON=$(PYTHON) bash scripts/lock.sh
+
+clean: ## remove .venv and local state (var/)
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,127 @@
+"""The `mlops` command. Each command is a thin shell over the same functions the Airflow tasks call.
+
+With `--json`, the last line on stdout is one JSON object; progress and tables go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlops.settings import get_settings
+
+app = typer.Typer(
+    name="mlops",
+    help="Retrain a fraud model from arriving card transactions: generate, ingest, features, train, promote.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+
+class Format(StrEnum):
+    csv = "csv"
+    json = "json"
+
+
+def _emit(payload: dict, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(payload, sort_keys=True, default=str))
+
+
+def _date(value: datetime) -> date:
+    return value.date()
+
+
+@app.command()
+def generate(
+    start: Annotated[datetime, typer.Option(formats=["%Y-%m-%d"], help="first arrival date")],
+    days: Annotated[int, typer.Option(min=1, help="number of arrival dates")] = 2,
+    rows_per_day: Annotated[int, typer.Option(min=0, help="transactions per day, weekly average")] = 2000,
+    seed: Annotated[int, typer.Option(help="same seed and arguments give byte-identical files")] = 7,
+    landing: Annotated[Path | None, typer.Option(help="landing zone; default $MLOPS_HOME/landing")] = None,
+    format: Annotated[Format, typer.Option("--format", help="file format")] = Format.csv,
+    faults: Annotated[str | None, typer.Option(help="KIND=RATE,... e.g. malformed=0.01,duplicates=0.02")] = None,
+    customers: Annotated[int | None, typer.Option(min=1, help="cardholders; default rows-per-day/2")] = None,
+    merchants: Annotated[int | None, typer.Option(min=20, help="merchants; default rows-per-day/20")] = None,
+    rows_per_file: Annotated[int, typer.Option(min=1, help="rows per part file")] = 1_000_000,
+    feed_start: Annotated[
+        datetime | None,
+        typer.Option(formats=["%Y-%m-%d"], help="first date of the feed (chargebacks refer back to it); "
+                     "default --start. Set it to add dates to an existing feed one at a time."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Write synthetic card transactions and chargebacks, one folder per arrival date, with manifests."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from mlops.jobs import land_synthetic
+    from pipelines.synthetic.faults import FaultSpecError, parse_faults
+    from pipelines.synthetic.simulate import rows_for_day
+
+    try:
+        parse_faults(faults)
+    except FaultSpecError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--faults") from None
+    target = landing or get_settings().landing
+    first = _date(start)
+    total = sum(rows_for_day(rows_per_day, date.fromordinal(first.toordinal() + i)) for i in range(days))
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err, transient=as_json) as progress:
+        task = progress.add_task("generating", total=total)
+        manifests = land_synthetic(
+            start=first, days=days, rows_per_day=rows_per_day, seed=seed, fmt=format.value, faults=faults,
+            landing=target, customers=customers, merchants=merchants, rows_per_file=rows_per_file,
+            feed_start=_date(feed_start) if feed_start else None,
+            progress=lambda n: progress.advance(task, n),
+        )
+    table = Table("date", "rows written", "fraud", "chargebacks", "faults", title=f"landing: {target}")
+    for m in manifests:
+        injected = ", ".join(f"{k}={v}" for k, v in m["faults"].items() if v) or "-"
+        table.add_row(m["arrival_date"], str(m["transactions"]["rows_written"]), str(m["transactions"]["fraud"]),
+                      str(m["labels"]["rows"]), injected)
+    err.print(table)
+    _emit(
+        {
+            "status": "ok",
+            "landing": str(target),
+            "dates": [m["arrival_date"] for m in manifests],
+            "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
+            "fraud": sum(m["transactions"]["fraud"] for m in manifests),
+            "labels": sum(m["labels"]["rows"] for m in manifests),
+        },
+        as_json,
+    )
+
+
+@app.command()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Check Java, Spark and the services of the active profile; say how to fix each problem."""
+    from mlops.doctor import Status, run_checks
+
+    settings = get_settings()
+    checks = run_checks(settings)
+    table = Table("check", "status", "detail", "how to fix", title=f"profile: {settings.profile.value}")
+    colour = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red"}
+    for check in checks:
+        table.add_row(check.name, f"[{colour[check.status]}]{check.status}[/]", check.detail, check.fix)
+    err.print(table)
+    failed = [c.name for c in checks if c.status is Status.FAIL]
+    _emit({"status": "fail" if failed else "ok", "profile": settings.profile.value, "failed": failed,
+           "checks": [c.as_dict() for c in checks]}, as_json)
+    if failed:
+        raise typer.Exit(code=1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,205 @@
+"""`mlops doctor`: check this machine against the active profile and say how to fix what is wrong."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from urllib.parse import urlparse
+
+from mlops.settings import Profile, Settings
+
+MIN_JAVA = 17
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items()}
+
+
+def run_checks(settings: Settings) -> list[Check]:
+    checks: list[Callable[[Settings], Check]] = [_python, _java, _home, _spark]
+    if settings.profile is Profile.LOCAL:
+        checks += [_sqlite]
+    else:
+        checks += [_postgres, _redis, _mlflow_server, _kubernetes]
+    return [check(settings) for check in checks]
+
+
+def _python(_: Settings) -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info[:2] == (3, 11):
+        return Check("python", Status.OK, f"Python {version}")
+    return Check("python", Status.FAIL, f"Python {version}", "use Python 3.11 (`make demo` builds .venv with it)")
+
+
+def java_version(java: str) -> int | None:
+    result = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', result.stderr + result.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 else major  # "1.8" means Java 8
+
+
+def _java(_: Settings) -> Check:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    fix = f"install a JDK {MIN_JAVA}+ (Debian: apt-get install openjdk-17-jre-headless) and put java on PATH"
+    if not java or not Path(java).exists():
+        where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "java is not on PATH"
+        return Check("java", Status.FAIL, where, fix)
+    major = java_version(java)
+    if major is None:
+        return Check("java", Status.FAIL, f"{java} -version printed no version", fix)
+    if major < MIN_JAVA:
+        return Check("java", Status.FAIL, f"Java {major} at {java}; Spark 4 needs {MIN_JAVA}+", fix)
+    return Check("java", Status.OK, f"Java {major} ({java})")
+
+
+def _home(settings: Settings) -> Check:
+    home = settings.home
+    existing = home
+    while not existing.exists():
+        existing = existing.parent
+    if os.access(existing, os.W_OK):
+        state = "exists" if home.exists() else "will be created on first use"
+        return Check("mlops_home", Status.OK, f"{home} ({state}, writable)")
+    return Check("mlops_home", Status.FAIL, f"{existing} is not writable",
+                 "point MLOPS_HOME at a writable folder, e.g. export MLOPS_HOME=$PWD/var")
+
+
+def _spark(settings: Settings) -> Check:
+    master = settings.spark_master
+    if master.startswith("spark://"):
+        host, port = _host_port(master, 7077)
+        if not _port_open(host, port):
+            return Check("spark", Status.FAIL, f"no Spark master answers at {master}",
+                         "start one (see README: cluster profile) or set MLOPS_CLUSTER__SPARK_MASTER")
+    from pyspark.sql import SparkSession  # heavy: only when the check runs
+
+    try:
+        spark = (
+            SparkSession.builder.master(master if master.startswith("spark://") else "local[1]")
+            .appName("mlops-doctor")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.memory", "512m")
+            .getOrCreate()
+        )
+        try:
+            counted = spark.range(1000).count()
+            version = spark.version
+        finally:
+            spark.stop()
+    except Exception as exc:  # the check reports any start failure; it never hides it
+        return Check("spark", Status.FAIL, f"Spark did not start on {master}: {exc}".splitlines()[0],
+                     "run `mlops doctor` after fixing java; see the Spark driver log above")
+    if counted != 1000:
+        return Check("spark", Status.FAIL, f"Spark counted {counted} rows of 1000 on {master}")
+    return Check("spark", Status.OK, f"Spark {version} ran a job on {master}")
+
+
+def _sqlite(settings: Settings) -> Check:
+    with sqlite3.connect(":memory:") as db:
+        db.execute("select 1")
+    return Check("sqlite", Status.OK,
+                 f"SQLite {sqlite3.sqlite_version} for Airflow, MLflow and the Feast online store under "
+                 f"{settings.home}")
+
+
+def _postgres(settings: Settings) -> Check:
+    dsn = settings.cluster.postgres_dsn
+    fix = ("start PostgreSQL (Debian: pg_ctlcluster 15 main start) or set MLOPS_CLUSTER__POSTGRES_DSN")
+    try:
+        import psycopg2
+    except ImportError:
+        return Check("postgres", Status.FAIL, "psycopg2 is not installed", "make install (extra: cluster)")
+    try:
+        with psycopg2.connect(dsn, connect_timeout=3) as conn, conn.cursor() as cur:
+            cur.execute("select version()")
+            version = cur.fetchone()[0].split(",")[0]
+        conn.close()
+    except psycopg2.Error as exc:
+        return Check("postgres", Status.FAIL, f"{_redact(dsn)}: {str(exc).strip().splitlines()[0]}", fix)
+    return Check("postgres", Status.OK, f"{version} at {_redact(dsn)}")
+
+
+def _redis(settings: Settings) -> Check:
+    url = settings.cluster.redis_url
+    try:
+        import redis
+    except ImportError:
+        return Check("redis", Status.FAIL, "the redis client is not installed", "make install (extra: cluster)")
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        info = client.info("server")
+        client.close()
+    except redis.RedisError as exc:
+        return Check("redis", Status.FAIL, f"{_redact(url)}: {exc}",
+                     "start Redis (redis-server --daemonize yes) or set MLOPS_CLUSTER__REDIS_URL")
+    return Check("redis", Status.OK, f"Redis {info.get('redis_version')} at {_redact(url)}")
+
+
+def _mlflow_server(settings: Settings) -> Check:
+    uri = settings.cluster.mlflow_tracking_uri
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=3) as response:
+            body = response.read(64).decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return Check("mlflow", Status.FAIL, f"no MLflow tracking server at {uri}: {exc}",
+                     "start one (`mlflow server --backend-store-uri postgresql://... `) or set "
+                     "MLOPS_CLUSTER__MLFLOW_TRACKING_URI")
+    return Check("mlflow", Status.OK, f"MLflow tracking server at {uri} answers {body.strip()!r}")
+
+
+def _kubernetes(settings: Settings) -> Check:
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    kubeconfig = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
+    if in_cluster or kubeconfig.is_file():
+        where = "in-cluster service account" if in_cluster else str(kubeconfig)
+        return Check("kubernetes", Status.OK,
+                     f"credentials found ({where}); training pods go to {settings.cluster.kubernetes_namespace}")
+    return Check("kubernetes", Status.WARN, "no kubeconfig and not in a cluster: training will run as a local "
+                 "process", "set KUBECONFIG to reach a cluster with GPU nodes (see infra/README.md)")
+
+
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    parsed = urlparse(url)
+    return parsed.hostname or "127.0.0.1", parsed.port or default_port
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _redact(url: str) -> str:
+    parsed = urlparse(url)
+    if parsed.password:
+        return url.replace(f":{parsed.password}@", ":***@")
+    return url

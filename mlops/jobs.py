@@ -1,0 +1,47 @@
+"""Jobs: the functions both the `mlops` CLI and the Airflow tasks call.
+
+Each job resolves its locations from the settings (the composition root) and delegates to the pure or
+I/O code in pipelines/, training/ and features/. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+from mlops.settings import get_settings
+
+
+def land_synthetic(
+    start: date,
+    days: int,
+    rows_per_day: int,
+    seed: int,
+    fmt: str = "csv",
+    faults: str | None = None,
+    landing: Path | None = None,
+    customers: int | None = None,
+    merchants: int | None = None,
+    rows_per_file: int = 1_000_000,
+    feed_start: date | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict]:
+    """Write synthetic arrival dates into the landing zone; return their manifests."""
+    from pipelines.synthetic.faults import parse_faults
+    from pipelines.synthetic.landing import GenerateRequest, generate_landing
+
+    request = GenerateRequest(
+        start=start,
+        days=days,
+        rows_per_day=rows_per_day,
+        seed=seed,
+        landing=landing or get_settings().landing,
+        fmt=fmt,  # type: ignore[arg-type]
+        faults=parse_faults(faults),
+        customers=customers,
+        merchants=merchants,
+        rows_per_file=rows_per_file,
+        feed_start=feed_start,
+    )
+    return generate_landing(request, progress=progress)

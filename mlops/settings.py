@@ -1,0 +1,103 @@
+"""Typed settings: the single composition root reads them once.
+
+`MLOPS_PROFILE` picks the profile (`local`, the embedded default, or `cluster`); every other field can be
+overridden by an `MLOPS_<FIELD>` variable (nested ones with `__`, e.g. `MLOPS_CLUSTER__REDIS_URL`).
+Importing this module does nothing but define classes: no folder is made, no service is contacted.
+Folders are created by `Settings.ensure_dirs()`, called by the commands that write.
+"""
+
+from __future__ import annotations
+
+import functools
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Profile(StrEnum):
+    LOCAL = "local"
+    CLUSTER = "cluster"
+
+
+class ClusterServices(BaseModel):
+    """Addresses of the services the cluster profile uses (defaults: the services on this machine)."""
+
+    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    spark_master: str = "spark://127.0.0.1:7077"
+    mlflow_tracking_uri: str = "http://127.0.0.1:5000"
+    kubernetes_namespace: str = "mlops-training"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MLOPS_", env_nested_delimiter="__", extra="ignore")
+
+    profile: Profile = Profile.LOCAL
+    home: Path = Field(default=REPO_ROOT / "var", description="all state of this installation")
+    landing_dir: Path | None = Field(default=None, description="defaults to $MLOPS_HOME/landing")
+    spark_driver_memory: str = "2g"
+    cluster: ClusterServices = ClusterServices()
+
+    @field_validator("home", "landing_dir", mode="after")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser().resolve()
+
+    # Locations. Every path of the installation is derived here, so tests isolate a run with MLOPS_HOME.
+    @property
+    def landing(self) -> Path:
+        return self.landing_dir or self.home / "landing"
+
+    @property
+    def lake(self) -> Path:
+        return self.home / "lake"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.home / "airflow"
+
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.home / "mlflow"
+
+    @property
+    def feast_dir(self) -> Path:
+        return self.home / "feast"
+
+    @property
+    def dvc_remote(self) -> Path:
+        return self.home / "dvc-remote"
+
+    @property
+    def spark_master(self) -> str:
+        return "local[*]" if self.profile is Profile.LOCAL else self.cluster.spark_master
+
+    @property
+    def airflow_sql_conn(self) -> str:
+        if self.profile is Profile.LOCAL:
+            return f"sqlite:///{self.airflow_home / 'airflow.db'}"
+        return self.cluster.postgres_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        if self.profile is Profile.LOCAL:
+            return f"sqlite:///{self.mlflow_dir / 'mlflow.db'}"
+        return self.cluster.mlflow_tracking_uri
+
+    @property
+    def online_store(self) -> str:
+        return "sqlite" if self.profile is Profile.LOCAL else "redis"
+
+    def ensure_dirs(self) -> None:
+        for path in (self.landing, self.lake, self.airflow_home, self.mlflow_dir, self.feast_dir):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The settings of this process, read from the environment once."""
+    return Settings()

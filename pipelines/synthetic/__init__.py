@@ -1,0 +1,1 @@
+"""Synthetic, deterministic card-transaction feeds with documented fault injection."""
