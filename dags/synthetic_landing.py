@@ -58,6 +58,9 @@ with DAG(
             faults=params["faults"] or None,
             feed_start=date.fromisoformat(params["feed_start"]),
         )
-        return {"arrival_date": manifest["arrival_date"], "rows_written": manifest["transactions"]["rows_written"]}
+        return {
+            "arrival_date": manifest["arrival_date"],
+            "rows_written": manifest["transactions"]["rows_written"],
+        }
 
     land_arrival()

@@ -49,14 +49,19 @@ def generate(
     seed: Annotated[int, typer.Option(help="same seed and arguments give byte-identical files")] = 7,
     landing: Annotated[Path | None, typer.Option(help="landing zone; default $MLOPS_HOME/landing")] = None,
     format: Annotated[Format, typer.Option("--format", help="file format")] = Format.csv,
-    faults: Annotated[str | None, typer.Option(help="KIND=RATE,... e.g. malformed=0.01,duplicates=0.02")] = None,
+    faults: Annotated[
+        str | None, typer.Option(help="KIND=RATE,... e.g. malformed=0.01,duplicates=0.02")
+    ] = None,
     customers: Annotated[int | None, typer.Option(min=1, help="cardholders; default rows-per-day/2")] = None,
     merchants: Annotated[int | None, typer.Option(min=20, help="merchants; default rows-per-day/20")] = None,
     rows_per_file: Annotated[int, typer.Option(min=1, help="rows per part file")] = 1_000_000,
     feed_start: Annotated[
         datetime | None,
-        typer.Option(formats=["%Y-%m-%d"], help="first date of the feed (chargebacks refer back to it); "
-                     "default --start. Set it to add dates to an existing feed one at a time."),
+        typer.Option(
+            formats=["%Y-%m-%d"],
+            help="first date of the feed (chargebacks refer back to it); "
+            "default --start. Set it to add dates to an existing feed one at a time.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
@@ -74,20 +79,39 @@ def generate(
     target = landing or get_settings().landing
     first = _date(start)
     total = sum(rows_for_day(rows_per_day, date.fromordinal(first.toordinal() + i)) for i in range(days))
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=err, transient=as_json) as progress:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=as_json,
+    ) as progress:
         task = progress.add_task("generating", total=total)
         manifests = land_synthetic(
-            start=first, days=days, rows_per_day=rows_per_day, seed=seed, fmt=format.value, faults=faults,
-            landing=target, customers=customers, merchants=merchants, rows_per_file=rows_per_file,
+            start=first,
+            days=days,
+            rows_per_day=rows_per_day,
+            seed=seed,
+            fmt=format.value,
+            faults=faults,
+            landing=target,
+            customers=customers,
+            merchants=merchants,
+            rows_per_file=rows_per_file,
             feed_start=_date(feed_start) if feed_start else None,
             progress=lambda n: progress.advance(task, n),
         )
     table = Table("date", "rows written", "fraud", "chargebacks", "faults", title=f"landing: {target}")
     for m in manifests:
         injected = ", ".join(f"{k}={v}" for k, v in m["faults"].items() if v) or "-"
-        table.add_row(m["arrival_date"], str(m["transactions"]["rows_written"]), str(m["transactions"]["fraud"]),
-                      str(m["labels"]["rows"]), injected)
+        table.add_row(
+            m["arrival_date"],
+            str(m["transactions"]["rows_written"]),
+            str(m["transactions"]["fraud"]),
+            str(m["labels"]["rows"]),
+            injected,
+        )
     err.print(table)
     _emit(
         {
@@ -117,8 +141,15 @@ def doctor(
         table.add_row(check.name, f"[{colour[check.status]}]{check.status}[/]", check.detail, check.fix)
     err.print(table)
     failed = [c.name for c in checks if c.status is Status.FAIL]
-    _emit({"status": "fail" if failed else "ok", "profile": settings.profile.value, "failed": failed,
-           "checks": [c.as_dict() for c in checks]}, as_json)
+    _emit(
+        {
+            "status": "fail" if failed else "ok",
+            "profile": settings.profile.value,
+            "failed": failed,
+            "checks": [c.as_dict() for c in checks],
+        },
+        as_json,
+    )
     if failed:
         raise typer.Exit(code=1)
 

@@ -52,7 +52,9 @@ def _python(_: Settings) -> Check:
     version = ".".join(map(str, sys.version_info[:3]))
     if sys.version_info[:2] == (3, 11):
         return Check("python", Status.OK, f"Python {version}")
-    return Check("python", Status.FAIL, f"Python {version}", "use Python 3.11 (`make demo` builds .venv with it)")
+    return Check(
+        "python", Status.FAIL, f"Python {version}", "use Python 3.11 (`make demo` builds .venv with it)"
+    )
 
 
 def java_version(java: str) -> int | None:
@@ -87,8 +89,12 @@ def _home(settings: Settings) -> Check:
     if os.access(existing, os.W_OK):
         state = "exists" if home.exists() else "will be created on first use"
         return Check("mlops_home", Status.OK, f"{home} ({state}, writable)")
-    return Check("mlops_home", Status.FAIL, f"{existing} is not writable",
-                 "point MLOPS_HOME at a writable folder, e.g. export MLOPS_HOME=$PWD/var")
+    return Check(
+        "mlops_home",
+        Status.FAIL,
+        f"{existing} is not writable",
+        "point MLOPS_HOME at a writable folder, e.g. export MLOPS_HOME=$PWD/var",
+    )
 
 
 def _spark(settings: Settings) -> Check:
@@ -96,8 +102,12 @@ def _spark(settings: Settings) -> Check:
     if master.startswith("spark://"):
         host, port = _host_port(master, 7077)
         if not _port_open(host, port):
-            return Check("spark", Status.FAIL, f"no Spark master answers at {master}",
-                         "start one (see README: cluster profile) or set MLOPS_CLUSTER__SPARK_MASTER")
+            return Check(
+                "spark",
+                Status.FAIL,
+                f"no Spark master answers at {master}",
+                "start one (see README: cluster profile) or set MLOPS_CLUSTER__SPARK_MASTER",
+            )
     from pyspark.sql import SparkSession  # heavy: only when the check runs
 
     try:
@@ -114,8 +124,12 @@ def _spark(settings: Settings) -> Check:
         finally:
             spark.stop()
     except Exception as exc:  # the check reports any start failure; it never hides it
-        return Check("spark", Status.FAIL, f"Spark did not start on {master}: {exc}".splitlines()[0],
-                     "run `mlops doctor` after fixing java; see the Spark driver log above")
+        return Check(
+            "spark",
+            Status.FAIL,
+            f"Spark did not start on {master}: {exc}".splitlines()[0],
+            "run `mlops doctor` after fixing java; see the Spark driver log above",
+        )
     if counted != 1000:
         return Check("spark", Status.FAIL, f"Spark counted {counted} rows of 1000 on {master}")
     return Check("spark", Status.OK, f"Spark {version} ran a job on {master}")
@@ -124,14 +138,17 @@ def _spark(settings: Settings) -> Check:
 def _sqlite(settings: Settings) -> Check:
     with sqlite3.connect(":memory:") as db:
         db.execute("select 1")
-    return Check("sqlite", Status.OK,
-                 f"SQLite {sqlite3.sqlite_version} for Airflow, MLflow and the Feast online store under "
-                 f"{settings.home}")
+    return Check(
+        "sqlite",
+        Status.OK,
+        f"SQLite {sqlite3.sqlite_version} for Airflow, MLflow and the Feast online store under "
+        f"{settings.home}",
+    )
 
 
 def _postgres(settings: Settings) -> Check:
     dsn = settings.cluster.postgres_dsn
-    fix = ("start PostgreSQL (Debian: pg_ctlcluster 15 main start) or set MLOPS_CLUSTER__POSTGRES_DSN")
+    fix = "start PostgreSQL (Debian: pg_ctlcluster 15 main start) or set MLOPS_CLUSTER__POSTGRES_DSN"
     try:
         import psycopg2
     except ImportError:
@@ -151,14 +168,20 @@ def _redis(settings: Settings) -> Check:
     try:
         import redis
     except ImportError:
-        return Check("redis", Status.FAIL, "the redis client is not installed", "make install (extra: cluster)")
+        return Check(
+            "redis", Status.FAIL, "the redis client is not installed", "make install (extra: cluster)"
+        )
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
         info = client.info("server")
         client.close()
     except redis.RedisError as exc:
-        return Check("redis", Status.FAIL, f"{_redact(url)}: {exc}",
-                     "start Redis (redis-server --daemonize yes) or set MLOPS_CLUSTER__REDIS_URL")
+        return Check(
+            "redis",
+            Status.FAIL,
+            f"{_redact(url)}: {exc}",
+            "start Redis (redis-server --daemonize yes) or set MLOPS_CLUSTER__REDIS_URL",
+        )
     return Check("redis", Status.OK, f"Redis {info.get('redis_version')} at {_redact(url)}")
 
 
@@ -168,9 +191,13 @@ def _mlflow_server(settings: Settings) -> Check:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=3) as response:
             body = response.read(64).decode(errors="replace")
     except (urllib.error.URLError, OSError) as exc:
-        return Check("mlflow", Status.FAIL, f"no MLflow tracking server at {uri}: {exc}",
-                     "start one (`mlflow server --backend-store-uri postgresql://... `) or set "
-                     "MLOPS_CLUSTER__MLFLOW_TRACKING_URI")
+        return Check(
+            "mlflow",
+            Status.FAIL,
+            f"no MLflow tracking server at {uri}: {exc}",
+            "start one (`mlflow server --backend-store-uri postgresql://... `) or set "
+            "MLOPS_CLUSTER__MLFLOW_TRACKING_URI",
+        )
     return Check("mlflow", Status.OK, f"MLflow tracking server at {uri} answers {body.strip()!r}")
 
 
@@ -179,10 +206,17 @@ def _kubernetes(settings: Settings) -> Check:
     kubeconfig = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
     if in_cluster or kubeconfig.is_file():
         where = "in-cluster service account" if in_cluster else str(kubeconfig)
-        return Check("kubernetes", Status.OK,
-                     f"credentials found ({where}); training pods go to {settings.cluster.kubernetes_namespace}")
-    return Check("kubernetes", Status.WARN, "no kubeconfig and not in a cluster: training will run as a local "
-                 "process", "set KUBECONFIG to reach a cluster with GPU nodes (see infra/README.md)")
+        return Check(
+            "kubernetes",
+            Status.OK,
+            f"credentials found ({where}); training pods go to {settings.cluster.kubernetes_namespace}",
+        )
+    return Check(
+        "kubernetes",
+        Status.WARN,
+        "no kubeconfig and not in a cluster: training will run as a local process",
+        "set KUBECONFIG to reach a cluster with GPU nodes (see infra/README.md)",
+    )
 
 
 def _host_port(url: str, default_port: int) -> tuple[str, int]:

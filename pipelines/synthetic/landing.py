@@ -140,6 +140,7 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
     files: list[dict] = []
     file_fault_records: list[dict] = []
     fraud = 0
+
     def columns_for(index: int) -> list[str]:
         columns = list(TRANSACTION_COLUMNS)
         if file_faults[FaultKind.MISSING_COLUMN] and index == 0:
@@ -160,8 +161,9 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
             stop = min(start + request.rows_per_file - writer.rows, len(batch))
             columns = columns_for(writer.index)
             writer.ensure_header(columns)
-            lines = _render(frame.iloc[start:stop], kinds[start:stop], variants[start:stop], request.fmt,
-                            columns, counts)
+            lines = _render(
+                frame.iloc[start:stop], kinds[start:stop], variants[start:stop], request.fmt, columns, counts
+            )
             writer.write(lines)
             start = stop
         position += len(batch)
@@ -213,7 +215,7 @@ def _plan_row_faults(rng: np.random.Generator, rows: int, rates: dict[FaultKind,
     """Per row: -1 for clean, else the index of its fault (replacing kinds, then duplicate, then drift)."""
     plan = np.full(rows, _CLEAN, dtype=np.int8)
     order = (*REPLACING_FAULTS, FaultKind.DUPLICATES, FaultKind.DRIFT)
-    wanted = [int(round(rates.get(kind, 0.0) * rows)) for kind in order]
+    wanted = [round(rates.get(kind, 0.0) * rows) for kind in order]
     chosen = rng.choice(rows, size=sum(wanted), replace=False) if sum(wanted) else np.zeros(0, np.int64)
     start = 0
     for code, count in enumerate(wanted):
@@ -239,8 +241,14 @@ def _frame(world, batch: Batch) -> pd.DataFrame:
     )
 
 
-def _render(frame: pd.DataFrame, kinds: np.ndarray, variants: np.ndarray, fmt: str, columns: list[str],
-            counts: dict[str, int]) -> list[str]:
+def _render(
+    frame: pd.DataFrame,
+    kinds: np.ndarray,
+    variants: np.ndarray,
+    fmt: str,
+    columns: list[str],
+    counts: dict[str, int],
+) -> list[str]:
     frame = frame.copy()
     drift = kinds == _DRIFT
     if drift.any():
@@ -282,7 +290,9 @@ def _write_labels(folder: Path, request: GenerateRequest, world, day: date) -> t
     first_origin = max(request.first_feed_date, day - timedelta(days=MAX_LABEL_DELAY_DAYS + 1))
     for back in range((day - first_origin).days + 1):
         origin = first_origin + timedelta(days=back)
-        keys, label_ms = chargebacks_of_day(world, origin, rows_for_day(request.rows_per_day, origin), request.seed)
+        keys, label_ms = chargebacks_of_day(
+            world, origin, rows_for_day(request.rows_per_day, origin), request.seed
+        )
         label_day = label_ms.astype("datetime64[ms]").astype("datetime64[D]")
         today = label_day == np.datetime64(day, "D")
         ids.append(transaction_ids(keys[today]))
@@ -373,6 +383,7 @@ def read_manifest(folder: Path) -> dict:
     """The manifest of one arrival folder, with a clear error when it is missing."""
     path = folder / MANIFEST_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no generator manifest; was this folder written by `mlops generate`?")
+        raise FileNotFoundError(
+            f"{path}: no generator manifest; was this folder written by `mlops generate`?"
+        )
     return json.loads(path.read_text())
-

@@ -37,12 +37,60 @@ CATEGORY_CASH = 10
 
 # Relative volume per hour of day, weekdays and weekends (weekends start later and run later).
 WEEKDAY_HOURS = np.array(
-    [0.6, 0.35, 0.25, 0.2, 0.2, 0.35, 0.9, 1.8, 2.8, 3.3, 3.6, 4.1, 4.9, 4.6, 4.0, 3.9, 4.1, 4.7, 5.2, 5.0,
-     4.1, 3.1, 2.0, 1.1]
+    [
+        0.6,
+        0.35,
+        0.25,
+        0.2,
+        0.2,
+        0.35,
+        0.9,
+        1.8,
+        2.8,
+        3.3,
+        3.6,
+        4.1,
+        4.9,
+        4.6,
+        4.0,
+        3.9,
+        4.1,
+        4.7,
+        5.2,
+        5.0,
+        4.1,
+        3.1,
+        2.0,
+        1.1,
+    ]
 )
 WEEKEND_HOURS = np.array(
-    [1.0, 0.7, 0.45, 0.3, 0.2, 0.2, 0.4, 0.8, 1.6, 2.6, 3.6, 4.4, 5.0, 5.0, 4.6, 4.4, 4.4, 4.6, 5.0, 5.0,
-     4.6, 3.8, 2.8, 1.8]
+    [
+        1.0,
+        0.7,
+        0.45,
+        0.3,
+        0.2,
+        0.2,
+        0.4,
+        0.8,
+        1.6,
+        2.6,
+        3.6,
+        4.4,
+        5.0,
+        5.0,
+        4.6,
+        4.4,
+        4.4,
+        4.6,
+        5.0,
+        5.0,
+        4.6,
+        3.8,
+        2.8,
+        1.8,
+    ]
 )
 # Fraudsters keep odd hours: a flatter profile with a night bump.
 FRAUD_HOURS = WEEKDAY_HOURS**0.35 + np.where(np.arange(24) < 6, 0.8, 0.0)
@@ -55,6 +103,7 @@ STEALTHY_BURST_SHARE = 0.25
 UNREPORTED_FRAUD_SHARE = 0.04
 FRIENDLY_FRAUD_RATE = 0.0004
 MAX_LABEL_DELAY_DAYS = 30
+CARD_LIMIT = 20_000.0  # in the card's currency; keeps clean amounts well inside the valid range
 STREAM_FRAUD, STREAM_LEGIT, STREAM_FRIENDLY = 1, 2, 3
 
 
@@ -81,7 +130,7 @@ class Batch:
 
 def rows_for_day(rows_per_day: int, day: date) -> int:
     """Transactions on `day`: the weekly average scaled by the weekday's volume."""
-    return int(round(rows_per_day * WEEKDAY_VOLUME[day.weekday()]))
+    return round(float(rows_per_day * WEEKDAY_VOLUME[day.weekday()]))
 
 
 def day_start_ms(day: date) -> int:
@@ -178,7 +227,9 @@ def _normalise(weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-def _legit(world: World, rng: np.random.Generator, day: date, hour_start_ms: int, first: int, rows: int) -> Batch:
+def _legit(
+    world: World, rng: np.random.Generator, day: date, hour_start_ms: int, first: int, rows: int
+) -> Batch:
     customer = rng.choice(world.customers, size=rows, p=world.customer_activity)
     route = rng.random(rows)
     merchant = world.customer_favourites[customer, rng.integers(0, FAVOURITE_MERCHANTS, size=rows)]
@@ -187,8 +238,9 @@ def _legit(world: World, rng: np.random.Generator, day: date, hour_start_ms: int
     abroad = route >= 0.96  # travel and cross-border shopping
     merchant[abroad] = rng.choice(world.merchants, size=int(abroad.sum()), p=world.merchant_popularity)
     category = world.merchant_category[merchant]
-    log_amount = rng.normal(CATEGORY_LOG_MEAN[category] + world.customer_spend_offset[customer],
-                            CATEGORY_LOG_SD[category])
+    log_amount = rng.normal(
+        CATEGORY_LOG_MEAN[category] + world.customer_spend_offset[customer], CATEGORY_LOG_SD[category]
+    )
     return Batch(
         key=transaction_keys(day, STREAM_LEGIT, np.arange(first, first + rows)),
         event_ms=hour_start_ms + rng.integers(0, MS_PER_HOUR, size=rows),
@@ -229,7 +281,8 @@ def _fraud_bursts(world: World, rng: np.random.Generator, day: date, rows: int) 
     category = world.merchant_category[merchant]
     uplift = np.where(stealthy, 0.15, 0.65)
     log_amount = rng.normal(
-        CATEGORY_LOG_MEAN[category] + world.customer_spend_offset[customer] + uplift, CATEGORY_LOG_SD[category]
+        CATEGORY_LOG_MEAN[category] + world.customer_spend_offset[customer] + uplift,
+        CATEGORY_LOG_SD[category],
     )
     channel = _channel(rng, category)
     go_online = ~stealthy & (category != CATEGORY_CASH) & (rng.random(target) < 0.5)
@@ -270,7 +323,7 @@ def _channel(rng: np.random.Generator, category: np.ndarray) -> np.ndarray:
 
 
 def _money(log_amount_usd: np.ndarray, currency_rate: np.ndarray) -> np.ndarray:
-    return np.maximum(np.round(np.exp(log_amount_usd) * currency_rate, 2), 0.5)
+    return np.clip(np.round(np.exp(log_amount_usd) * currency_rate, 2), 0.5, CARD_LIMIT)
 
 
 def _delay_ms(rng: np.random.Generator, size: int, median_days: float) -> np.ndarray:

@@ -141,6 +141,9 @@ def build_world(seed: int, customers: int, merchants: int) -> World:
 
 def _merchant_country_share(home_countries: int) -> np.ndarray:
     share = np.concatenate(
-        [HOME_COUNTRY_SHARE * 0.9, np.full(len(COUNTRIES) - home_countries, 0.1 / (len(COUNTRIES) - home_countries))]
+        [
+            HOME_COUNTRY_SHARE * 0.9,
+            np.full(len(COUNTRIES) - home_countries, 0.1 / (len(COUNTRIES) - home_countries)),
+        ]
     )
     return share / share.sum()

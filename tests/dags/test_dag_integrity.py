@@ -1,0 +1,78 @@
+"""DAG integrity: every DAG file in dags/ is checked here without any test code of its own.
+
+A DAG file must import cleanly, declare an owner, tags, docs, retries and an execution timeout on every
+task, and do no work at parse time: no connection, Variable or database access and no heavy imports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PARSE_TIMES
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
+PROBE = Path(__file__).with_name("parse_probe.py")
+
+
+def _dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    return _dagbag()
+
+
+def test_there_are_dag_files_to_check():
+    assert DAG_FILES, "dags/ holds no DAG file"
+
+
+def test_every_dag_file_imports_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    files_with_dags = {Path(dag.fileloc).name for dag in dagbag.dags.values()}
+    assert files_with_dags == {p.name for p in DAG_FILES}, "a file in dags/ defines no DAG"
+
+
+@pytest.mark.parametrize("dag_file", DAG_FILES, ids=lambda p: p.name)
+def test_dag_file_does_no_work_at_parse_time(dag_file):
+    out = subprocess.run(
+        [sys.executable, str(PROBE), str(dag_file)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    PARSE_TIMES[dag_file.name] = report["seconds"]
+    assert report["events"] == [], f"{dag_file.name} reached out at parse time: {report['events']}"
+    assert report["heavy_modules"] == [], f"{dag_file.name} imports {report['heavy_modules']} at parse time"
+    assert report["dag_ids"], f"{dag_file.name} defines no DAG at module level"
+
+
+def _dags():
+    return sorted(_dagbag().dags.values(), key=lambda d: d.dag_id)
+
+
+@pytest.mark.parametrize("dag", _dags(), ids=lambda d: d.dag_id)
+def test_dag_declares_owner_tags_and_docs(dag):
+    assert dag.tags, f"{dag.dag_id}: add tags"
+    assert dag.doc_md and len(dag.doc_md.strip()) > 40, f"{dag.dag_id}: add doc_md saying what it does"
+    owners = {task.owner for task in dag.tasks}
+    assert owners and "airflow" not in owners, f"{dag.dag_id}: set default_args owner to a real team"
+    assert dag.max_active_runs is not None
+
+
+@pytest.mark.parametrize("dag", _dags(), ids=lambda d: d.dag_id)
+def test_every_task_retries_and_has_a_timeout(dag):
+    for task in dag.tasks:
+        assert task.retries >= 1, f"{dag.dag_id}.{task.task_id}: set retries"
+        assert isinstance(task.execution_timeout, timedelta), (
+            f"{dag.dag_id}.{task.task_id}: set execution_timeout"
+        )
+        assert task.execution_timeout <= timedelta(hours=6)

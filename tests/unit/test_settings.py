@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from mlops.settings import Profile, Settings, get_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_local_profile_is_the_default_and_keeps_state_under_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLOPS_HOME", str(tmp_path / "h"))
+    settings = Settings()
+    assert settings.profile is Profile.LOCAL
+    assert settings.landing == tmp_path / "h" / "landing"
+    assert settings.spark_master == "local[*]"
+    assert settings.airflow_sql_conn == f"sqlite:///{tmp_path / 'h' / 'airflow' / 'airflow.db'}"
+    assert settings.mlflow_tracking_uri.startswith("sqlite:///")
+    assert settings.online_store == "sqlite"
+
+
+def test_cluster_profile_points_at_services_and_accepts_nested_overrides(monkeypatch):
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_CLUSTER__SPARK_MASTER", "spark://10.0.0.5:7077")
+    monkeypatch.setenv("MLOPS_CLUSTER__POSTGRES_DSN", "postgresql://airflow@db:5432/airflow")
+    settings = Settings()
+    assert settings.profile is Profile.CLUSTER
+    assert settings.spark_master == "spark://10.0.0.5:7077"
+    assert settings.airflow_sql_conn == "postgresql+psycopg2://airflow@db:5432/airflow"
+    assert settings.online_store == "redis"
+    assert settings.mlflow_tracking_uri == "http://127.0.0.1:5000"
+
+
+def test_landing_can_be_moved_out_of_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLOPS_LANDING_DIR", str(tmp_path / "elsewhere"))
+    assert Settings().landing == tmp_path / "elsewhere"
+
+
+@pytest.mark.parametrize("value", ["prod", "LOCAL ", ""])
+def test_an_unknown_profile_is_rejected_with_the_allowed_values(monkeypatch, value):
+    monkeypatch.setenv("MLOPS_PROFILE", value)
+    with pytest.raises(ValidationError, match=r"local.*cluster"):
+        Settings()
+
+
+def test_settings_are_read_once_per_process(monkeypatch, tmp_path):
+    first = get_settings()
+    monkeypatch.setenv("MLOPS_HOME", str(tmp_path / "other"))
+    assert get_settings() is first
+
+
+def test_ensure_dirs_creates_the_layout_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLOPS_HOME", str(tmp_path / "h"))
+    settings = Settings()
+    assert not (tmp_path / "h").exists()
+    settings.ensure_dirs()
+    assert {p.name for p in (tmp_path / "h").iterdir()} == {"landing", "lake", "airflow", "mlflow", "feast"}
+
+
+PROBE = """
+import importlib, json, logging, pkgutil, socket, sys
+def refuse(*args, **kwargs):
+    raise RuntimeError(f"network at import time: {args}")
+socket.socket.connect = refuse
+imported = []
+for package in ("mlops", "pipelines", "training", "features"):
+    module = importlib.import_module(package)
+    imported.append(package)
+    for info in pkgutil.walk_packages(module.__path__, package + "."):
+        importlib.import_module(info.name)
+        imported.append(info.name)
+print(json.dumps({"imported": imported, "root_handlers": len(logging.getLogger().handlers)}))
+"""
+
+
+def test_importing_every_module_has_no_side_effects(tmp_path):
+    home = tmp_path / "never-created"
+    env = {"MLOPS_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "pipelines.synthetic.landing" in report["imported"]
+    assert "mlops.cli" in report["imported"]
+    assert not home.exists(), "a module created MLOPS_HOME at import time"
+    assert report["root_handlers"] == 0, "a module configured logging at import time"
