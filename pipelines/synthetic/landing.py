@@ -94,13 +94,14 @@ class GenerateRequest:
     def first_feed_date(self) -> date:
         return self.feed_start or self.start
 
+    # Defaults scale with the volume up to a cap, so the world (held in memory) stays bounded at 10M rows.
     @property
     def customer_count(self) -> int:
-        return self.customers or max(100, self.rows_per_day // 2)
+        return self.customers or min(max(100, self.rows_per_day // 2), 500_000)
 
     @property
     def merchant_count(self) -> int:
-        return self.merchants or max(200, self.rows_per_day // 20)
+        return self.merchants or min(max(200, self.rows_per_day // 20), 50_000)
 
 
 def generate_landing(request: GenerateRequest, progress: Callable[[int], None] | None = None) -> list[dict]:

@@ -29,6 +29,7 @@ from pipelines.synthetic.world import (
     World,
 )
 
+MS_PER_MINUTE = 60_000
 MS_PER_HOUR = 3_600_000
 MS_PER_DAY = 24 * MS_PER_HOUR
 CHANNEL_ONLINE = 2
@@ -105,6 +106,7 @@ FRIENDLY_FRAUD_RATE = 0.0004
 MAX_LABEL_DELAY_DAYS = 30
 CARD_LIMIT = 20_000.0  # in the card's currency; keeps clean amounts well inside the valid range
 STREAM_FRAUD, STREAM_LEGIT, STREAM_FRIENDLY = 1, 2, 3
+SLICE_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,12 @@ def plan_day(world: World, day: date, rows: int, seed: int) -> DayPlan:
     fraud = _fraud_bursts(world, _stream(seed, day, STREAM_FRAUD), day, rows)
     legit_rows = rows - len(fraud)
     rng = _stream(seed, day, STREAM_FRIENDLY)
-    friendly = np.flatnonzero(rng.random(legit_rows) < FRIENDLY_FRAUD_RATE)
+    friendly_count = int(rng.binomial(legit_rows, FRIENDLY_FRAUD_RATE)) if legit_rows else 0
+    friendly = (
+        np.sort(rng.choice(legit_rows, size=friendly_count, replace=False))
+        if friendly_count
+        else (np.zeros(0, dtype=np.int64))
+    )
     # Disputes come days later: counted from the end of the day, so never before the transaction.
     label_ms = start + MS_PER_DAY + _delay_ms(rng, len(friendly), median_days=10.0)
     return DayPlan(fraud=fraud, legit_rows=legit_rows, friendly_index=friendly, friendly_label_ms=label_ms)
@@ -170,22 +177,44 @@ def chargebacks_of_day(world: World, day: date, rows: int, seed: int) -> tuple[n
 
 
 def simulate_day(world: World, day: date, rows: int, seed: int, max_batch: int = 200_000) -> Iterator[Batch]:
-    """Yield `rows` transactions of `day` in time order, at most `max_batch` at a time."""
+    """Yield `rows` transactions of `day` in time order, at most `max_batch` at a time.
+
+    Rows are drawn per slice of consecutive minutes holding about SLICE_ROWS rows, so memory stays
+    bounded whatever the day's volume; the slicing depends only on the data, never on `max_batch`.
+    """
     start = day_start_ms(day)
     plan = plan_day(world, day, rows, seed)
     rng = _stream(seed, day, STREAM_LEGIT)
-    legit_per_hour = rng.multinomial(plan.legit_rows, _normalise(_hour_profile(day)))
-    fraud_hour = (plan.fraud.event_ms - start) // MS_PER_HOUR
+    minute_weights = np.repeat(_hour_profile(day) / 60.0, 60)
+    legit_per_minute = rng.multinomial(plan.legit_rows, _normalise(minute_weights))
+    fraud_minute = (plan.fraud.event_ms - start) // MS_PER_MINUTE
     first_legit = 0
-    for hour, legit_rows in enumerate(legit_per_hour):
-        legit = _legit(world, rng, day, start + hour * MS_PER_HOUR, first_legit, int(legit_rows))
+    for first_minute, end_minute in _slices(legit_per_minute, SLICE_ROWS):
+        counts = legit_per_minute[first_minute:end_minute]
+        legit_rows = int(counts.sum())
+        minute_start = start + np.repeat(np.arange(first_minute, end_minute) * MS_PER_MINUTE, counts)
+        event_ms = minute_start + rng.integers(0, MS_PER_MINUTE, size=legit_rows)
+        legit = _legit(world, rng, day, event_ms, first_legit)
         friendly = (plan.friendly_index >= first_legit) & (plan.friendly_index < first_legit + legit_rows)
         legit.label_ms[plan.friendly_index[friendly] - first_legit] = plan.friendly_label_ms[friendly]
-        first_legit += int(legit_rows)
-        merged = _concat(legit, plan.fraud.take(fraud_hour == hour))
+        first_legit += legit_rows
+        in_slice = (fraud_minute >= first_minute) & (fraud_minute < end_minute)
+        merged = _concat(legit, plan.fraud.take(in_slice))
         ordered = merged.take(np.argsort(merged.event_ms, kind="stable"))
         for offset in range(0, len(ordered), max_batch):
             yield ordered.take(slice(offset, offset + max_batch))
+
+
+def _slices(per_minute: np.ndarray, target_rows: int) -> Iterator[tuple[int, int]]:
+    """Consecutive minute ranges [first, end) covering the day, each holding about `target_rows` rows."""
+    first, held = 0, 0
+    for minute, count in enumerate(per_minute.tolist()):
+        held += count
+        if held >= target_rows:
+            yield first, minute + 1
+            first, held = minute + 1, 0
+    if first < len(per_minute):
+        yield first, len(per_minute)
 
 
 def transaction_keys(day: date, stream: int, index: np.ndarray) -> np.ndarray:
@@ -227,9 +256,8 @@ def _normalise(weights: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
-def _legit(
-    world: World, rng: np.random.Generator, day: date, hour_start_ms: int, first: int, rows: int
-) -> Batch:
+def _legit(world: World, rng: np.random.Generator, day: date, event_ms: np.ndarray, first: int) -> Batch:
+    rows = len(event_ms)
     customer = rng.choice(world.customers, size=rows, p=world.customer_activity)
     route = rng.random(rows)
     merchant = world.customer_favourites[customer, rng.integers(0, FAVOURITE_MERCHANTS, size=rows)]
@@ -243,7 +271,7 @@ def _legit(
     )
     return Batch(
         key=transaction_keys(day, STREAM_LEGIT, np.arange(first, first + rows)),
-        event_ms=hour_start_ms + rng.integers(0, MS_PER_HOUR, size=rows),
+        event_ms=event_ms,
         customer=customer,
         merchant=merchant,
         amount=_money(log_amount, world.customer_currency_rate[customer]),

@@ -15,7 +15,10 @@ from pipelines.synthetic.faults import FaultKind, parse_faults
 from pipelines.synthetic.landing import MANIFEST_NAME, GenerateRequest, generate_landing, read_manifest
 from tests.data.landing_audit import audit_transactions, read_labels
 
-ALL_ROW_FAULTS = "malformed=0.01,wrong_type=0.012,nulls=0.015,out_of_range=0.01,extra_column=0.008,duplicates=0.02,drift=0.05"
+ALL_ROW_FAULTS = (
+    "malformed=0.01,wrong_type=0.012,nulls=0.015,out_of_range=0.01,extra_column=0.008,"
+    "duplicates=0.02,drift=0.05"
+)
 
 
 def _generate(landing: Path, **overrides) -> list[dict]:

@@ -1,0 +1,128 @@
+"""`python -m benchmarks [--sizes 1000000,10000000] [--out DIR]`: run the benchmarks, print ratio tables.
+
+Figures are never asserted: they are measured against a baseline in the same run and reported, because
+wall-clock times on shared machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+
+
+def measure(command: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(HERE / "_measure.py"), *command], capture_output=True, text=True
+    )
+    if out.returncode:
+        raise SystemExit(out.stderr)
+    return json.loads(out.stdout)
+
+
+def bench_generator(sizes: list[int], scratch: Path) -> list[dict]:
+    """Synthetic feed generation (streamed, with fault injection) against Arrow's CSV writer of the
+    same number of rows held in memory."""
+    mlops = str(Path(sys.executable).with_name("mlops"))
+    results = []
+    for rows in sizes:
+        landing = scratch / f"gen-{rows}"
+        generator = measure(
+            [
+                mlops,
+                "generate",
+                "--start",
+                "2026-01-01",
+                "--days",
+                "1",
+                "--rows-per-day",
+                str(rows),
+                "--landing",
+                str(landing),
+                "--faults",
+                "duplicates=0.01,malformed=0.001",
+                "--json",
+            ]
+        )
+        written = json.loads((landing / "2026-01-01" / "_manifest.json").read_text())["transactions"]
+        baseline = measure(
+            [
+                sys.executable,
+                str(HERE / "_baselines.py"),
+                str(written["rows_written"]),
+                str(scratch / f"base-{rows}"),
+            ]
+        )
+        shutil.rmtree(landing)
+        shutil.rmtree(scratch / f"base-{rows}")
+        results.append(
+            {
+                "benchmark": "generate 1 day",
+                "rows": written["rows_written"],
+                "seconds": generator["seconds"],
+                "rows_per_s": written["rows_written"] / generator["seconds"],
+                "peak_mib": generator["peak_mib"],
+                "baseline_seconds": baseline["seconds"],
+                "baseline_peak_mib": baseline["peak_mib"],
+                "time_ratio": generator["seconds"] / baseline["seconds"],
+                "memory_ratio": generator["peak_mib"] / baseline["peak_mib"],
+            }
+        )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--sizes", default="1000000,10000000", help="rows per day, comma separated")
+    parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    console = Console(width=150)
+    with tempfile.TemporaryDirectory(prefix="mlops-bench-") as scratch:
+        results = bench_generator(sizes, Path(scratch))
+    table = Table(
+        "benchmark",
+        "rows",
+        "seconds",
+        "rows/s",
+        "peak MiB",
+        "baseline s",
+        "baseline MiB",
+        "time ratio",
+        "memory ratio",
+        title="generator vs Arrow CSV writer (ratios: lower is better for us)",
+    )
+    for r in results:
+        table.add_row(
+            r["benchmark"],
+            f"{r['rows']:,}",
+            f"{r['seconds']:.1f}",
+            f"{r['rows_per_s']:,.0f}",
+            f"{r['peak_mib']:.0f}",
+            f"{r['baseline_seconds']:.1f}",
+            f"{r['baseline_peak_mib']:.0f}",
+            f"{r['time_ratio']:.2f}x",
+            f"{r['memory_ratio']:.2f}x",
+        )
+    console.print(table)
+    if len(results) > 1:
+        growth = results[-1]["peak_mib"] / results[0]["peak_mib"]
+        console.print(
+            f"generator peak memory at {results[-1]['rows']:,} rows / at {results[0]['rows']:,} rows: "
+            f"{growth:.2f}x (streaming keeps it flat)"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
