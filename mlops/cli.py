@@ -131,6 +131,44 @@ def generate(
 
 
 @app.command()
+def ingest(
+    day: Annotated[datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="arrival date to ingest")],
+    step: Annotated[
+        str, typer.Option(help="one step: ingest_to_bronze, validate_bronze, build_silver, validate_silver")
+    ] = "ingest",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Landing -> bronze + quarantine -> GX -> silver -> GX for one arrival date, with reconciliation."""
+    from mlops.jobs import ingest_step
+    from pipelines.errors import PipelineError
+
+    try:
+        record = ingest_step(step, _date(day))
+    except PipelineError as exc:
+        err.print(f"[red]ingest {_date(day)} failed:[/] {exc}")
+        _emit(
+            {
+                "status": "failed",
+                "arrival_date": _date(day).isoformat(),
+                "step": step,
+                "error": type(exc).__name__,
+                "message": str(exc),
+            },
+            as_json,
+        )
+        raise typer.Exit(code=1) from None
+    table = Table("measure", "value", title=f"ingest {_date(day)}: {record.get('status')}")
+    for key in ("rows_in", "rows_bronze", "rows_quarantined", "rows_silver", "duplicates_removed"):
+        if key in record:
+            table.add_row(key, str(record[key]))
+    for reason, count in record.get("quarantined_by_reason", {}).items():
+        if count:
+            table.add_row(f"  quarantined: {reason}", str(count))
+    err.print(table)
+    _emit(record, as_json)
+
+
+@app.command()
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:

@@ -45,3 +45,22 @@ def land_synthetic(
         feed_start=feed_start,
     )
     return generate_landing(request, progress=progress)
+
+
+INGEST_STEPS = ("ingest_to_bronze", "validate_bronze", "build_silver", "validate_silver", "ingest")
+
+
+def ingest_step(step: str, day: date, run_id: str | None = None) -> dict:
+    """Run one ingestion step (or `ingest`, all of them) for an arrival date."""
+    import uuid
+
+    from pipelines.ingest import job
+
+    if step not in INGEST_STEPS:
+        raise ValueError(f"unknown ingest step {step!r}; steps: {', '.join(INGEST_STEPS)}")
+    settings = get_settings()
+    settings.ensure_dirs()
+    function = getattr(job, step)
+    if step.startswith("validate"):
+        return function(settings, day)
+    return function(settings, day, run_id or f"cli-{uuid.uuid4().hex[:12]}")

@@ -31,6 +31,18 @@ class ClusterServices(BaseModel):
     spark_master: str = "spark://127.0.0.1:7077"
     mlflow_tracking_uri: str = "http://127.0.0.1:5000"
     kubernetes_namespace: str = "mlops-training"
+    # The address Spark executors use to reach the driver (this machine's, as the cluster sees it).
+    spark_driver_host: str = "127.0.0.1"
+
+
+class IngestSettings(BaseModel):
+    """How strict ingestion is."""
+
+    max_quarantine_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="fail above this share")
+    fail_on_empty_arrival: bool = False
+    late_event_days: int = Field(default=1, ge=0, description="events may be this many days older")
+    row_count_min_ratio: float = Field(default=0.5, gt=0.0, description="vs the previous arrival date")
+    row_count_max_ratio: float = Field(default=2.0, gt=0.0)
 
 
 class Settings(BaseSettings):
@@ -40,6 +52,9 @@ class Settings(BaseSettings):
     home: Path = Field(default=REPO_ROOT / "var", description="all state of this installation")
     landing_dir: Path | None = Field(default=None, description="defaults to $MLOPS_HOME/landing")
     spark_driver_memory: str = "2g"
+    spark_shuffle_partitions: int = Field(default=4, ge=1)
+    suites_dir: Path = Field(default=REPO_ROOT / "great_expectations", description="GX suites as files")
+    ingest: IngestSettings = IngestSettings()
     cluster: ClusterServices = ClusterServices()
 
     @field_validator("home", "landing_dir", mode="after")

@@ -1,0 +1,36 @@
+"""Errors of the data pipeline. Each names the file, column, value or count at fault and what to do."""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base class: a data problem that must stop the run, explained for a person."""
+
+
+class ArrivalNotFoundError(PipelineError):
+    pass
+
+
+class LandingFileError(PipelineError):
+    """One or more landing files are unusable as a whole (columns, encoding, no rows)."""
+
+    def __init__(self, arrival: str, problems: list[str]) -> None:
+        self.problems = problems
+        listing = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(
+            f"arrival {arrival}: {len(problems)} unusable file(s); nothing was written to bronze, "
+            f"quarantine or silver:\n{listing}\nFix the files in the landing zone (or have the producer "
+            f"resend them), then rerun the date."
+        )
+
+
+class QuarantineRateError(PipelineError):
+    pass
+
+
+class DataValidationError(PipelineError):
+    pass
+
+
+class EmptyArrivalError(PipelineError):
+    pass

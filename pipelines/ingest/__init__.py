@@ -1,0 +1,1 @@
+"""Landing to bronze, quarantine and silver for card transactions (Spark), with reconciliation."""

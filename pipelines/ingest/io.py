@@ -1,0 +1,248 @@
+"""The I/O layer of ingestion: landing files, line numbers, partitioned tables, reconciliation records.
+
+It owns paths and the SparkSession; transforms.py stays pure. Tables are Parquet, partitioned by
+`arrival_date` (and `stage` for quarantine); a rerun overwrites exactly the partitions it writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS, TRANSACTION_COLUMNS
+from pipelines.errors import ArrivalNotFoundError
+
+log = logging.getLogger(__name__)
+
+DATA_SUFFIXES = {".csv": "csv", ".jsonl": "json", ".json": "json"}
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Where the transaction tables of one installation live."""
+
+    lake: Path
+
+    @property
+    def bronze(self) -> Path:
+        return self.lake / "bronze" / "transactions"
+
+    @property
+    def silver(self) -> Path:
+        return self.lake / "silver" / "transactions"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.lake / "quarantine" / "transactions"
+
+    def reconciliation(self, day: date) -> Path:
+        return self.lake / "reconciliation" / "transactions" / f"arrival_date={day.isoformat()}.json"
+
+    @staticmethod
+    def partition(root: Path, day: date, **more: str) -> Path:
+        path = root / f"arrival_date={day.isoformat()}"
+        for key, value in more.items():
+            path = path / f"{key}={value}"
+        return path
+
+
+@dataclass(frozen=True)
+class LandingFile:
+    path: Path
+    fmt: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass
+class Arrival:
+    day: date
+    folder: Path
+    files: list[LandingFile]
+    headers: dict[str, list[str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    empty_files: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+def find_arrival(landing: Path, day: date) -> Arrival:
+    """List the transaction files of one arrival date and check each file as a whole."""
+    folder = landing / day.isoformat()
+    if not folder.is_dir():
+        raise ArrivalNotFoundError(
+            f"no arrival for {day}: {folder} does not exist. Wait for the producer to deliver it, or land "
+            f"synthetic data with `mlops generate --start {day} --days 1`."
+        )
+    files, ignored = [], []
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(("_", ".")) or path.name.startswith("labels-"):
+            continue
+        fmt = DATA_SUFFIXES.get(path.suffix)
+        if path.name.startswith("transactions-") and fmt and path.is_file():
+            files.append(LandingFile(path, fmt))
+        else:
+            ignored.append(path.name)
+    arrival = Arrival(day=day, folder=folder, files=files, ignored=ignored)
+    for name in ignored:
+        log.warning("arrival %s: ignoring %s (not a transactions-*.csv/.jsonl file)", day, name)
+    for landing_file in files:
+        _check_file(arrival, landing_file)
+    return arrival
+
+
+def _check_file(arrival: Arrival, landing_file: LandingFile) -> None:
+    path, name = landing_file.path, landing_file.name
+    if path.stat().st_size == 0:
+        arrival.empty_files.append(name)
+        return
+    if landing_file.fmt == "json":
+        return  # JSON columns are checked over the whole file by `json_key_problems`
+    try:
+        with path.open("r", encoding="utf-8", newline="") as handle:
+            first = handle.readline()
+            has_rows = bool(handle.readline())
+    except UnicodeDecodeError as exc:
+        arrival.problems.append(
+            f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-export as UTF-8"
+        )
+        return
+    header = next(csv.reader([first.lstrip("\ufeff").rstrip("\r\n")]))
+    arrival.headers[name] = header
+    for column in TRANSACTION_COLUMNS:
+        if column not in header:
+            kind = "required" if column in REQUIRED_TRANSACTION_COLUMNS else "expected"
+            arrival.problems.append(f"{name}: missing {kind} column '{column}' (header: {','.join(header)})")
+    for column in header:
+        if column not in TRANSACTION_COLUMNS:
+            arrival.problems.append(
+                f"{name}: unexpected column '{column}'; the contract is {','.join(TRANSACTION_COLUMNS)}"
+            )
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        arrival.problems.append(
+            f"{name}: column(s) {', '.join(repeated)} appear more than once in the header"
+        )
+    if not has_rows:
+        arrival.empty_files.append(name)
+
+
+def json_key_problems(spark: SparkSession, files: list[LandingFile]) -> list[str]:
+    """A JSON file lacks a column when no record in it has that key."""
+    json_files = [f for f in files if f.fmt == "json" and f.path.stat().st_size > 0]
+    if not json_files:
+        return []
+    from pyspark.sql.types import MapType, StringType
+
+    keys = (
+        spark.read.text([str(f.path) for f in json_files])
+        .select(
+            F.col("_metadata.file_name").alias("file"),
+            F.explode(F.map_keys(F.from_json("value", MapType(StringType(), StringType())))).alias("key"),
+        )
+        .distinct()
+        .collect()
+    )
+    present: dict[str, set[str]] = {f.name: set() for f in json_files}
+    for row in keys:
+        present[row.file].add(row.key)
+    return [
+        f"{name}: missing {'required' if c in REQUIRED_TRANSACTION_COLUMNS else 'expected'} column '{c}' "
+        f"(no record in the file has it)"
+        for name, seen in present.items()
+        for c in TRANSACTION_COLUMNS
+        if c not in seen
+    ]
+
+
+def read_lines(spark: SparkSession, files: list[LandingFile]) -> DataFrame:
+    """Lines of `files` with `source_file` (name) and 1-based `line_number`, header lines included.
+
+    Spark's text source does not number lines, and a large file is split across tasks. Within one split
+    the rows keep file order and get consecutive monotonically increasing ids, so a line's number is its
+    offset in its split plus the lines of the file's earlier splits.
+    """
+    lines = spark.read.text([str(f.path) for f in files]).select(
+        "value",
+        F.col("_metadata.file_name").alias("source_file"),
+        F.col("_metadata.file_block_start").alias("_block"),
+        F.monotonically_increasing_id().alias("_id"),
+    )
+    blocks = lines.groupBy("source_file", "_block").agg(
+        F.min("_id").alias("_first"), F.count("*").alias("_n")
+    )
+    earlier = Window.partitionBy("source_file").orderBy("_block").rowsBetween(Window.unboundedPreceding, -1)
+    blocks = blocks.withColumn("_before", F.coalesce(F.sum("_n").over(earlier), F.lit(0)))
+    return lines.join(F.broadcast(blocks), ["source_file", "_block"]).select(
+        "value",
+        "source_file",
+        (F.col("_id") - F.col("_first") + F.col("_before") + 1).alias("line_number"),
+    )
+
+
+@contextmanager
+def table_lock(root: Path) -> Iterator[None]:
+    """One writer per table at a time (the DAG also runs one date at a time)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "_LOCK").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def overwrite_partitions(
+    df: DataFrame, root: Path, partition_by: list[str], now_empty: tuple[Path, ...] = ()
+) -> None:
+    """Write `df` into `root`, replacing exactly the partitions it contains (dynamic overwrite).
+
+    Spark stages the output in `root/.spark-staging-<job>` and moves each partition into place at job
+    commit; a job killed before that leaves the old partition untouched and only the hidden staging folder,
+    which the next write removes. Partitions in `now_empty` get no rows from this run: they are deleted, so
+    a rerun that finds nothing for them does not leave old rows behind.
+    """
+    with table_lock(root):
+        for leftover in [*root.glob(".spark-staging-*"), *root.glob("_temporary")]:
+            shutil.rmtree(leftover, ignore_errors=True)
+        for partition in now_empty:
+            if partition.exists():
+                shutil.rmtree(partition)
+        df.write.mode("overwrite").partitionBy(*partition_by).parquet(str(root))
+
+
+def clear_partitions(root: Path, partitions: tuple[Path, ...]) -> None:
+    with table_lock(root):
+        for partition in partitions:
+            if partition.exists():
+                shutil.rmtree(partition)
+
+
+def read_partition(spark: SparkSession, root: Path, day: date) -> DataFrame:
+    """One arrival date of a table, with `arrival_date` restored from the path."""
+    return spark.read.option("basePath", str(root)).parquet(str(Tables.partition(root, day)))
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write a JSON record atomically (temp file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(temp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,0 +1,234 @@
+"""Ingestion steps for one arrival date. The Airflow tasks and `mlops ingest` call these same functions.
+
+Each step reads and writes only its date's partitions, so any step can be rerun alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import date, timedelta
+from typing import TYPE_CHECKING
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pipelines.errors import (
+    EmptyArrivalError,
+    LandingFileError,
+    PipelineError,
+    QuarantineRateError,
+)
+from pipelines.ingest import transforms
+from pipelines.ingest.io import (
+    Tables,
+    clear_partitions,
+    find_arrival,
+    json_key_problems,
+    overwrite_partitions,
+    read_json,
+    read_lines,
+    read_partition,
+    write_json,
+)
+from pipelines.ingest.validate import validate
+from pipelines.spark import spark_session
+
+if TYPE_CHECKING:
+    from mlops.settings import Settings
+
+log = logging.getLogger(__name__)
+ROWS_PER_SILVER_FILE = 2_000_000
+
+
+def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
+    """Landing files of `day` -> bronze (typed) and quarantine (with reasons); write the reconciliation."""
+    tables = Tables(settings.lake)
+    arrival = find_arrival(settings.landing, day)
+    spark = spark_session(settings)
+    arrival.problems += json_key_problems(spark, arrival.files)
+    with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
+    if not with_rows:
+        return _empty_arrival(settings, tables, day, run_id, [f.name for f in arrival.files])
+    arrival.problems += [
+        f"{name}: empty file (no rows) in an arrival that has data; a truncated upload? have it resent"
+        for name in arrival.empty_files
+    ]
+    if arrival.problems:
+        raise LandingFileError(day.isoformat(), arrival.problems)
+
+    lines = read_lines(spark, with_rows)
+    parsed: list[DataFrame] = []
+    csv_headers = {f.name: arrival.headers[f.name] for f in with_rows if f.fmt == "csv"}
+    for header in {tuple(h) for h in csv_headers.values()}:
+        names = [n for n, h in csv_headers.items() if tuple(h) == header]
+        body = lines.where(F.col("source_file").isin(names) & (F.col("line_number") > 1))
+        parsed.append(transforms.parse_csv_lines(body, list(header)))
+    json_names = [f.name for f in with_rows if f.fmt == "json"]
+    if json_names:
+        parsed.append(transforms.parse_json_lines(lines.where(F.col("source_file").isin(json_names))))
+    raw = parsed[0]
+    for more in parsed[1:]:
+        raw = raw.unionByName(more)
+
+    classified = transforms.classify(raw, day, settings.ingest.late_event_days).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    try:
+        by_reason = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
+        rows_bronze = by_reason.pop(None, 0)
+        rows_quarantined = sum(by_reason.values())
+        overwrite_partitions(
+            transforms.to_bronze(classified, day, run_id),
+            tables.bronze,
+            ["arrival_date"],
+            now_empty=(Tables.partition(tables.bronze, day),) if rows_bronze == 0 else (),
+        )
+        overwrite_partitions(
+            transforms.to_quarantine(classified, day, run_id),
+            tables.quarantine,
+            ["arrival_date", "stage"],
+            now_empty=(Tables.partition(tables.quarantine, day, stage="bronze"),)
+            if not rows_quarantined
+            else (),
+        )
+    finally:
+        classified.unpersist()
+
+    rows_in = rows_bronze + rows_quarantined
+    record = {
+        "arrival_date": day.isoformat(),
+        "run_id": run_id,
+        "status": "bronze",
+        "files": [f.name for f in arrival.files],
+        "rows_in": rows_in,
+        "rows_bronze": rows_bronze,
+        "rows_quarantined": rows_quarantined,
+        "quarantined_by_reason": {r: by_reason.get(r, 0) for r in transforms.ROW_REASONS},
+        "quarantine_rate": rows_quarantined / rows_in,
+    }
+    write_json(tables.reconciliation(day), record)
+    log.info("reconciliation %s: %s", day, record)
+    limit = settings.ingest.max_quarantine_rate
+    if record["quarantine_rate"] > limit:
+        ranked = sorted(record["quarantined_by_reason"].items(), key=lambda kv: -kv[1])[:3]
+        worst = ", ".join(f"{reason}={count}" for reason, count in ranked if count)
+        raise QuarantineRateError(
+            f"arrival {day}: {rows_quarantined} of {rows_in} rows quarantined "
+            f"({record['quarantine_rate']:.2%}), above the limit of {limit:.2%}; top reasons: {worst}. "
+            f"Inspect {Tables.partition(tables.quarantine, day)}; fix the feed and rerun the date, or raise "
+            f"MLOPS_INGEST__MAX_QUARANTINE_RATE if this is expected."
+        )
+    return record
+
+
+def _empty_arrival(settings: Settings, tables: Tables, day: date, run_id: str, files: list[str]) -> dict:
+    """An arrival with no rows at all: clear the date's partitions, say so, fail only if configured."""
+    for root in (tables.bronze, tables.silver, tables.quarantine):
+        clear_partitions(root, (Tables.partition(root, day),))
+    record = {
+        "arrival_date": day.isoformat(),
+        "run_id": run_id,
+        "status": "empty",
+        "files": files,
+        "rows_in": 0,
+        "rows_bronze": 0,
+        "rows_quarantined": 0,
+        "quarantined_by_reason": {r: 0 for r in transforms.ROW_REASONS},
+        "quarantine_rate": 0.0,
+        "rows_silver": 0,
+        "duplicates_removed": 0,
+    }
+    write_json(tables.reconciliation(day), record)
+    message = f"arrival {day} is empty: {len(files)} file(s) with no rows ({', '.join(files) or 'no files'})"
+    log.warning(message)
+    if settings.ingest.fail_on_empty_arrival:
+        raise EmptyArrivalError(message + "; set MLOPS_INGEST__FAIL_ON_EMPTY_ARRIVAL=false to accept it")
+    return record
+
+
+def validate_bronze(settings: Settings, day: date) -> dict:
+    return _validate(settings, day, "bronze")
+
+
+def validate_silver(settings: Settings, day: date) -> dict:
+    return _validate(settings, day, "silver")
+
+
+def _validate(settings: Settings, day: date, layer: str) -> dict:
+    tables = Tables(settings.lake)
+    record = _reconciliation(tables, day)
+    if record["status"] == "empty":
+        return {"suite": f"{layer}_transactions", "skipped": "empty arrival"}
+    count_key = "rows_bronze" if layer == "bronze" else "rows_silver"
+    previous = read_json(tables.reconciliation(day - timedelta(days=1)))
+    if previous and previous.get(count_key):
+        bounds = {
+            "min_rows": math.floor(previous[count_key] * settings.ingest.row_count_min_ratio),
+            "max_rows": math.ceil(previous[count_key] * settings.ingest.row_count_max_ratio),
+        }
+    else:
+        bounds = {"min_rows": 1, "max_rows": 10**12}
+    root = tables.bronze if layer == "bronze" else tables.silver
+    df = read_partition(spark_session(settings), root, day)
+    return validate(df, f"{layer}_transactions", settings.suites_dir, settings.home, bounds)
+
+
+def build_silver(settings: Settings, day: date, run_id: str) -> dict:
+    """Bronze of `day` -> silver (deduplicated, sorted), removed copies -> quarantine; update the record."""
+    tables = Tables(settings.lake)
+    record = _reconciliation(tables, day)
+    if record["status"] == "empty":
+        return record
+    spark = spark_session(settings)
+    silver, duplicates = transforms.deduplicate(read_partition(spark, tables.bronze, day), run_id)
+    files = max(1, math.ceil(record["rows_bronze"] / ROWS_PER_SILVER_FILE))
+    ordered = silver.repartitionByRange(files, "event_timestamp", "transaction_id").sortWithinPartitions(
+        "event_timestamp", "transaction_id"
+    )
+    duplicates = duplicates.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        removed = duplicates.count()
+        overwrite_partitions(
+            duplicates,
+            tables.quarantine,
+            ["arrival_date", "stage"],
+            now_empty=(Tables.partition(tables.quarantine, day, stage="silver"),) if not removed else (),
+        )
+    finally:
+        duplicates.unpersist()
+    overwrite_partitions(ordered, tables.silver, ["arrival_date"])
+    rows_silver = read_partition(spark, tables.silver, day).count()
+    if rows_silver + removed != record["rows_bronze"]:
+        raise PipelineError(
+            f"arrival {day}: silver has {rows_silver} rows and {removed} duplicates were removed, but bronze "
+            f"has {record['rows_bronze']}; rows were lost between bronze and silver. Rerun build_silver."
+        )
+    record.update(status="silver", rows_silver=rows_silver, duplicates_removed=removed)
+    write_json(tables.reconciliation(day), record)
+    log.info("reconciliation %s: %s", day, record)
+    return record
+
+
+def _reconciliation(tables: Tables, day: date) -> dict:
+    record = read_json(tables.reconciliation(day))
+    if record is None:
+        raise PipelineError(
+            f"arrival {day} has no reconciliation record at {tables.reconciliation(day)}: run the ingest "
+            f"step (`mlops ingest --date {day}`) first"
+        )
+    return record
+
+
+def ingest(settings: Settings, day: date, run_id: str) -> dict:
+    """All steps in order: bronze and quarantine, validate bronze, silver, validate silver."""
+    record = ingest_to_bronze(settings, day, run_id)
+    if record["status"] == "empty":
+        return {**record, "validation": []}
+    checks = [validate_bronze(settings, day)]
+    record = build_silver(settings, day, run_id)
+    checks.append(validate_silver(settings, day))
+    record = {**record, "status": "ok", "validation": checks}
+    write_json(Tables(settings.lake).reconciliation(day), record)
+    return record
