@@ -57,3 +57,14 @@ def _fresh_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the test process, configured as the pipeline configures it."""
+    from mlops.settings import Settings
+    from pipelines.spark import spark_session
+
+    session = spark_session(Settings(spark_driver_memory="1g", spark_shuffle_partitions=2))
+    yield session
+    session.stop()

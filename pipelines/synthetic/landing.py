@@ -50,6 +50,8 @@ from pipelines.synthetic.world import build_world
 
 GENERATOR_VERSION = 1
 MANIFEST_NAME = "_manifest.json"
+# The arrival contract: a producer marks a date's folder complete with this empty file, written last.
+COMPLETE_MARKER = "_SUCCESS"
 Format = Literal["csv", "json"]
 
 _COUNTRY_NAMES = np.array(COUNTRIES)
@@ -209,6 +211,7 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
         "labels": {**labels_file, "due_after_this_date": labels_later},
     }
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    (staging / COMPLETE_MARKER).touch()
     return manifest
 
 

@@ -1,0 +1,81 @@
+"""
+### Ingest card transactions: landing -> bronze (+ quarantine) -> GX -> silver -> GX
+
+One run per arrival date (the run's data interval start). It waits for the producer's completion marker
+`<landing>/<date>/_SUCCESS`, then every row of the date lands in exactly one place: typed in bronze, or in
+quarantine with a reason code (malformed, extra_column, missing_required, wrong_type, out_of_range,
+invalid_value). Silver is bronze deduplicated by transaction_id (first copy by file and line wins; the
+later copies are quarantined as `duplicate`). Each step rewrites only its date's partitions, so any task can
+be cleared and rerun. A reconciliation record per date sits in `$MLOPS_HOME/lake/reconciliation/`.
+
+**Why a deferrable sensor, not an AssetWatcher.** Each run owns one arrival date, so reruns, backfills and
+the data interval all mean the same thing. An AssetWatcher event is not tied to a date, and the file
+triggers that can drive one delete the file they watch, which would make a rerun wait for a resend. The
+sensor defers to the triggerer, so waiting holds no worker slot.
+
+Data problems (unusable files, a quarantine rate above `MLOPS_INGEST__MAX_QUARANTINE_RATE`, failed GX
+expectations) fail the task at once with a message naming the file, column or expectation; they are not
+retried. The outlet asset `silver_transactions` schedules the features DAG.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, CronDataIntervalTimetable, task
+
+from mlops.assets import SILVER_TRANSACTIONS
+from mlops.orchestration import ArrivalSensor, fail_fast_on_bad_data
+
+DEFAULT_ARGS = {
+    "owner": "data-platform",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=2),
+    "execution_timeout": timedelta(hours=1),
+}
+
+with DAG(
+    dag_id="ingest_transactions",
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,  # one writer per table: dates are ingested one at a time
+    default_args=DEFAULT_ARGS,
+    tags=["fraud", "ingest", "spark", "great-expectations"],
+    doc_md=__doc__,
+):
+    arrival = ArrivalSensor(
+        task_id="wait_for_arrival",
+        arrival_date="{{ data_interval_start | ds }}",
+        execution_timeout=timedelta(days=1, minutes=5),
+        doc_md="Deferred until the producer writes `_SUCCESS` in the date's landing folder.",
+    )
+
+    @task(doc_md="Landing files -> bronze (typed) and quarantine (reason codes); writes the reconciliation.")
+    def ingest_to_bronze(data_interval_start=None, run_id=None) -> dict:
+        from mlops.jobs import ingest_step
+
+        day = data_interval_start.date()
+        return fail_fast_on_bad_data(lambda: ingest_step("ingest_to_bronze", day, run_id=f"airflow:{run_id}"))
+
+    @task(doc_md="GX suite bronze_transactions on the date's bronze partition.")
+    def validate_bronze(data_interval_start=None) -> dict:
+        from mlops.jobs import ingest_step
+
+        return fail_fast_on_bad_data(lambda: ingest_step("validate_bronze", data_interval_start.date()))
+
+    @task(doc_md="Bronze -> silver: deduplicate by transaction_id, sort, replace the date's partition.")
+    def build_silver(data_interval_start=None, run_id=None) -> dict:
+        from mlops.jobs import ingest_step
+
+        day = data_interval_start.date()
+        return fail_fast_on_bad_data(lambda: ingest_step("build_silver", day, run_id=f"airflow:{run_id}"))
+
+    @task(outlets=[SILVER_TRANSACTIONS], doc_md="GX suite silver_transactions; emits the silver asset.")
+    def validate_silver(data_interval_start=None) -> dict:
+        from mlops.jobs import ingest_step
+
+        return fail_fast_on_bad_data(lambda: ingest_step("validate_silver", data_interval_start.date()))
+
+    arrival >> ingest_to_bronze() >> validate_bronze() >> build_silver() >> validate_silver()

@@ -1,0 +1,10 @@
+"""Airflow assets that chain the DAGs (ingest -> features -> retrain). Importing costs only airflow.sdk."""
+
+from __future__ import annotations
+
+from airflow.sdk import Asset
+
+# `x-` schemes are free for users; the path is relative to $MLOPS_HOME, resolved at run time.
+SILVER_TRANSACTIONS = Asset(
+    name="silver_transactions", uri="x-mlops://lake/silver/transactions", group="fraud"
+)

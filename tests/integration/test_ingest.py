@@ -1,0 +1,163 @@
+"""Ingestion end to end on the real engines: Spark local, Parquet tables, GX suites, reconciliation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import date
+
+import pytest
+
+from mlops.settings import Settings
+from pipelines.errors import EmptyArrivalError, LandingFileError, QuarantineRateError
+from pipelines.ingest import job
+from pipelines.ingest.io import Tables, read_json, read_partition
+from pipelines.synthetic.faults import parse_faults
+from pipelines.synthetic.landing import GenerateRequest, generate_landing
+
+DAY = date(2026, 1, 5)
+ROW_FAULTS = "malformed=0.01,wrong_type=0.01,nulls=0.01,out_of_range=0.01,extra_column=0.01,duplicates=0.02"
+EXPECTED_REASON = {
+    "malformed": "malformed",
+    "extra_column": "extra_column",
+    "nulls": "missing_required",
+    "wrong_type": "wrong_type",
+    "out_of_range": "out_of_range",
+}
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    return Settings(home=tmp_path / "home", spark_driver_memory="1g", spark_shuffle_partitions=2)
+
+
+def _land(settings: Settings, day=DAY, rows=1500, faults="", fmt="csv", **more) -> dict:
+    (manifest,) = generate_landing(
+        GenerateRequest(
+            start=day,
+            days=1,
+            rows_per_day=rows,
+            seed=3,
+            landing=settings.landing,
+            faults=parse_faults(faults),
+            fmt=fmt,
+            **more,
+        )
+    )
+    return manifest
+
+
+def _silver_digest(spark, settings: Settings, day=DAY) -> tuple[int, str]:
+    rows = read_partition(spark, Tables(settings.lake).silver, day).orderBy("transaction_id").collect()
+    digest = hashlib.sha256(
+        "\n".join(json.dumps(r.asDict(), default=str, sort_keys=True) for r in rows).encode()
+    )
+    return len(rows), digest.hexdigest()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_every_fault_kind_reconciles_exactly_with_the_generator_manifest(spark, settings, fmt):
+    settings.ingest.max_quarantine_rate = 0.2
+    manifest = _land(settings, faults=ROW_FAULTS, fmt=fmt, rows_per_file=600)
+    bronze = job.ingest_to_bronze(settings, DAY, "run-a")
+    silver = job.build_silver(settings, DAY, "run-a")
+
+    assert bronze["rows_in"] == manifest["transactions"]["rows_written"]
+    assert bronze["rows_in"] == bronze["rows_bronze"] + bronze["rows_quarantined"]
+    for fault, reason in EXPECTED_REASON.items():
+        assert bronze["quarantined_by_reason"][reason] == manifest["faults"][fault] > 0, reason
+    assert bronze["quarantined_by_reason"]["invalid_value"] == 0
+    assert silver["duplicates_removed"] == manifest["faults"]["duplicates"]
+    assert silver["rows_silver"] == bronze["rows_bronze"] - silver["duplicates_removed"]
+    assert read_json(Tables(settings.lake).reconciliation(DAY))["rows_silver"] == silver["rows_silver"]
+
+    tables = Tables(settings.lake)
+    quarantine = spark.read.parquet(str(tables.quarantine)).where(f"arrival_date = '{DAY}'")
+    by_stage = {
+        (r.stage, r.reason): r["count"] for r in quarantine.groupBy("stage", "reason").count().collect()
+    }
+    assert by_stage[("silver", "duplicate")] == manifest["faults"]["duplicates"]
+    assert sum(n for (stage, _), n in by_stage.items() if stage == "bronze") == bronze["rows_quarantined"]
+    ids = (
+        read_partition(spark, tables.silver, DAY).groupBy("transaction_id").count().where("count > 1").count()
+    )
+    assert ids == 0
+
+
+def test_quarantined_rows_point_at_their_exact_file_and_line_even_when_files_are_split(spark, settings):
+    settings.ingest.max_quarantine_rate = 0.2
+    _land(settings, rows=6000, faults=ROW_FAULTS, rows_per_file=2500)
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(64 * 1024))  # several splits per file
+    try:
+        job.ingest_to_bronze(settings, DAY, "run-b")
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    folder = settings.landing / DAY.isoformat()
+    lines = {p.name: p.read_text().split("\n") for p in folder.glob("transactions-*.csv")}
+    rows = read_partition(spark, Tables(settings.lake).quarantine, DAY).collect()
+    assert len(rows) > 200
+    for row in rows:
+        assert lines[row.source_file][row.line_number - 1] == row.raw_record, (
+            row.source_file,
+            row.line_number,
+        )
+    bronze = (
+        read_partition(spark, Tables(settings.lake).bronze, DAY)
+        .select("source_file", "line_number")
+        .collect()
+    )
+    seen = {(r.source_file, r.line_number) for r in bronze} | {(r.source_file, r.line_number) for r in rows}
+    expected = {(name, n) for name, text in lines.items() for n in range(2, len(text))}
+    assert seen == expected  # every data line is in exactly one of bronze and quarantine
+
+
+def test_rerunning_a_date_gives_identical_silver_and_replaces_only_that_date(spark, settings):
+    other = date(2026, 1, 6)
+    _land(settings, faults="duplicates=0.05")
+    _land(settings, day=other, feed_start=DAY)
+    for day in (DAY, other):
+        job.ingest_to_bronze(settings, day, "first")
+        job.build_silver(settings, day, "first")
+    first, untouched = _silver_digest(spark, settings), _silver_digest(spark, settings, other)
+    job.ingest_to_bronze(settings, DAY, "second")
+    job.build_silver(settings, DAY, "second")
+    assert _silver_digest(spark, settings) == first
+    assert _silver_digest(spark, settings, other) == untouched
+    assert first[0] > 0
+
+
+def test_a_file_missing_a_column_fails_the_run_naming_file_and_column_and_writes_nothing(settings):
+    manifest = _land(settings, faults="missing_column=1")
+    fault = manifest["file_faults"][0]
+    with pytest.raises(LandingFileError) as error:
+        job.ingest_to_bronze(settings, DAY, "run-c")
+    assert f"{fault['file']}: missing required column '{fault['column']}'" in str(error.value)
+    tables = Tables(settings.lake)
+    for root in (tables.bronze, tables.quarantine, tables.silver):
+        assert not Tables.partition(root, DAY).exists()
+
+
+def test_an_empty_file_beside_data_fails_but_an_empty_arrival_is_only_reported(settings):
+    _land(settings, faults="empty=1")
+    with pytest.raises(LandingFileError, match=r"transactions-00001\.csv: empty file"):
+        job.ingest_to_bronze(settings, DAY, "run-d")
+    quiet_day = date(2026, 1, 7)
+    _land(settings, day=quiet_day, rows=0)
+    record = job.ingest(settings, quiet_day, "run-e")
+    assert record["status"] == "empty" and record["rows_in"] == 0
+    settings.ingest.fail_on_empty_arrival = True
+    with pytest.raises(EmptyArrivalError, match="2026-01-07 is empty"):
+        job.ingest_to_bronze(settings, quiet_day, "run-f")
+
+
+def test_a_quarantine_rate_above_the_limit_fails_after_keeping_the_rejected_rows(spark, settings):
+    settings.ingest.max_quarantine_rate = 0.01
+    manifest = _land(settings, faults="malformed=0.03")
+    malformed = manifest["faults"]["malformed"]
+    with pytest.raises(
+        QuarantineRateError, match=rf"above the limit of 1\.00%; top reasons: malformed={malformed}\."
+    ):
+        job.ingest_to_bronze(settings, DAY, "run-g")
+    kept = read_partition(spark, Tables(settings.lake).quarantine, DAY).count()
+    assert kept == malformed > 0
+    assert not Tables.partition(Tables(settings.lake).silver, DAY).exists()
