@@ -6,6 +6,7 @@ test module imports it. Every test session gets its own AIRFLOW_HOME and MLOPS_H
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -24,6 +25,8 @@ os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_SESSION_DIR / 'airflow' / 'airflow.db'}"
 os.environ["MLOPS_HOME"] = str(_SESSION_DIR / "mlops-home")
 os.environ.pop("MLOPS_PROFILE", None)
+# py4j logs "closing down" from finalizers after pytest has closed its streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
