@@ -1,0 +1,163 @@
+"""The two images: what each Dockerfile installs, the dependency closure that follows, and what it runs as.
+
+No Docker engine is needed: the Dockerfiles are parsed, and the packages an image would get are computed by
+walking the project's extras through the installed distributions' metadata (the same versions the lock pins).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from mlops import k8s_contract as contract
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "infra" / "docker"
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+LOCK = dict(
+    line.split("==", 1) for line in (REPO / "requirements.lock").read_text().splitlines() if "==" in line
+)
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    logical, current = [], ""
+    for line in dockerfile.read_text().splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        logical.append(current + stripped)
+        current = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1]) for text in logical]
+
+
+def final_stage(dockerfile: Path) -> list[tuple[str, str]]:
+    steps = instructions(dockerfile)
+    last_from = max(i for i, (op, _) in enumerate(steps) if op == "FROM")
+    return steps[last_from:]
+
+
+def installed_extras(dockerfile: Path) -> set[str]:
+    runs = [args for op, args in instructions(dockerfile) if op == "RUN" and "pip install" in args]
+    (run,) = runs
+    match = re.search(r"pip install --constraint requirements\.lock \"\.\[([a-z,]+)\]\"", run)
+    assert match, f"{dockerfile.name}: the project must be installed with the lock as constraints: {run}"
+    return set(match.group(1).split(","))
+
+
+def closure(extras: set[str]) -> set[str]:
+    """Every distribution `pip install .[extras]` pulls in, by canonical name (markers evaluated here)."""
+    declared = PROJECT["dependencies"] + [
+        r for extra in extras for r in PROJECT["optional-dependencies"][extra]
+    ]
+    pending = [Requirement(r) for r in declared]
+    seen: set[tuple[str, str]] = set()
+    while pending:
+        requirement = pending.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(requirement.name)
+        for extra in ["", *sorted(requirement.extras)]:
+            if (name, extra) in seen:
+                continue
+            seen.add((name, extra))
+            for text in metadata.distribution(name).requires or []:
+                dependency = Requirement(text)
+                # A marker is judged once, with the extra it was reached through, then dropped.
+                if dependency.marker is None or dependency.marker.evaluate({"extra": extra}):
+                    dependency.marker = None
+                    pending.append(dependency)
+    return {name for name, _ in seen}
+
+
+TRAINING = DOCKER / "training.Dockerfile"
+AIRFLOW = DOCKER / "airflow.Dockerfile"
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "extras"), [(TRAINING, {"training"}), (AIRFLOW, {"airflow", "data", "cluster"})]
+)
+def test_each_image_installs_its_extras_constrained_by_the_lock(dockerfile, extras):
+    assert installed_extras(dockerfile) == extras
+
+
+def test_the_airflow_image_carries_no_torch_and_the_training_image_no_airflow():
+    airflow = closure(installed_extras(AIRFLOW))
+    training = closure(installed_extras(TRAINING))
+    assert not {"torch", "mlflow", "onnxruntime"} & airflow
+    assert not any(name.startswith("nvidia-") for name in airflow)
+    assert not {"apache-airflow", "apache-airflow-core", "apache-airflow-task-sdk", "pyspark"} & training
+    # What each image is for is in it.
+    assert {"apache-airflow", "apache-airflow-providers-cncf-kubernetes", "pyspark", "feast"} <= airflow
+    assert {"torch", "mlflow", "onnx", "onnxruntime"} <= training
+
+
+def test_the_closure_follows_transitive_dependencies_and_extras():
+    # sympy comes only through torch, alembic through mlflow, redis through feast[redis]: if the walk stopped
+    # at the first level, the image checks above would pass for the wrong reason.
+    assert {"sympy", "alembic"} <= closure({"training"})
+    assert "redis" in closure({"data"})
+    everything = closure(set(PROJECT["optional-dependencies"]) - {"all"})
+    assert {"torch", "apache-airflow"} <= everything
+
+
+@pytest.mark.parametrize("dockerfile", [TRAINING, AIRFLOW])
+def test_every_base_image_is_pinned(dockerfile):
+    bases = [args.split()[0] for op, args in instructions(dockerfile) if op == "FROM"]
+    assert bases
+    for base in bases:
+        tag = base.rsplit("/", 1)[-1].partition(":")[2]
+        assert tag and tag != "latest" and "$" not in base, f"{dockerfile.name}: FROM {base}"
+
+
+def test_the_training_image_is_cuda_runtime_non_root_and_runs_the_training_cli():
+    stage = final_stage(TRAINING)
+    base = stage[0][1].split()[0]
+    assert base.startswith("nvidia/cuda:") and "-runtime-" in base
+    users = [args for op, args in stage if op == "USER"]
+    assert users[-1] == f"{contract.TRAINING_UID}:{contract.TRAINING_UID}"
+    (entrypoint,) = [args for op, args in stage if op == "ENTRYPOINT"]
+    assert json.loads(entrypoint) == list(contract.TRAINING_COMMAND)
+    (python,) = [
+        args for op, args in instructions(TRAINING) if op == "ARG" and args.startswith("PYTHON_VERSION=")
+    ]
+    assert python.removeprefix("PYTHON_VERSION=").startswith("3.11.")  # pyproject: requires-python <3.12
+
+
+def test_the_airflow_image_is_the_official_base_of_the_locked_airflow_version_and_non_root():
+    stage = final_stage(AIRFLOW)
+    assert stage[0][1] == f"apache/airflow:{LOCK['apache-airflow']}-python3.11"
+    users = [args for op, args in stage if op == "USER"]
+    assert users[-1] not in ("root", "0")
+    copies = [args for op, args in stage if op == "COPY"]
+    assert any(args.endswith("dags /opt/airflow/dags") for args in copies), "DAGs are baked into the image"
+
+
+@pytest.mark.parametrize("dockerfile", [TRAINING, AIRFLOW])
+def test_the_build_context_admits_exactly_what_the_dockerfile_copies(dockerfile):
+    ignore = [
+        line.strip()
+        for line in Path(f"{dockerfile}.dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert ignore[0] == "*", "the context starts empty and admits files one by one"
+    admitted = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    copied = set()
+    for op, args in instructions(dockerfile):
+        if op == "COPY" and "--from=" not in args:
+            sources = [word for word in args.split() if not word.startswith("--")][:-1]
+            copied |= set(sources)
+    assert copied == admitted
+    for source in copied:
+        assert (REPO / source).exists(), f"{dockerfile.name} copies {source}, which is not in the repository"
+    assert not {".venv", "var", ".venv-infra", ".git"} & admitted

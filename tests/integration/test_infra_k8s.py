@@ -1,0 +1,683 @@
+"""infra/k8s rendered for real and checked: the Kubernetes schema, the names contract, Pod Security, quota
+fit, network reachability, the MLflow password guard, the Feast config, and checkov over all of infra/.
+
+Tools: `kubectl kustomize` renders the overlays; kubernetes-validate (schemas of a pinned Kubernetes version,
+shipped in its package) and checkov come from .venv-infra, which the `infra_tools` fixture creates or reuses
+through scripts/infra_tools.sh, so a clean clone installs them itself. Nothing is fetched while testing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mlops import k8s_contract as contract
+
+REPO = Path(__file__).resolve().parents[2]
+INFRA = REPO / "infra"
+OVERLAYS_DIR = INFRA / "k8s" / "overlays"
+OVERLAYS = sorted(path.name for path in OVERLAYS_DIR.iterdir() if (path / "kustomization.yaml").exists())
+NAMESPACES = {contract.ORCHESTRATION_NAMESPACE, contract.TRAINING_NAMESPACE, contract.SERVING_NAMESPACE}
+TRAINING_IMAGE = contract.training_image("registry.example.com", "0.1.0")
+# Labels the official Airflow chart puts on a task pod; `tier: airflow` is on every pod of the release.
+AIRFLOW_POD_LABELS = {"tier": "airflow", "component": "worker", "release": "airflow"}
+METADATA_API = "169.254.169.254/32"
+
+
+@dataclass(frozen=True)
+class InfraTools:
+    python: Path
+    checkov: Path
+
+
+@pytest.fixture(scope="session")
+def infra_tools() -> InfraTools:
+    venv = REPO / os.environ.get("INFRA_VENV", ".venv-infra")
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "infra_tools.sh")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"scripts/infra_tools.sh failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return InfraTools(python=venv / "bin" / "python", checkov=venv / "bin" / "checkov")
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        pytest.fail(
+            "kubectl is not on PATH; the overlays are rendered with `kubectl kustomize` "
+            "(Debian: apt-get install kubernetes-client)"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def rendered(kubectl: str) -> dict[str, list[dict[str, Any]]]:
+    """Every overlay rendered to its list of objects."""
+    out = {}
+    for overlay in OVERLAYS:
+        done = subprocess.run(
+            [kubectl, "kustomize", str(OVERLAYS_DIR / overlay)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, f"kubectl kustomize {overlay}: {done.stderr}"
+        out[overlay] = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return out
+
+
+def schema_errors(tools: InfraTools, objects: list[dict[str, Any]]) -> list[str]:
+    done = subprocess.run(
+        [
+            str(tools.python),
+            str(INFRA / "tools" / "k8s_schema_check.py"),
+            "--kubernetes-version",
+            contract.KUBERNETES_VERSION,
+        ],
+        input=json.dumps(objects),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    verdicts = json.loads(done.stdout)
+    assert len(verdicts) == len(objects)
+    return [f"{v['kind']}/{v['name']}: {v['error']}" for v in verdicts if v["error"]]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None, namespace: str | None = None):
+    return [
+        obj
+        for obj in objects
+        if obj["kind"] == kind
+        and (name is None or obj["metadata"]["name"] == name)
+        and (namespace is None or obj["metadata"].get("namespace") == namespace)
+    ]
+
+
+def one(objects, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    (found,) = find(objects, kind, name, namespace)
+    return found
+
+
+def workloads(objects) -> list[tuple[dict[str, Any], Any]]:
+    return [(obj, spec) for obj in objects if (spec := contract.workload_pod_spec(obj)) is not None]
+
+
+def training_manifest() -> dict[str, Any]:
+    return contract.training_pod_manifest(
+        "retrain-20260101", TRAINING_IMAGE, ["--interval-start", "2026-01-01"]
+    )
+
+
+# --- schema -----------------------------------------------------------------------------------------------
+
+
+def test_there_are_overlays_to_check():
+    assert {"dev", "prod"} <= set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_object_validates_against_the_kubernetes_schema(infra_tools, rendered, overlay):
+    objects = rendered[overlay]
+    assert len(objects) > 20
+    assert schema_errors(infra_tools, objects) == []
+
+
+def test_the_schema_check_catches_typos_wrong_types_and_unknown_kinds(infra_tools):
+    pod = training_manifest()
+    typo = json.loads(json.dumps(pod))
+    typo["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
+    wrong_type = json.loads(json.dumps(pod))
+    wrong_type["spec"]["containers"][0]["args"] = "--interval-start 2026-01-01"
+    unknown = {"apiVersion": "mlops.example/v1", "kind": "Retrain", "metadata": {"name": "r"}}
+    errors = schema_errors(infra_tools, [pod, typo, wrong_type, unknown])
+    assert len(errors) == 3
+    assert "readOnlyRootFilesytem" in errors[0]
+    assert "is not of type 'array'" in errors[1]
+    assert "Couldn't find schema for kind Retrain" in errors[2]
+
+
+# --- names contract -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_namespaces_are_the_contract_names_and_enforce_the_restricted_profile(rendered, overlay):
+    namespaces = {
+        ns["metadata"]["name"]: ns["metadata"]["labels"] for ns in find(rendered[overlay], "Namespace")
+    }
+    assert set(namespaces) == NAMESPACES
+    for labels in namespaces.values():
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        assert labels["pod-security.kubernetes.io/enforce-version"] == f"v{contract.KUBERNETES_VERSION}"
+    namespaced = [obj for obj in rendered[overlay] if obj["kind"] not in ("Namespace", "PriorityClass")]
+    assert {obj["metadata"]["namespace"] for obj in namespaced} == NAMESPACES
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_training_identity_and_launcher_role_use_the_contract_names(rendered, overlay):
+    objects = rendered[overlay]
+    trainer = one(objects, "ServiceAccount", contract.TRAINING_SERVICE_ACCOUNT, contract.TRAINING_NAMESPACE)
+    assert trainer["automountServiceAccountToken"] is False
+    # The trainer's identity is granted nothing.
+    assert not [
+        rb
+        for rb in find(objects, "RoleBinding") + find(objects, "ClusterRoleBinding")
+        if any(s["name"] == contract.TRAINING_SERVICE_ACCOUNT for s in rb["subjects"])
+    ]
+    binding = one(objects, "RoleBinding", contract.TRAINING_LAUNCHER_ROLE, contract.TRAINING_NAMESPACE)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": contract.TRAINING_LAUNCHER_ROLE,
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": contract.AIRFLOW_WORKER_SERVICE_ACCOUNT,
+            "namespace": contract.ORCHESTRATION_NAMESPACE,
+        }
+    ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launcher_role_is_least_privilege(rendered, overlay):
+    role = one(rendered[overlay], "Role", contract.TRAINING_LAUNCHER_ROLE, contract.TRAINING_NAMESPACE)
+    granted = {
+        (resource, verb)
+        for rule in role["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        if rule["apiGroups"] == [""]
+    }
+    assert all(rule["apiGroups"] == [""] for rule in role["rules"])
+    assert {resource for resource, _ in granted} == {"pods", "pods/log", "events"}
+    assert {verb for _, verb in granted} <= {"create", "get", "list", "watch", "delete", "patch"}
+    assert not {("pods/exec", "create"), ("secrets", "get")} & granted
+    assert "*" not in json.dumps(role["rules"])
+    # What KubernetesPodOperator needs to run a pod, follow it and clean up.
+    assert {("pods", "create"), ("pods", "watch"), ("pods", "delete"), ("pods/log", "get")} <= granted
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_priority_classes_are_the_contract_names_and_serving_outranks_training(rendered, overlay):
+    classes = {pc["metadata"]["name"]: pc for pc in find(rendered[overlay], "PriorityClass")}
+    assert set(classes) == {contract.TRAINING_PRIORITY_CLASS, contract.SERVING_PRIORITY_CLASS}
+    assert (
+        classes[contract.SERVING_PRIORITY_CLASS]["value"] > classes[contract.TRAINING_PRIORITY_CLASS]["value"]
+    )
+    assert classes[contract.TRAINING_PRIORITY_CLASS]["preemptionPolicy"] == "Never"
+    assert not any(pc.get("globalDefault") for pc in classes.values())
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_quota_and_limits_name_the_contract_gpu_resource(rendered, overlay):
+    quota = one(rendered[overlay], "ResourceQuota", "training-compute", contract.TRAINING_NAMESPACE)
+    assert f"requests.{contract.GPU_RESOURCE}" in quota["spec"]["hard"]
+    (limit_range,) = find(rendered[overlay], "LimitRange", namespace=contract.TRAINING_NAMESPACE)
+    container_limits = next(item for item in limit_range["spec"]["limits"] if item["type"] == "Container")
+    assert contract.GPU_RESOURCE in container_limits["max"]
+    # A default would hand every container in the namespace a GPU.
+    assert contract.GPU_RESOURCE not in container_limits.get("default", {})
+    assert contract.GPU_RESOURCE not in container_limits.get("defaultRequest", {})
+
+
+# --- Pod Security and container hardening -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_workload_passes_the_restricted_profile(rendered, overlay):
+    found = workloads(rendered[overlay])
+    assert {obj["metadata"]["name"] for obj, _ in found} >= {"mlflow", "feast-redis", "feast-feature-server"}
+    for obj, spec in found:
+        assert contract.restricted_profile_violations(spec) == [], obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_is_hardened_sized_probed_and_pinned(rendered, overlay):
+    for obj, spec in workloads(rendered[overlay]):
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsUser"] >= 10000
+        for field in ("initContainers", "containers"):
+            for container in spec.get(field, []):
+                where = f"{obj['metadata']['name']}/{container['name']}"
+                assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+                for kind in ("requests", "limits"):
+                    assert {"cpu", "memory"} <= set(container["resources"][kind]), where
+                image = container["image"]
+                assert ":" in image.rsplit("/", 1)[-1], f"{where}: image {image} has no tag"
+                assert not image.endswith(":latest"), where
+                if field == "containers":
+                    assert "livenessProbe" in container, where
+                    assert "readinessProbe" in container, where
+
+
+def test_the_restricted_check_rejects_a_privileged_variant_of_a_rendered_workload(rendered):
+    mlflow = one(rendered[OVERLAYS[0]], "Deployment", "mlflow")
+    spec = json.loads(json.dumps(contract.workload_pod_spec(mlflow)))
+    spec["containers"][0]["securityContext"]["privileged"] = True
+    assert "containers mlflow: privileged must be false" in contract.restricted_profile_violations(spec)
+
+
+# --- the training pod against the cluster objects ---------------------------------------------------------
+
+
+def test_the_training_pod_validates_against_the_schema_and_the_restricted_profile(infra_tools):
+    manifest = training_manifest()
+    assert schema_errors(infra_tools, [manifest]) == []
+    assert contract.restricted_profile_violations(manifest["spec"]) == []
+
+
+def _quota_and_limits(objects) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    quota = one(objects, "ResourceQuota", "training-compute", contract.TRAINING_NAMESPACE)["spec"]["hard"]
+    limit_items = [
+        item
+        for limit_range in find(objects, "LimitRange", namespace=contract.TRAINING_NAMESPACE)
+        for item in limit_range["spec"]["limits"]
+    ]
+    return quota, limit_items
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_training_pod_fits_each_overlays_quota_and_limits(rendered, overlay):
+    quota, limit_items = _quota_and_limits(rendered[overlay])
+    assert contract.quota_fit_violations(training_manifest()["spec"], quota, limit_items) == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_pod_asking_for_more_gpus_than_the_quota_does_not_fit(rendered, overlay):
+    quota, limit_items = _quota_and_limits(rendered[overlay])
+    too_many = int(contract.parse_quantity(quota[f"requests.{contract.GPU_RESOURCE}"])) + 1
+    spec = contract.training_pod_spec(TRAINING_IMAGE, [], resources=contract.TrainingResources(gpus=too_many))
+    violations = contract.quota_fit_violations(spec, quota, limit_items)
+    assert f"ResourceQuota requests.{contract.GPU_RESOURCE}: the pod needs {too_many}" in " | ".join(
+        violations
+    )
+
+
+def test_a_pod_with_more_gpus_than_one_container_may_hold_does_not_fit(rendered):
+    quota, limit_items = _quota_and_limits(rendered["prod"])
+    container_max = next(item for item in limit_items if item["type"] == "Container")["max"]
+    gpus = int(contract.parse_quantity(container_max[contract.GPU_RESOURCE])) + 1
+    spec = contract.training_pod_spec(TRAINING_IMAGE, [], resources=contract.TrainingResources(gpus=gpus))
+    violations = contract.quota_fit_violations(spec, quota, limit_items)
+    assert f"container trainer: limits.{contract.GPU_RESOURCE}={gpus} exceeds LimitRange max" in " | ".join(
+        violations
+    )
+
+
+def test_the_kubernetes_pod_operator_renders_the_contract_pod_unchanged(infra_tools, rendered):
+    """What the retrain DAG will do: build the operator from the contract, and let it build the pod."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from kubernetes.client import ApiClient
+
+    train = KubernetesPodOperator(
+        task_id="train",
+        namespace=contract.TRAINING_NAMESPACE,
+        pod_template_dict=training_manifest(),
+        base_container_name=contract.TRAINING_CONTAINER,
+        do_xcom_push=False,
+    )
+    pod = ApiClient().sanitize_for_serialization(train.build_pod_request_obj(dry_run=True))
+
+    assert schema_errors(infra_tools, [pod]) == []
+    spec = pod["spec"]
+    assert pod["metadata"]["namespace"] == contract.TRAINING_NAMESPACE
+    assert pod["metadata"]["labels"][contract.APP_LABEL] == contract.TRAINING_APP
+    assert spec["serviceAccountName"] == contract.TRAINING_SERVICE_ACCOUNT
+    assert spec["priorityClassName"] == contract.TRAINING_PRIORITY_CLASS
+    (container,) = spec["containers"]
+    assert container["name"] == contract.TRAINING_CONTAINER
+    assert container["command"] == list(contract.TRAINING_COMMAND)
+    assert container["resources"]["limits"][contract.GPU_RESOURCE] == "1"
+    assert contract.restricted_profile_violations(spec) == []
+    for overlay in OVERLAYS:
+        quota, limit_items = _quota_and_limits(rendered[overlay])
+        assert contract.quota_fit_violations(spec, quota, limit_items) == [], overlay
+
+
+# --- network reachability -------------------------------------------------------------------------------
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert not selector.get("matchExpressions"), "extend _selects before using matchExpressions"
+    return all(labels.get(key) == value for key, value in (selector.get("matchLabels") or {}).items())
+
+
+def _peer_matches(peer, policy_ns, namespace_labels, src_ns, src_labels) -> bool:
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        if not _selects(peer["namespaceSelector"], namespace_labels[src_ns]):
+            return False
+    elif src_ns != policy_ns:
+        return False
+    return _selects(peer.get("podSelector") or {}, src_labels)
+
+
+def _allowed(objects, direction, at_ns, at_labels, peer_ns, peer_labels, port) -> bool:
+    """Whether the policies selecting (at_ns, at_labels) let traffic through in `direction` to or from the
+    in-cluster peer on this TCP port. Every namespace here is default-deny, so absent a rule it is refused."""
+    # The API server adds kubernetes.io/metadata.name to every namespace; the manifests do not carry it.
+    namespace_labels = {
+        ns["metadata"]["name"]: {
+            **ns["metadata"]["labels"],
+            "kubernetes.io/metadata.name": ns["metadata"]["name"],
+        }
+        for ns in find(objects, "Namespace")
+    }
+    policy_type, peers_key = ("Ingress", "from") if direction == "ingress" else ("Egress", "to")
+    for policy in find(objects, "NetworkPolicy", namespace=at_ns):
+        spec = policy["spec"]
+        if policy_type not in spec["policyTypes"] or not _selects(spec["podSelector"], at_labels):
+            continue
+        for rule in spec.get(direction, []):
+            ports = rule.get("ports")
+            if ports is not None and not any(p.get("port") == port and p["protocol"] == "TCP" for p in ports):
+                continue
+            peers = rule.get(peers_key)
+            if peers is None or any(
+                _peer_matches(p, at_ns, namespace_labels, peer_ns, peer_labels) for p in peers
+            ):
+                return True
+    return False
+
+
+def _reachable(objects, src, dst, port) -> bool:
+    (src_ns, src_labels), (dst_ns, dst_labels) = src, dst
+    return _allowed(objects, "egress", src_ns, src_labels, dst_ns, dst_labels, port) and _allowed(
+        objects, "ingress", dst_ns, dst_labels, src_ns, src_labels, port
+    )
+
+
+def _pod_labels(objects, name) -> tuple[str, dict[str, str]]:
+    (deployment,) = find(objects, "Deployment", name)
+    return deployment["metadata"]["namespace"], deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def _service_port(objects, name) -> int:
+    (service,) = find(objects, "Service", name)
+    (port,) = service["spec"]["ports"]
+    return port["port"]
+
+
+def _container_port(objects, name) -> int:
+    """The port a NetworkPolicy sees: the pod's, behind the Service's named targetPort."""
+    (service,) = find(objects, "Service", name)
+    (port,) = service["spec"]["ports"]
+    (deployment,) = find(objects, "Deployment", name)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (target,) = [p for p in container["ports"] if p["name"] == port["targetPort"]]
+    return target["containerPort"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_namespace_denies_all_traffic_by_default(rendered, overlay):
+    for namespace in NAMESPACES:
+        (deny,) = find(rendered[overlay], "NetworkPolicy", "default-deny", namespace)
+        assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_needed_paths_are_open_and_nothing_else_between_the_services(rendered, overlay):
+    objects = rendered[overlay]
+    trainer = (contract.TRAINING_NAMESPACE, training_manifest()["metadata"]["labels"])
+    airflow = (contract.ORCHESTRATION_NAMESPACE, AIRFLOW_POD_LABELS)
+    mlflow = _pod_labels(objects, "mlflow")
+    redis = _pod_labels(objects, "feast-redis")
+    feature_server = _pod_labels(objects, "feast-feature-server")
+    mlflow_port = _container_port(objects, "mlflow")
+    redis_port = _container_port(objects, "feast-redis")
+
+    assert _reachable(objects, trainer, mlflow, mlflow_port)
+    assert _reachable(objects, airflow, mlflow, mlflow_port)
+    assert _reachable(objects, airflow, redis, redis_port)
+    assert _reachable(objects, feature_server, redis, redis_port)
+
+    assert not _reachable(objects, trainer, redis, redis_port)
+    assert not _reachable(objects, trainer, feature_server, _container_port(objects, "feast-feature-server"))
+    assert not _reachable(objects, mlflow, trainer, 8080)
+    assert not _reachable(objects, airflow, trainer, 8080)
+    # A pod the training task did not launch (other labels) gets none of the trainer's allowances.
+    stray = (contract.TRAINING_NAMESPACE, {"app.kubernetes.io/name": "debug"})
+    assert not _reachable(objects, stray, mlflow, mlflow_port)
+
+
+def _egress_to_ip_blocks(objects, namespace, labels) -> set[tuple[str, int]]:
+    allowed = set()
+    for policy in find(objects, "NetworkPolicy", namespace=namespace):
+        if "Egress" in policy["spec"]["policyTypes"] and _selects(policy["spec"]["podSelector"], labels):
+            for rule in policy["spec"].get("egress", []):
+                for peer in rule.get("to", []):
+                    if "ipBlock" in peer:
+                        block = peer["ipBlock"]
+                        # The cloud metadata API hands out the node's credentials; no pod here may reach it.
+                        open_to_metadata = block["cidr"] == "0.0.0.0/0" and METADATA_API not in block.get(
+                            "except", []
+                        )
+                        assert not open_to_metadata, (
+                            f"{policy['metadata']['name']} lets pods reach {METADATA_API}"
+                        )
+                        allowed |= {(block["cidr"], port["port"]) for port in rule["ports"]}
+    return allowed
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rendered, overlay):
+    objects = rendered[overlay]
+    trainer_labels = training_manifest()["metadata"]["labels"]
+    assert {
+        port for _, port in _egress_to_ip_blocks(objects, contract.TRAINING_NAMESPACE, trainer_labels)
+    } == {443}
+    mlflow_ns, mlflow_labels = _pod_labels(objects, "mlflow")
+    assert {port for _, port in _egress_to_ip_blocks(objects, mlflow_ns, mlflow_labels)} == {443, 5432}
+    airflow_blocks = _egress_to_ip_blocks(objects, contract.ORCHESTRATION_NAMESPACE, AIRFLOW_POD_LABELS)
+    airflow_ports = {port for _, port in airflow_blocks}
+    assert airflow_ports == {443, 5432, 6443}
+    feast_ns, feast_labels = _pod_labels(objects, "feast-redis")
+    assert _egress_to_ip_blocks(objects, feast_ns, feast_labels) == set()
+
+
+# --- MLflow ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mlflow_runs_basic_auth_on_postgres_and_object_storage(rendered, overlay):
+    mlflow = one(rendered[overlay], "Deployment", "mlflow", contract.ORCHESTRATION_NAMESPACE)
+    spec = mlflow["spec"]["template"]["spec"]
+    (server,) = spec["containers"]
+    assert server["image"].startswith("ghcr.io/mlflow/mlflow:v")
+    assert server["command"] == ["mlflow", "server"]
+    assert "--app-name=basic-auth" in server["args"]
+    assert "--backend-store-uri=$(MLFLOW_BACKEND_STORE_URI)" in server["args"]
+    env = {item["name"]: item for item in server["env"]}
+    assert env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]["name"] == "mlflow-backend"
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mlflow-admin",
+        "key": "admin-password",
+    }
+    config = one(rendered[overlay], "ConfigMap", "mlflow-config", contract.ORCHESTRATION_NAMESPACE)
+    assert config["data"]["artifacts-destination"].startswith("s3://")
+    # The guard sees the same password the server does.
+    (guard,) = spec["initContainers"]
+    guard_env = {item["name"]: item for item in guard["env"]}
+    assert guard_env["MLFLOW_AUTH_ADMIN_PASSWORD"] == env["MLFLOW_AUTH_ADMIN_PASSWORD"]
+    assert guard_env["MLFLOW_AUTH_CONFIG_PATH"] == env["MLFLOW_AUTH_CONFIG_PATH"]
+
+
+AUTH_INI = """[mlflow]
+default_permission = READ
+database_uri = postgresql://mlflow_auth@db:5432/mlflow_auth
+admin_username = admin
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+"""
+
+
+@pytest.mark.parametrize(
+    ("env_password", "ini_password", "accepted"),
+    [
+        ("password1234", None, False),
+        ("", "a-strong-password-in-the-ini", False),  # an empty variable wins over the file, as in MLflow
+        ("correct-horse", None, False),
+        (None, "password1234", False),
+        (None, None, False),
+        ("n4W2-q8Vd-Jr7p-Xc3L", None, True),
+        (None, "n4W2-q8Vd-Jr7p-Xc3L", True),
+    ],
+)
+def test_the_mlflow_guard_refuses_the_default_or_a_weak_admin_password(
+    rendered, tmp_path, env_password, ini_password, accepted
+):
+    mlflow = one(rendered["prod"], "Deployment", "mlflow", contract.ORCHESTRATION_NAMESPACE)
+    (guard,) = mlflow["spec"]["template"]["spec"]["initContainers"]
+    assert guard["command"][:2] == ["python", "-c"]
+    ini = tmp_path / "basic_auth.ini"
+    ini.write_text(AUTH_INI + (f"admin_password = {ini_password}\n" if ini_password else ""))
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_AUTH_ADMIN_PASSWORD"}
+    env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
+    if env_password is not None:
+        env["MLFLOW_AUTH_ADMIN_PASSWORD"] = env_password
+    done = subprocess.run(
+        [sys.executable, "-c", guard["command"][2]], env=env, capture_output=True, text=True, timeout=60
+    )
+    if accepted:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 1
+        assert "refusing to start MLflow" in done.stderr
+        assert "mlflow-admin" in done.stderr
+
+
+# --- Feast -------------------------------------------------------------------------------------------------
+
+FEAST_LOADER = """
+import json, sys
+from pathlib import Path
+from feast.repo_config import load_repo_config
+out = {}
+for repo in sys.argv[1:]:
+    try:
+        config = load_repo_config(Path(repo), Path(repo) / "feature_store.yaml")
+    except Exception as exc:  # reported per overlay, the test names the failure
+        out[repo] = {"error": f"{type(exc).__name__}: {exc}"}
+        continue
+    out[repo] = {
+        "project": config.project,
+        "online_store": type(config.online_store).__name__,
+        "connection_string": config.online_store.connection_string,
+        "registry": config.registry.path,
+    }
+print(json.dumps(out))
+"""
+
+
+def test_the_feature_servers_config_is_a_valid_feast_config_pointing_at_the_redis_service(rendered, tmp_path):
+    repos = {}
+    for overlay in OVERLAYS:
+        config_map = one(rendered[overlay], "ConfigMap", "feast-feature-store", contract.SERVING_NAMESPACE)
+        repos[overlay] = tmp_path / overlay
+        repos[overlay].mkdir()
+        (repos[overlay] / "feature_store.yaml").write_text(config_map["data"]["feature_store.yaml"])
+    # The same file with one misspelt key, to show the loader is strict.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    text = (repos[OVERLAYS[0]] / "feature_store.yaml").read_text()
+    (broken / "feature_store.yaml").write_text(text.replace("connection_string", "conection_string"))
+
+    env = {**os.environ, "REDIS_PASSWORD": "from-the-secret"}
+    done = subprocess.run(
+        [sys.executable, "-c", FEAST_LOADER, *map(str, repos.values()), str(broken)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    redis_port = _service_port(rendered["prod"], "feast-redis")
+    redis_host = f"feast-redis.{contract.SERVING_NAMESPACE}.svc.cluster.local:{redis_port}"
+    for overlay, repo in repos.items():
+        config = loaded[str(repo)]
+        assert "error" not in config, f"{overlay}: {config}"
+        assert config["online_store"] == "RedisOnlineStoreConfig"
+        assert config["connection_string"] == f"{redis_host},password=from-the-secret"
+        assert config["registry"].startswith("s3://")
+    assert "extra_forbidden" in loaded[str(broken)]["error"]
+
+
+# --- checkov -----------------------------------------------------------------------------------------------
+
+
+def _checkov(tools: InfraTools, target: Path, frameworks: list[str]) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [str(tools.checkov), "-d", str(target), "--framework", *frameworks, "--skip-download", "-o", "json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    # One framework with findings gives an object, several a list, none a bare summary.
+    return [report] if isinstance(report, dict) else report
+
+
+@pytest.fixture(scope="session")
+def checkov_infra(infra_tools, kubectl) -> dict[str, dict[str, Any]]:
+    reports = _checkov(infra_tools, INFRA, ["kubernetes", "kustomize", "dockerfile", "helm", "secrets"])
+    return {report["check_type"]: report for report in reports if "check_type" in report}
+
+
+def test_checkov_finds_no_failed_check_in_infra(checkov_infra):
+    failed = [
+        f"{report['check_type']}: {check['check_id']} {check['check_name']} in {check['file_path']}"
+        f" ({check.get('resource')})"
+        for report in checkov_infra.values()
+        for check in report["results"]["failed_checks"]
+    ]
+    assert failed == []
+
+
+def test_checkov_really_scanned_the_manifests_the_overlays_and_the_dockerfiles(checkov_infra):
+    assert {"kubernetes", "kustomize", "dockerfile"} <= set(checkov_infra)
+    for check_type in ("kubernetes", "kustomize", "dockerfile"):
+        assert checkov_infra[check_type]["summary"]["passed"] > 50, check_type
+    overlays_scanned = {
+        check["file_path"].split("/overlays/")[1].split("/")[0]
+        for check in checkov_infra["kustomize"]["results"]["passed_checks"]
+        if "/overlays/" in check["file_path"]
+    }
+    assert overlays_scanned == set(OVERLAYS)
+
+
+def test_every_checkov_skip_carries_its_reason_inline(checkov_infra):
+    skipped = [check for report in checkov_infra.values() for check in report["results"]["skipped_checks"]]
+    assert skipped, "expected the documented skips (digest pinning, env secrets, Dockerfile HEALTHCHECK)"
+    for check in skipped:
+        reason = check["check_result"].get("suppress_comment", "")
+        assert len(reason) > 40, f"{check['check_id']} in {check['file_path']} is skipped without a reason"
+
+
+def test_checkov_fails_a_privileged_root_container(infra_tools, tmp_path):
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bad", "namespace": contract.TRAINING_NAMESPACE},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]},
+    }
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    (report,) = _checkov(infra_tools, tmp_path, ["kubernetes"])
+    failed = {check["check_id"] for check in report["results"]["failed_checks"]}
+    assert {"CKV_K8S_16", "CKV_K8S_14", "CKV_K8S_23"} <= failed  # privileged, unpinned image, root

@@ -1,0 +1,97 @@
+"""A silver write killed midway leaves the old partition whole; the same job on a Spark standalone cluster
+gives the same silver as local mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+from pyspark.sql import functions as F
+
+from pipelines.ingest.io import Tables, read_partition
+from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests.integration.conftest import wait_for
+
+MLOPS = str(Path(sys.executable).with_name("mlops"))
+DAY = date(2026, 1, 5)
+
+
+def _env(home: Path, **more: str) -> dict[str, str]:
+    return {**os.environ, "MLOPS_HOME": str(home), "MLOPS_SPARK_DRIVER_MEMORY": "1g", **more}
+
+
+def _ingest(home: Path, step: str = "ingest", **env: str) -> dict:
+    done = subprocess.run(
+        [MLOPS, "ingest", "--date", DAY.isoformat(), "--step", step, "--json"],
+        env=_env(home, **env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _digest(spark, home: Path) -> tuple[int, int]:
+    """Row count and an order-independent checksum of every column of the date's silver partition."""
+    df = read_partition(spark, Tables(home / "lake").silver, DAY)
+    checksum = F.sum(F.xxhash64(*df.columns).cast("decimal(38,0)"))
+    row = df.select(F.count("*").alias("n"), checksum.alias("h")).first()
+    return row.n, row.h
+
+
+def test_a_silver_write_killed_midway_leaves_the_previous_partition_whole(spark, tmp_path):
+    home = tmp_path / "home"
+    generate_landing(
+        GenerateRequest(start=DAY, days=1, rows_per_day=400_000, seed=4, landing=home / "landing", faults={})
+    )
+    _ingest(home)
+    before = _digest(spark, home)
+    silver_root = Tables(home / "lake").silver
+
+    writer = subprocess.Popen(
+        [MLOPS, "ingest", "--date", DAY.isoformat(), "--step", "build_silver"],
+        env=_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_for(
+        lambda: any(silver_root.glob(".spark-staging-*/arrival_date=*/*.parquet")),
+        300,
+        "the killed job to start staging its output",
+    )
+    os.killpg(writer.pid, signal.SIGKILL)  # the Python driver and its JVM
+    writer.wait(timeout=30)
+    assert list(silver_root.glob(".spark-staging-*")), "the job committed before the kill; nothing was tested"
+    assert _digest(spark, home) == before  # readers see the old partition, whole
+
+    after = _ingest(home, step="build_silver")
+    assert _digest(spark, home) == before
+    assert not list(silver_root.glob(".spark-staging-*"))
+    assert after["rows_silver"] == before[0]
+
+
+def test_a_standalone_cluster_gives_the_same_silver_as_local_mode(spark, spark_standalone, tmp_path):
+    landing = tmp_path / "landing"
+    generate_landing(
+        GenerateRequest(
+            start=DAY, days=1, rows_per_day=20_000, seed=6, landing=landing, faults={}, rows_per_file=7000
+        )
+    )
+    local = _ingest(tmp_path / "local", MLOPS_LANDING_DIR=str(landing))
+    cluster = _ingest(
+        tmp_path / "cluster",
+        MLOPS_LANDING_DIR=str(landing),
+        MLOPS_PROFILE="cluster",
+        MLOPS_CLUSTER__SPARK_MASTER=spark_standalone,
+    )
+    keys = ("rows_in", "rows_bronze", "rows_quarantined", "rows_silver", "duplicates_removed")
+    assert {k: cluster[k] for k in keys} == {k: local[k] for k in keys}
+    assert _digest(spark, tmp_path / "cluster") == _digest(spark, tmp_path / "local")
+    assert local["rows_silver"] > 0
