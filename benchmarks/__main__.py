@@ -80,15 +80,83 @@ def bench_generator(sizes: list[int], scratch: Path) -> list[dict]:
     return results
 
 
+def bench_ingest(sizes: list[int], scratch: Path) -> list[dict]:
+    """Landing -> bronze with Spark against Arrow's CSV -> Parquet conversion of the same files, and the
+    GX bronze suite against hand-written checks computing the same statistics in one Spark pass."""
+    mlops = str(Path(sys.executable).with_name("mlops"))
+    results = []
+    for rows in sizes:
+        home = scratch / f"ingest-{rows}"
+        landing = home / "landing"
+        subprocess.run(
+            [
+                mlops,
+                "generate",
+                "--start",
+                "2026-01-07",
+                "--days",
+                "1",
+                "--rows-per-day",
+                str(rows),
+                "--landing",
+                str(landing),
+                "--faults",
+                "duplicates=0.01,malformed=0.001",
+                "--json",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        spark = measure([sys.executable, str(HERE / "_ingest_run.py"), str(home), "2026-01-07"])
+        arrow = measure(
+            [
+                sys.executable,
+                str(HERE / "_baselines.py"),
+                "csv_to_parquet",
+                str(landing / "2026-01-07"),
+                str(scratch / f"arrow-{rows}"),
+            ]
+        )
+        shutil.rmtree(home)
+        shutil.rmtree(scratch / f"arrow-{rows}")
+        run, base = spark["output"], arrow["output"]
+        results.append(
+            {
+                "rows": run["rows_in"],
+                "spark_bronze_seconds": run["bronze_seconds"],
+                "arrow_seconds": base["convert_seconds"],
+                "throughput_ratio": base["convert_seconds"] / run["bronze_seconds"],
+                "gx_seconds": run["gx_seconds"],
+                "hand_seconds": run["hand_seconds"],
+                "gx_ratio": run["gx_seconds"] / run["hand_seconds"],
+                "spark_peak_mib": spark["peak_mib"],
+                "arrow_peak_mib": arrow["peak_mib"],
+            }
+        )
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--sizes", default="1000000,10000000", help="rows per day, comma separated")
+    parser.add_argument("--only", choices=["generator", "ingest"], help="run one benchmark")
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console(width=150)
+    results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="mlops-bench-") as scratch:
-        results = bench_generator(sizes, Path(scratch))
+        if args.only in (None, "generator"):
+            results["generator"] = bench_generator(sizes, Path(scratch))
+            print_generator(console, results["generator"])
+        if args.only in (None, "ingest"):
+            results["ingest"] = bench_ingest(sizes, Path(scratch))
+            print_ingest(console, results["ingest"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def print_generator(console: Console, results: list[dict]) -> None:
     table = Table(
         "benchmark",
         "rows",
@@ -120,8 +188,38 @@ def main() -> None:
             f"generator peak memory at {results[-1]['rows']:,} rows / at {results[0]['rows']:,} rows: "
             f"{growth:.2f}x (streaming keeps it flat)"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def print_ingest(console: Console, results: list[dict]) -> None:
+    table = Table(
+        "rows",
+        "Spark bronze s",
+        "rows/s",
+        "Arrow CSV->Parquet s",
+        "rows/s",
+        "throughput vs Arrow",
+        "GX bronze s",
+        "hand checks s",
+        "GX / hand",
+        "peak MiB Spark",
+        "peak MiB Arrow",
+        title="ingestion (goals: throughput >= 0.5x Arrow, GX <= 2x hand-written checks)",
+    )
+    for r in results:
+        table.add_row(
+            f"{r['rows']:,}",
+            f"{r['spark_bronze_seconds']:.1f}",
+            f"{r['rows'] / r['spark_bronze_seconds']:,.0f}",
+            f"{r['arrow_seconds']:.1f}",
+            f"{r['rows'] / r['arrow_seconds']:,.0f}",
+            f"{r['throughput_ratio']:.2f}x",
+            f"{r['gx_seconds']:.1f}",
+            f"{r['hand_seconds']:.1f}",
+            f"{r['gx_ratio']:.2f}x",
+            f"{r['spark_peak_mib']:.0f}",
+            f"{r['arrow_peak_mib']:.0f}",
+        )
+    console.print(table)
 
 
 if __name__ == "__main__":

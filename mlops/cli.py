@@ -206,11 +206,11 @@ def demo(
     seed: Annotated[int, typer.Option(help="random seed of the synthetic feed")] = 7,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Run the loop on the embedded stack. Today: land a synthetic feed under MLOPS_HOME and summarise it;
-    the ingest, features and training stages join as they are built."""
+    """Run the loop on the embedded stack. Today: land a synthetic feed under MLOPS_HOME and ingest each
+    date to silver (Spark, quarantine, GX); the features and training stages join as they are built."""
     import time
 
-    from mlops.jobs import land_synthetic
+    from mlops.jobs import ingest_step, land_synthetic
 
     settings = get_settings()
     settings.ensure_dirs()
@@ -241,14 +241,52 @@ def demo(
             str(m["labels"]["rows"]),
         )
     err.print(table)
-    err.print("Not built yet: ingest to silver, features, training and promotion (see README: Status).")
+
+    ingested = []
+    for manifest in manifests:
+        day = date.fromisoformat(manifest["arrival_date"])
+        err.print(f"ingesting {day} (Spark -> bronze + quarantine -> GX -> silver -> GX) ...")
+        began = time.perf_counter()
+        ingested.append(
+            {**ingest_step("ingest", day, run_id=f"demo-{day}"), "seconds": time.perf_counter() - began}
+        )
+    table = Table(
+        "arrival date",
+        "rows in",
+        "quarantined",
+        "duplicates removed",
+        "silver",
+        "GX",
+        "seconds",
+        title=f"ingested to {settings.lake / 'silver'}",
+    )
+    for record in ingested:
+        checks = record.get("validation", [])
+        table.add_row(
+            record["arrival_date"],
+            str(record["rows_in"]),
+            str(record["rows_quarantined"]),
+            str(record["duplicates_removed"]),
+            str(record["rows_silver"]),
+            "passed" if checks and all(c.get("success") for c in checks) else record["status"],
+            f"{record['seconds']:.1f}",
+        )
+    err.print(table)
+    docs = next(
+        (c["data_docs"] for r in ingested for c in r.get("validation", []) if c.get("data_docs")), None
+    )
+    if docs:
+        err.print(f"GX data docs: {docs}")
+    err.print("Not built yet: features, training and promotion (see README: Status).")
     _emit(
         {
             "status": "ok",
             "landing": str(settings.landing),
             "dates": [m["arrival_date"] for m in manifests],
             "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
-            "seconds": seconds,
+            "rows_silver": sum(r["rows_silver"] for r in ingested),
+            "rows_quarantined": sum(r["rows_quarantined"] for r in ingested),
+            "seconds": time.perf_counter() - started,
         },
         as_json,
     )

@@ -102,7 +102,7 @@ def spark_standalone(tmp_path_factory):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as response:
                 return json.load(response).get("aliveworkers", 0) >= 1
-        except OSError:
+        except (OSError, ValueError):  # not up yet, or the UI answers before its JSON endpoint is ready
             return False
 
     try:

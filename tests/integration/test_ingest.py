@@ -161,3 +161,16 @@ def test_a_quarantine_rate_above_the_limit_fails_after_keeping_the_rejected_rows
     kept = read_partition(spark, Tables(settings.lake).quarantine, DAY).count()
     assert kept == malformed > 0
     assert not Tables.partition(Tables(settings.lake).silver, DAY).exists()
+
+
+def test_cli_ingest_reports_a_missing_arrival_as_one_json_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mlops.cli import app
+
+    monkeypatch.setenv("MLOPS_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(app, ["ingest", "--date", "2026-03-01", "--json"])
+    assert result.exit_code == 1
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "failed" and summary["error"] == "ArrivalNotFoundError"
+    assert str(tmp_path / "home" / "landing" / "2026-03-01") in summary["message"]

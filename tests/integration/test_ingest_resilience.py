@@ -48,9 +48,10 @@ def _digest(spark, home: Path) -> tuple[int, int]:
 def test_a_silver_write_killed_midway_leaves_the_previous_partition_whole(spark, tmp_path):
     home = tmp_path / "home"
     generate_landing(
-        GenerateRequest(start=DAY, days=1, rows_per_day=400_000, seed=4, landing=home / "landing", faults={})
+        GenerateRequest(start=DAY, days=1, rows_per_day=200_000, seed=4, landing=home / "landing", faults={})
     )
-    _ingest(home)
+    _ingest(home, step="ingest_to_bronze")
+    _ingest(home, step="build_silver")
     before = _digest(spark, home)
     silver_root = Tables(home / "lake").silver
 
@@ -61,10 +62,11 @@ def test_a_silver_write_killed_midway_leaves_the_previous_partition_whole(spark,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    # Kill while a task is still writing its attempt file, well before the job commits.
     wait_for(
-        lambda: any(silver_root.glob(".spark-staging-*/arrival_date=*/*.parquet")),
+        lambda: any(silver_root.glob(".spark-staging-*/_temporary/*/_temporary/attempt_*/**/*.parquet")),
         300,
-        "the killed job to start staging its output",
+        "a task to start writing its output",
     )
     os.killpg(writer.pid, signal.SIGKILL)  # the Python driver and its JVM
     writer.wait(timeout=30)
@@ -93,5 +95,6 @@ def test_a_standalone_cluster_gives_the_same_silver_as_local_mode(spark, spark_s
     )
     keys = ("rows_in", "rows_bronze", "rows_quarantined", "rows_silver", "duplicates_removed")
     assert {k: cluster[k] for k in keys} == {k: local[k] for k in keys}
+    assert cluster["status"] == local["status"] == "ok"
     assert _digest(spark, tmp_path / "cluster") == _digest(spark, tmp_path / "local")
     assert local["rows_silver"] > 0

@@ -1,0 +1,173 @@
+"""Data residency: every storage location the platform writes to must sit in an approved region or endpoint.
+
+Transactions are personal data; where they are stored is a legal question, not a tuning knob. The settings
+carry a `StoragePolicy` (allowed regions and/or allowed endpoint hosts) and the composition root passes every
+configured storage URI through `check_storage_uris` before anything is written, so a bucket in the wrong
+region fails at startup with a message naming the URI, not after a month of data has landed there.
+
+How a URI is resolved to a place:
+- `s3://`, `s3a://`, `s3n://` (boto, Spark): the endpoint named by `?endpoint_override=` (pyarrow's spelling)
+  or `?endpoint_url=`, else the default endpoint given to the check; an AWS endpoint host names its region,
+  any other endpoint is judged by its host. Without an endpoint, the region comes from `?region=` or the
+  default region given to the check (e.g. AWS_DEFAULT_REGION).
+- `https://` / `http://` object URLs: the host is the endpoint (AWS hosts again name their region).
+- `file://` URIs and plain paths: local disk, allowed only when the policy allows local paths.
+Anything that cannot be resolved is refused: a location of unknown residency is not a compliant one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_S3_SCHEMES = frozenset({"s3", "s3a", "s3n"})
+_HTTP_SCHEMES = frozenset({"http", "https"})
+# s3.eu-west-1.amazonaws.com, bucket.s3.eu-west-1.amazonaws.com, s3-eu-west-1.amazonaws.com,
+# s3.dualstack.eu-west-1.amazonaws.com, bucket.s3-fips.us-east-1.amazonaws.com, and the .cn partition.
+_AWS_S3_HOST = re.compile(
+    r"(?:^|\.)s3(?:-fips)?(?:[.-]dualstack)?[.-](?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.amazonaws\.com(?:\.cn)?$"
+)
+_LABEL = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+
+
+class StoragePolicy(BaseModel):
+    """Where data may be stored. Empty lists allow no object storage at all (fail closed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allowed_regions: tuple[str, ...] = Field(default=(), description="e.g. eu-west-1, eu-central-1")
+    allowed_endpoint_hosts: tuple[str, ...] = Field(
+        default=(), description="S3-compatible endpoints by host, e.g. minio.storage.svc.cluster.local"
+    )
+    allow_local_paths: bool = Field(default=True, description="file:// URIs and plain paths (local profile)")
+
+    @field_validator("allowed_regions", "allowed_endpoint_hosts", mode="after")
+    @classmethod
+    def _lowercase_names(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        normalised = tuple(value.strip().lower() for value in values)
+        for value in normalised:
+            if not _LABEL.match(value):
+                raise ValueError(f"{value!r} is not a region or host name (no scheme, port or path)")
+        return normalised
+
+
+@dataclass(frozen=True)
+class StorageLocation:
+    """Where one URI resolved to: `kind` is local, region or endpoint; `place` is the path, region or host."""
+
+    uri: str
+    kind: str
+    place: str
+
+
+class DataResidencyError(ValueError):
+    """One or more storage URIs resolve outside the policy; `rejected` pairs each URI with the reason."""
+
+    def __init__(self, rejected: list[tuple[str, str]], policy: StoragePolicy) -> None:
+        self.rejected = rejected
+        self.policy = policy
+        lines = [f"{len(rejected)} storage location(s) break the data residency policy:"]
+        lines += [f"  - {redact(uri)}: {reason}" for uri, reason in rejected]
+        lines.append(
+            f"Allowed regions: {list(policy.allowed_regions) or 'none'}; "
+            f"allowed endpoint hosts: {list(policy.allowed_endpoint_hosts) or 'none'}; "
+            f"local paths {'allowed' if policy.allow_local_paths else 'refused'}."
+        )
+        lines.append(
+            "Fix: point the URI at a bucket in an allowed region (add ?region=<region> to an s3:// URI whose "
+            "region is not the default) or at an allowed endpoint; if the location has been approved, add it "
+            "to MLOPS_STORAGE_POLICY__ALLOWED_REGIONS or MLOPS_STORAGE_POLICY__ALLOWED_ENDPOINT_HOSTS."
+        )
+        super().__init__("\n".join(lines))
+
+
+def redact(uri: str) -> str:
+    """The URI without any user:password part, fit for an error message or a log line."""
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    netloc = parts.hostname or ""
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return parts._replace(netloc=f"***@{netloc}").geturl()
+
+
+def aws_region_of_host(host: str) -> str | None:
+    """The region an AWS S3 endpoint host names, e.g. s3.eu-west-1.amazonaws.com -> eu-west-1."""
+    match = _AWS_S3_HOST.search(host.lower())
+    return match.group("region") if match else None
+
+
+def resolve_storage_uri(
+    uri: str, *, default_region: str | None = None, default_endpoint: str | None = None
+) -> StorageLocation:
+    """Where `uri` stores its data; ValueError when that cannot be told from the URI and the defaults."""
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file"):
+        return StorageLocation(uri, "local", parts.path or uri)
+    if scheme in _S3_SCHEMES:
+        query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        endpoint = query.get("endpoint_override") or query.get("endpoint_url") or default_endpoint
+        if endpoint:
+            return _endpoint_location(uri, endpoint)
+        region = query.get("region") or default_region
+        if region:
+            return StorageLocation(uri, "region", region.lower())
+        raise ValueError("no region or endpoint: add ?region=<region> or configure a default region")
+    if scheme in _HTTP_SCHEMES:
+        return _endpoint_location(uri, uri)
+    raise ValueError(f"scheme {scheme!r} has no known residency (supported: s3, s3a, s3n, http(s), file)")
+
+
+def _endpoint_location(uri: str, endpoint: str) -> StorageLocation:
+    # An endpoint given without a scheme ("minio:9000") would otherwise parse as a path.
+    host = (urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname or "").lower()
+    if not host:
+        raise ValueError(f"endpoint {endpoint!r} has no host")
+    region = aws_region_of_host(host)
+    return StorageLocation(uri, "region", region) if region else StorageLocation(uri, "endpoint", host)
+
+
+def check_storage_uris(
+    uris: Iterable[str],
+    policy: StoragePolicy,
+    *,
+    default_region: str | None = None,
+    default_endpoint: str | None = None,
+) -> list[StorageLocation]:
+    """Resolve every URI and return where each lives; DataResidencyError listing all that break the policy."""
+    allowed: list[StorageLocation] = []
+    rejected: list[tuple[str, str]] = []
+    for uri in uris:
+        try:
+            location = resolve_storage_uri(
+                uri, default_region=default_region, default_endpoint=default_endpoint
+            )
+        except ValueError as exc:
+            rejected.append((uri, f"cannot tell where it stores data: {exc}"))
+            continue
+        reason = _refusal(location, policy)
+        if reason:
+            rejected.append((uri, reason))
+        else:
+            allowed.append(location)
+    if rejected:
+        raise DataResidencyError(rejected, policy)
+    return allowed
+
+
+def _refusal(location: StorageLocation, policy: StoragePolicy) -> str | None:
+    if location.kind == "local":
+        return None if policy.allow_local_paths else "resolves to local disk, which this policy refuses"
+    if location.kind == "region":
+        if location.place in policy.allowed_regions:
+            return None
+        return f"resolves to region {location.place}, not in the allowed regions"
+    if location.place in policy.allowed_endpoint_hosts:
+        return None
+    return f"resolves to endpoint host {location.place}, not in the allowed endpoint hosts"
