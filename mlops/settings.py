@@ -12,8 +12,10 @@ import functools
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mlops.residency import StoragePolicy, check_storage_uris
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +35,10 @@ class ClusterServices(BaseModel):
     kubernetes_namespace: str = "mlops-training"
     # The address Spark executors use to reach the driver (this machine's, as the cluster sees it).
     spark_driver_host: str = "127.0.0.1"
+    # Object storage for the lake, DVC remote and MLflow artifacts (s3://bucket/prefix), and where it is.
+    object_store_uri: str | None = None
+    object_store_region: str | None = None
+    object_store_endpoint: str | None = None
 
 
 class IngestSettings(BaseModel):
@@ -56,6 +62,25 @@ class Settings(BaseSettings):
     suites_dir: Path = Field(default=REPO_ROOT / "great_expectations", description="GX suites as files")
     ingest: IngestSettings = IngestSettings()
     cluster: ClusterServices = ClusterServices()
+    # Data residency: every configured storage location must lie in an allowed region or endpoint.
+    storage_policy: StoragePolicy = StoragePolicy()
+
+    @model_validator(mode="after")
+    def _storage_is_where_it_may_be(self) -> Settings:
+        check_storage_uris(
+            self.storage_uris,
+            self.storage_policy,
+            default_region=self.cluster.object_store_region,
+            default_endpoint=self.cluster.object_store_endpoint,
+        )
+        return self
+
+    @property
+    def storage_uris(self) -> list[str]:
+        uris = [str(self.home), str(self.landing)]
+        if self.cluster.object_store_uri:
+            uris.append(self.cluster.object_store_uri)
+        return uris
 
     @field_validator("home", "landing_dir", mode="after")
     @classmethod

@@ -93,3 +93,29 @@ def test_importing_every_module_has_no_side_effects(tmp_path):
     assert "mlops.cli" in report["imported"]
     assert not home.exists(), "a module created MLOPS_HOME at import time"
     assert report["root_handlers"] == 0, "a module configured logging at import time"
+
+
+@pytest.mark.parametrize(
+    ("region", "allowed", "accepted"),
+    [("eu-west-1", '["eu-west-1","eu-central-1"]', True), ("us-east-1", '["eu-west-1"]', False)],
+)
+def test_storage_outside_the_allowed_regions_is_refused_when_settings_load(
+    monkeypatch, region, allowed, accepted
+):
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_CLUSTER__OBJECT_STORE_URI", f"s3://fraud-lake/prod?region={region}")
+    monkeypatch.setenv("MLOPS_STORAGE_POLICY__ALLOWED_REGIONS", allowed)
+    if accepted:
+        assert Settings().cluster.object_store_uri.startswith("s3://fraud-lake")
+        return
+    with pytest.raises(ValidationError) as error:
+        Settings()
+    message = str(error.value)
+    assert f"s3://fraud-lake/prod?region={region}" in message and "us-east-1" in message
+    assert "eu-west-1" in message  # the allowed list, so the reader knows what would pass
+
+
+def test_local_paths_can_be_refused_by_policy(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLOPS_STORAGE_POLICY__ALLOW_LOCAL_PATHS", "false")
+    with pytest.raises(ValidationError, match="local disk"):
+        Settings()
