@@ -58,6 +58,7 @@ def bench_generator(sizes: list[int], scratch: Path) -> list[dict]:
             [
                 sys.executable,
                 str(HERE / "_baselines.py"),
+                "csv_floor",
                 str(written["rows_written"]),
                 str(scratch / f"base-{rows}"),
             ]

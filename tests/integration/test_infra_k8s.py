@@ -57,6 +57,13 @@ def infra_tools() -> InfraTools:
 @pytest.fixture(scope="session")
 def kubectl() -> str:
     path = shutil.which("kubectl")
+    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        # A fresh machine may lack it: install Debian's client, as a developer would.
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "kubernetes-client"], capture_output=True, timeout=600
+        )
+        path = shutil.which("kubectl")
     if path is None:
         pytest.fail(
             "kubectl is not on PATH; the overlays are rendered with `kubectl kustomize` "
