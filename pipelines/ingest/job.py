@@ -72,29 +72,27 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     for more in parsed[1:]:
         raw = raw.unionByName(more)
 
+    # Classified once, on disk: the counts, bronze and quarantine all read it, and memory stays bounded.
     classified = transforms.classify(raw, day, settings.ingest.late_event_days).persist(
-        StorageLevel.MEMORY_AND_DISK
+        StorageLevel.DISK_ONLY
     )
-    try:
-        by_reason = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
-        rows_bronze = by_reason.pop(None, 0)
-        rows_quarantined = sum(by_reason.values())
-        overwrite_partitions(
-            transforms.to_bronze(classified, day, run_id),
-            tables.bronze,
-            ["arrival_date"],
-            now_empty=(Tables.partition(tables.bronze, day),) if rows_bronze == 0 else (),
-        )
-        overwrite_partitions(
-            transforms.to_quarantine(classified, day, run_id),
-            tables.quarantine,
-            ["arrival_date", "stage"],
-            now_empty=(Tables.partition(tables.quarantine, day, stage="bronze"),)
-            if not rows_quarantined
-            else (),
-        )
-    finally:
-        classified.unpersist()
+    by_reason = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
+    rows_bronze = by_reason.pop(None, 0)
+    rows_quarantined = sum(by_reason.values())
+    overwrite_partitions(
+        transforms.to_bronze(classified, day, run_id),
+        tables.bronze,
+        ["arrival_date"],
+        now_empty=(Tables.partition(tables.bronze, day),) if rows_bronze == 0 else (),
+    )
+    quarantine_partition = Tables.partition(tables.quarantine, day, stage="bronze")
+    overwrite_partitions(
+        transforms.to_quarantine(classified, day, run_id),
+        tables.quarantine,
+        ["arrival_date", "stage"],
+        now_empty=(quarantine_partition,) if not rows_quarantined else (),
+    )
+    classified.unpersist()
 
     rows_in = rows_bronze + rows_quarantined
     record = {
@@ -187,17 +185,12 @@ def build_silver(settings: Settings, day: date, run_id: str) -> dict:
     ordered = silver.repartitionByRange(files, "event_timestamp", "transaction_id").sortWithinPartitions(
         "event_timestamp", "transaction_id"
     )
-    duplicates = duplicates.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        removed = duplicates.count()
-        overwrite_partitions(
-            duplicates,
-            tables.quarantine,
-            ["arrival_date", "stage"],
-            now_empty=(Tables.partition(tables.quarantine, day, stage="silver"),) if not removed else (),
-        )
-    finally:
-        duplicates.unpersist()
+    # Counts are read back from what was written: the record states what is on disk.
+    duplicates_partition = Tables.partition(tables.quarantine, day, stage="silver")
+    overwrite_partitions(
+        duplicates, tables.quarantine, ["arrival_date", "stage"], now_empty=(duplicates_partition,)
+    )
+    removed = spark.read.parquet(str(duplicates_partition)).count() if duplicates_partition.exists() else 0
     overwrite_partitions(ordered, tables.silver, ["arrival_date"])
     rows_silver = read_partition(spark, tables.silver, day).count()
     if rows_silver + removed != record["rows_bronze"]:
