@@ -15,7 +15,8 @@ sensor defers to the triggerer, so waiting holds no worker slot.
 
 Data problems (unusable files, a quarantine rate above `MLOPS_INGEST__MAX_QUARANTINE_RATE`, failed GX
 expectations) fail the task at once with a message naming the file, column or expectation; they are not
-retried. The outlet asset `silver_transactions` schedules the features DAG.
+retried. Chargebacks (`labels-*`) of the date go to silver labels beside it, in a task of their own. The
+outlet assets `silver_transactions` and `silver_labels` schedule the features DAG.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
-from mlops.assets import SILVER_TRANSACTIONS
+from mlops.assets import SILVER_LABELS, SILVER_TRANSACTIONS
 from mlops.orchestration import ArrivalSensor, fail_fast_on_bad_data
 
 DEFAULT_ARGS = {
@@ -78,4 +79,12 @@ with DAG(
 
         return fail_fast_on_bad_data(lambda: ingest_step("validate_silver", data_interval_start.date()))
 
+    @task(outlets=[SILVER_LABELS], doc_md="Chargebacks of the date -> silver labels (+ quarantine).")
+    def ingest_labels(data_interval_start=None, run_id=None) -> dict:
+        from mlops.jobs import ingest_step
+
+        day = data_interval_start.date()
+        return fail_fast_on_bad_data(lambda: ingest_step("ingest_labels", day, run_id=f"airflow:{run_id}"))
+
     arrival >> ingest_to_bronze() >> validate_bronze() >> build_silver() >> validate_silver()
+    arrival >> ingest_labels()

@@ -8,3 +8,4 @@ from airflow.sdk import Asset
 SILVER_TRANSACTIONS = Asset(
     name="silver_transactions", uri="x-mlops://lake/silver/transactions", group="fraud"
 )
+SILVER_LABELS = Asset(name="silver_labels", uri="x-mlops://lake/silver/labels", group="fraud")

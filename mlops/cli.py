@@ -134,7 +134,10 @@ def generate(
 def ingest(
     day: Annotated[datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="arrival date to ingest")],
     step: Annotated[
-        str, typer.Option(help="one step: ingest_to_bronze, validate_bronze, build_silver, validate_silver")
+        str,
+        typer.Option(
+            help="one step: ingest_to_bronze, validate_bronze, build_silver, validate_silver, ingest_labels"
+        ),
     ] = "ingest",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:

@@ -47,7 +47,14 @@ def land_synthetic(
     return generate_landing(request, progress=progress)
 
 
-INGEST_STEPS = ("ingest_to_bronze", "validate_bronze", "build_silver", "validate_silver", "ingest")
+INGEST_STEPS = (
+    "ingest_to_bronze",
+    "validate_bronze",
+    "build_silver",
+    "validate_silver",
+    "ingest_labels",
+    "ingest",
+)
 
 
 def ingest_step(step: str, day: date, run_id: str | None = None) -> dict:

@@ -50,6 +50,17 @@ class Tables:
     def reconciliation(self, day: date) -> Path:
         return self.lake / "reconciliation" / "transactions" / f"arrival_date={day.isoformat()}.json"
 
+    @property
+    def silver_labels(self) -> Path:
+        return self.lake / "silver" / "labels"
+
+    @property
+    def quarantine_labels(self) -> Path:
+        return self.lake / "quarantine" / "labels"
+
+    def labels_reconciliation(self, day: date) -> Path:
+        return self.lake / "reconciliation" / "labels" / f"arrival_date={day.isoformat()}.json"
+
     @staticmethod
     def partition(root: Path, day: date, **more: str) -> Path:
         path = root / f"arrival_date={day.isoformat()}"
@@ -79,8 +90,10 @@ class Arrival:
     ignored: list[str] = field(default_factory=list)
 
 
-def find_arrival(landing: Path, day: date) -> Arrival:
-    """List the transaction files of one arrival date and check each file as a whole."""
+def find_arrival(
+    landing: Path, day: date, stem: str = "transactions", columns=TRANSACTION_COLUMNS
+) -> Arrival:
+    """List the `stem-*` files (transactions or labels) of one arrival date and check each as a whole."""
     folder = landing / day.isoformat()
     if not folder.is_dir():
         raise ArrivalNotFoundError(
@@ -89,22 +102,23 @@ def find_arrival(landing: Path, day: date) -> Arrival:
         )
     files, ignored = [], []
     for path in sorted(folder.iterdir()):
-        if path.name.startswith(("_", ".")) or path.name.startswith("labels-"):
+        other = "labels-" if stem == "transactions" else "transactions-"
+        if path.name.startswith(("_", ".", other)):
             continue
         fmt = DATA_SUFFIXES.get(path.suffix)
-        if path.name.startswith("transactions-") and fmt and path.is_file():
+        if path.name.startswith(f"{stem}-") and fmt and path.is_file():
             files.append(LandingFile(path, fmt))
         else:
             ignored.append(path.name)
     arrival = Arrival(day=day, folder=folder, files=files, ignored=ignored)
     for name in ignored:
-        log.warning("arrival %s: ignoring %s (not a transactions-*.csv/.jsonl file)", day, name)
+        log.warning("arrival %s: ignoring %s (not a %s-*.csv/.jsonl file)", day, name, stem)
     for landing_file in files:
-        _check_file(arrival, landing_file)
+        _check_file(arrival, landing_file, columns)
     return arrival
 
 
-def _check_file(arrival: Arrival, landing_file: LandingFile) -> None:
+def _check_file(arrival: Arrival, landing_file: LandingFile, columns: tuple[str, ...]) -> None:
     path, name = landing_file.path, landing_file.name
     if path.stat().st_size == 0:
         arrival.empty_files.append(name)
@@ -122,14 +136,18 @@ def _check_file(arrival: Arrival, landing_file: LandingFile) -> None:
         return
     header = next(csv.reader([first.lstrip("\ufeff").rstrip("\r\n")]))
     arrival.headers[name] = header
-    for column in TRANSACTION_COLUMNS:
+    for column in columns:
         if column not in header:
-            kind = "required" if column in REQUIRED_TRANSACTION_COLUMNS else "expected"
+            kind = (
+                "required"
+                if column in REQUIRED_TRANSACTION_COLUMNS or columns != TRANSACTION_COLUMNS
+                else "expected"
+            )
             arrival.problems.append(f"{name}: missing {kind} column '{column}' (header: {','.join(header)})")
     for column in header:
-        if column not in TRANSACTION_COLUMNS:
+        if column not in columns:
             arrival.problems.append(
-                f"{name}: unexpected column '{column}'; the contract is {','.join(TRANSACTION_COLUMNS)}"
+                f"{name}: unexpected column '{column}'; the contract is {','.join(columns)}"
             )
     repeated = sorted({c for c in header if header.count(c) > 1})
     if repeated:
@@ -140,7 +158,9 @@ def _check_file(arrival: Arrival, landing_file: LandingFile) -> None:
         arrival.empty_files.append(name)
 
 
-def json_key_problems(spark: SparkSession, files: list[LandingFile]) -> list[str]:
+def json_key_problems(
+    spark: SparkSession, files: list[LandingFile], columns: tuple[str, ...] = TRANSACTION_COLUMNS
+) -> list[str]:
     """A JSON file lacks a column when no record in it has that key."""
     json_files = [f for f in files if f.fmt == "json" and f.path.stat().st_size > 0]
     if not json_files:
@@ -163,7 +183,7 @@ def json_key_problems(spark: SparkSession, files: list[LandingFile]) -> list[str
         f"{name}: missing {'required' if c in REQUIRED_TRANSACTION_COLUMNS else 'expected'} column '{c}' "
         f"(no record in the file has it)"
         for name, seen in present.items()
-        for c in TRANSACTION_COLUMNS
+        for c in columns
         if c not in seen
     ]
 

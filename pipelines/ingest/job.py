@@ -11,9 +11,10 @@ from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipelines.contracts import LABEL_COLUMNS
 from pipelines.errors import (
     EmptyArrivalError,
     LandingFileError,
@@ -214,14 +215,99 @@ def _reconciliation(tables: Tables, day: date) -> dict:
     return record
 
 
+def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
+    """Chargebacks reported on `day` -> silver labels (first copy of a transaction_id wins) and quarantine.
+    A header-only labels file is normal: no chargeback was reported that day."""
+    tables = Tables(settings.lake)
+    arrival = find_arrival(settings.landing, day, stem="labels", columns=LABEL_COLUMNS)
+    spark = spark_session(settings)
+    arrival.problems += json_key_problems(spark, arrival.files, LABEL_COLUMNS)
+    if arrival.problems:
+        raise LandingFileError(day.isoformat(), arrival.problems)
+    with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
+    record = {"arrival_date": day.isoformat(), "run_id": run_id, "files": [f.name for f in arrival.files]}
+    silver_partition = Tables.partition(tables.silver_labels, day)
+    quarantine_partition = Tables.partition(tables.quarantine_labels, day)
+    if not with_rows:
+        clear_partitions(tables.silver_labels, (silver_partition,))
+        clear_partitions(tables.quarantine_labels, (quarantine_partition,))
+        record.update(
+            rows_in=0, rows_silver=0, rows_quarantined=0, duplicates_removed=0, quarantined_by_reason={}
+        )
+        write_json(tables.labels_reconciliation(day), record)
+        return record
+    lines = read_lines(spark, with_rows)
+    parsed: list[DataFrame] = []
+    for header in {tuple(arrival.headers[f.name]) for f in with_rows if f.fmt == "csv"}:
+        names = [f.name for f in with_rows if f.fmt == "csv" and tuple(arrival.headers[f.name]) == header]
+        body = lines.where(F.col("source_file").isin(names) & (F.col("line_number") > 1))
+        parsed.append(transforms.parse_csv_lines(body, list(header), LABEL_COLUMNS))
+    json_names = [f.name for f in with_rows if f.fmt == "json"]
+    if json_names:
+        parsed.append(
+            transforms.parse_json_lines(lines.where(F.col("source_file").isin(json_names)), LABEL_COLUMNS)
+        )
+    raw = parsed[0]
+    for more in parsed[1:]:
+        raw = raw.unionByName(more)
+    classified = transforms.classify_labels(raw, day, settings.ingest.late_event_days).persist(
+        StorageLevel.DISK_ONLY
+    )
+    order = Window.partitionBy("transaction_id").orderBy("source_file", "line_number")
+    ranked = classified.withColumn("_copy", F.when(F.col("reason").isNull(), F.row_number().over(order)))
+    rejected = ranked.where(F.col("reason").isNotNull() | (F.col("_copy") > 1)).select(
+        F.coalesce("reason", F.lit("duplicate")).alias("reason"),
+        "detail",
+        "source_file",
+        "line_number",
+        "raw_record",
+        "transaction_id",
+        F.lit(run_id).alias("run_id"),
+        F.lit(day).alias("arrival_date"),
+    )
+    labels = ranked.where(F.col("_copy") == 1).select(
+        "transaction_id",
+        "is_fraud",
+        "label_timestamp",
+        "source_file",
+        "line_number",
+        F.lit(day).alias("arrival_date"),
+    )
+    overwrite_partitions(
+        rejected, tables.quarantine_labels, ["arrival_date"], now_empty=(quarantine_partition,)
+    )
+    overwrite_partitions(labels, tables.silver_labels, ["arrival_date"], now_empty=(silver_partition,))
+    by_reason = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
+    classified.unpersist()
+    rows_in = sum(by_reason.values())
+    rows_silver = spark.read.parquet(str(silver_partition)).count() if silver_partition.exists() else 0
+    rows_quarantined = rows_in - by_reason.get(None, 0)
+    record.update(
+        rows_in=rows_in,
+        rows_silver=rows_silver,
+        rows_quarantined=rows_quarantined,
+        duplicates_removed=by_reason.get(None, 0) - rows_silver,
+        quarantined_by_reason={r: n for r, n in by_reason.items() if r is not None},
+    )
+    write_json(tables.labels_reconciliation(day), record)
+    log.info("labels reconciliation %s: %s", day, record)
+    return record
+
+
 def ingest(settings: Settings, day: date, run_id: str) -> dict:
-    """All steps in order: bronze and quarantine, validate bronze, silver, validate silver."""
+    """All steps in order: bronze and quarantine, validate bronze, silver, validate silver, labels."""
     record = ingest_to_bronze(settings, day, run_id)
     if record["status"] == "empty":
-        return {**record, "validation": []}
+        labels = ingest_labels(settings, day, run_id)
+        return {
+            **record,
+            "validation": [],
+            "labels": {k: labels[k] for k in ("rows_in", "rows_silver", "rows_quarantined")},
+        }
     checks = [validate_bronze(settings, day)]
     record = build_silver(settings, day, run_id)
     checks.append(validate_silver(settings, day))
     record = {**record, "status": "ok", "validation": checks}
     write_json(Tables(settings.lake).reconciliation(day), record)
-    return record
+    labels = ingest_labels(settings, day, run_id)
+    return {**record, "labels": {k: labels[k] for k in ("rows_in", "rows_silver", "rows_quarantined")}}

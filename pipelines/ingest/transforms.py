@@ -30,6 +30,7 @@ from pipelines.contracts import (
     CHANNELS,
     COUNTRIES,
     CURRENCY_PER_USD,
+    LABEL_COLUMNS,
     MERCHANT_CATEGORIES,
     REQUIRED_TRANSACTION_COLUMNS,
     TRANSACTION_COLUMNS,
@@ -48,7 +49,9 @@ ALLOWED_VALUES = {
 _QUOTED_FIELD = r'"([^"]|"")*"'
 
 
-def parse_csv_lines(lines: DataFrame, header: list[str]) -> DataFrame:
+def parse_csv_lines(
+    lines: DataFrame, header: list[str], columns: tuple[str, ...] = TRANSACTION_COLUMNS
+) -> DataFrame:
     """Split CSV lines (`value`, without the header) into string columns named by `header`.
 
     Spark's CSV parser pads short rows with nulls and drops extra tokens without a word, so the token count
@@ -64,7 +67,7 @@ def parse_csv_lines(lines: DataFrame, header: list[str]) -> DataFrame:
         .otherwise(F.lit(None).cast(StringType()))
     )
     return lines.select(
-        *(parsed[name].alias(name) for name in TRANSACTION_COLUMNS),
+        *(parsed[name].alias(name) for name in columns),
         parse_error.alias("parse_error"),
         F.col("value").alias("raw_record"),
         "source_file",
@@ -72,17 +75,17 @@ def parse_csv_lines(lines: DataFrame, header: list[str]) -> DataFrame:
     )
 
 
-def parse_json_lines(lines: DataFrame) -> DataFrame:
+def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_COLUMNS) -> DataFrame:
     """Read JSON Lines (`value`) into string columns; numbers keep their JSON text."""
     record = F.from_json(F.col("value"), MapType(StringType(), StringType()))
-    unknown_keys = F.filter(F.map_keys(record), lambda k: ~k.isin(*TRANSACTION_COLUMNS))
+    unknown_keys = F.filter(F.map_keys(record), lambda k: ~k.isin(*columns))
     parse_error = (
         F.when(record.isNull(), F.lit("malformed"))
         .when(F.size(unknown_keys) > 0, F.lit("extra_column"))
         .otherwise(F.lit(None).cast(StringType()))
     )
     return lines.select(
-        *(F.when(record.isNotNull(), record[name]).alias(name) for name in TRANSACTION_COLUMNS),
+        *(F.when(record.isNotNull(), record[name]).alias(name) for name in columns),
         parse_error.alias("parse_error"),
         F.col("value").alias("raw_record"),
         "source_file",
@@ -196,3 +199,51 @@ def deduplicate(bronze: DataFrame, run_id: str) -> tuple[DataFrame, DataFrame]:
         "arrival_date",
     )
     return silver.select(*SILVER_TRANSACTIONS.fieldNames()), duplicates.select(*QUARANTINE.fieldNames())
+
+
+def classify_labels(raw: DataFrame, arrival: date, late_days: int) -> DataFrame:
+    """Chargebacks: `transaction_id`, `is_fraud` (0 or 1), `label_timestamp` reported on the arrival date
+    (or up to `late_days` before it). Same reason codes as transactions."""
+    is_fraud = F.expr("try_cast(is_fraud AS INT)")
+    label_ts = F.try_to_timestamp(F.col("label_timestamp"), F.lit(TIMESTAMP_FORMAT))
+    label_date = F.to_date(label_ts)
+    earliest = arrival - timedelta(days=late_days)
+    reason: Column = F.when(F.col("parse_error").isNotNull(), F.col("parse_error"))
+    detail: Column = F.when(F.col("parse_error").isNotNull(), F.lit(None).cast(StringType()))
+    checks = [
+        *(
+            (F.col(c).isNull() | (F.trim(F.col(c)) == ""), "missing_required", F.lit(f"{c} is null or blank"))
+            for c in LABEL_COLUMNS
+        ),
+        (is_fraud.isNull(), "wrong_type", F.concat(F.lit("is_fraud is not an integer: "), F.col("is_fraud"))),
+        (
+            label_ts.isNull(),
+            "wrong_type",
+            F.concat(F.lit("label_timestamp is not ISO 8601: "), F.col("label_timestamp")),
+        ),
+        (
+            ~is_fraud.isin(0, 1),
+            "out_of_range",
+            F.concat(F.lit("is_fraud must be 0 or 1: "), F.col("is_fraud")),
+        ),
+        (
+            (label_date < F.lit(earliest)) | (label_date > F.lit(arrival)),
+            "out_of_range",
+            F.concat(
+                F.lit("label date "), label_date.cast("string"), F.lit(f" outside [{earliest}, {arrival}]")
+            ),
+        ),
+    ]
+    for condition, name, text in checks:
+        reason = reason.when(condition, F.lit(name))
+        detail = detail.when(condition, text)
+    return raw.select(
+        "transaction_id",
+        is_fraud.alias("is_fraud"),
+        label_ts.alias("label_timestamp"),
+        reason.alias("reason"),
+        detail.alias("detail"),
+        "raw_record",
+        "source_file",
+        "line_number",
+    )

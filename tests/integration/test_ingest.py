@@ -174,3 +174,39 @@ def test_cli_ingest_reports_a_missing_arrival_as_one_json_line(tmp_path, monkeyp
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["status"] == "failed" and summary["error"] == "ArrivalNotFoundError"
     assert str(tmp_path / "home" / "landing" / "2026-03-01") in summary["message"]
+
+
+def test_chargebacks_land_in_silver_labels_and_broken_ones_in_quarantine(spark, settings):
+    from datetime import timedelta
+
+    for offset in range(4):
+        _land(settings, day=DAY + timedelta(days=offset), rows=2000, feed_start=DAY)
+    last = DAY + timedelta(days=3)
+    labels_file = settings.landing / last.isoformat() / "labels-00000.csv"
+    good = labels_file.read_text().splitlines()
+    assert len(good) > 3, "the generator should have reported chargebacks by the fourth day"
+    broken = ["garbage", good[1].replace(",1,", ",2,"), good[1]]  # malformed, out of range, duplicate
+    labels_file.write_text("\n".join(good + broken) + "\n")
+
+    records = [job.ingest_labels(settings, DAY + timedelta(days=o), "run-l") for o in range(4)]
+    last_record = records[-1]
+    assert last_record["rows_in"] == len(good) - 1 + len(broken)
+    assert last_record["quarantined_by_reason"] == {"malformed": 1, "out_of_range": 1}
+    assert last_record["duplicates_removed"] == 1
+    assert last_record["rows_silver"] == len(good) - 1
+    tables = Tables(settings.lake)
+    quarantined = {r.reason for r in read_partition(spark, tables.quarantine_labels, last).collect()}
+    assert quarantined == {"malformed", "out_of_range", "duplicate"}
+
+    for offset in range(4):
+        day = DAY + timedelta(days=offset)
+        job.ingest_to_bronze(settings, day, "run-t")
+        job.build_silver(settings, day, "run-t")
+    transactions = spark.read.parquet(str(tables.silver)).select("transaction_id", "event_timestamp")
+    labels = spark.read.parquet(str(tables.silver_labels))
+    joined = labels.join(transactions, "transaction_id", "left")
+    assert (
+        joined.where("event_timestamp IS NULL").count() == 0
+    )  # every chargeback refers to a landed transaction
+    assert joined.where("label_timestamp <= event_timestamp").count() == 0
+    assert labels.count() == sum(r["rows_silver"] for r in records) > 0

@@ -57,6 +57,7 @@ def test_a_run_ingests_its_date_and_emits_the_silver_asset(ingest_dag, spark):
         t: "success"
         for t in (
             "wait_for_arrival",
+            "ingest_labels",
             "ingest_to_bronze",
             "validate_bronze",
             "build_silver",

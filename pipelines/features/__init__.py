@@ -1,0 +1,1 @@
+"""Silver -> gold: point-in-time feature tables per entity and event time (Spark)."""

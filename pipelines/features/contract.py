@@ -1,0 +1,48 @@
+"""The gold feature tables: names, locations and columns, shared by the Spark jobs that write them and the
+Feast repository that reads them. Plain Python: importing it costs nothing.
+
+One gold row per transaction and entity: the entity's features as of that transaction's event time,
+computed over windows (t - w, t] that include the transaction itself. A row is therefore the state of the
+entity right after the transaction, which is what the online store holds when the next one is scored;
+training joins with entity timestamp = event time - 1 ms to see the state just before each transaction.
+Amounts are aggregated in US dollars (CURRENCY_PER_USD), so cardholders of different currencies compare.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WINDOWS = {"1h": 3_600, "24h": 86_400, "7d": 7 * 86_400, "30d": 30 * 86_400}
+LOOKBACK_DAYS = 30  # computing date D reads silver of D-30 .. D
+
+CUSTOMER_TABLE = "customer_features"
+MERCHANT_TABLE = "merchant_features"
+PARTITION_COLUMN = "event_date"
+EVENT_TIMESTAMP = "event_timestamp"
+CREATED_TIMESTAMP = "created_timestamp"
+
+CUSTOMER_FEATURES: tuple[str, ...] = (
+    *(f"customer_txn_count_{w}" for w in WINDOWS),
+    *(f"customer_amount_sum_{w}" for w in WINDOWS),
+    *(f"customer_amount_mean_{w}" for w in WINDOWS),
+    *(f"customer_amount_std_{w}" for w in WINDOWS),
+    "customer_distinct_merchants_24h",
+    "customer_seconds_since_previous",
+    "customer_foreign_share_30d",
+)
+MERCHANT_FEATURES: tuple[str, ...] = (
+    "merchant_txn_count_24h",
+    "merchant_txn_count_7d",
+    "merchant_amount_sum_24h",
+    "merchant_amount_sum_7d",
+    "merchant_chargebacks_30d",  # chargebacks reported by the event time, for transactions in (t - 30d, t]
+    "merchant_fraud_rate_30d",  # merchant_chargebacks_30d / merchant transactions in (t - 30d, t]
+)
+
+
+def gold_root(lake: Path) -> Path:
+    return lake / "gold"
+
+
+def table_path(lake: Path, table: str) -> Path:
+    return gold_root(lake) / table
