@@ -72,6 +72,7 @@ def build_gold(settings: Settings, day: date) -> dict:
         ordered = frame.repartition(1).sortWithinPartitions(*frame.columns[:2])
         overwrite_partitions(ordered, root, [PARTITION_COLUMN], now_empty=(_gold_partition(root, day),))
         written = _gold_partition(root, day)
+        _stable_file_names(written)
         record[f"rows_{table}"] = spark.read.parquet(str(written)).count() if written.is_dir() else 0
     silver_rows = spark.read.parquet(str(Tables.partition(tables.silver, day))).count()
     if record[f"rows_{CUSTOMER_TABLE}"] != silver_rows or record[f"rows_{MERCHANT_TABLE}"] != silver_rows:
@@ -81,6 +82,31 @@ def build_gold(settings: Settings, day: date) -> dict:
         )
     log.info("gold %s: %s", day, record)
     return record
+
+
+def _stable_file_names(partition: Path) -> None:
+    """Spark names files after a random job id; a snapshot's content hash covers file names, so gold files
+    get names that depend only on their order, and the same data hashes the same way every time."""
+    for index, path in enumerate(sorted(partition.glob("part-*.parquet"))):
+        path.rename(partition / f"part-{index:05d}.parquet")
+    for crc in partition.glob(".part-*.crc"):
+        crc.unlink()
+
+
+def version_gold(settings: Settings, day: date) -> dict:
+    """Version the date's gold partitions with DVC; returns the dataset revision and its members."""
+    from pipelines.versioning import record_revision, track
+
+    members = {
+        table: track(
+            settings,
+            f"gold/{table}/{PARTITION_COLUMN}={day}",
+            _gold_partition(table_path(settings.lake, table), day),
+        )
+        for table in (CUSTOMER_TABLE, MERCHANT_TABLE)
+    }
+    rev = record_revision(settings, members)
+    return {"dataset_rev": rev, "members": {k: v.md5 for k, v in members.items()}}
 
 
 def _gold_partition(root: Path, day: date) -> Path:
