@@ -74,10 +74,14 @@ with DAG(
         return fail_fast_on_bad_data(lambda: ingest_step("build_silver", day, run_id=f"airflow:{run_id}"))
 
     @task(outlets=[SILVER_TRANSACTIONS], doc_md="GX suite silver_transactions; emits the silver asset.")
-    def validate_silver(data_interval_start=None) -> dict:
+    def validate_silver(data_interval_start=None, outlet_events=None) -> dict:
         from mlops.jobs import ingest_step
 
-        return fail_fast_on_bad_data(lambda: ingest_step("validate_silver", data_interval_start.date()))
+        day = data_interval_start.date()
+        result = fail_fast_on_bad_data(lambda: ingest_step("validate_silver", day))
+        # The event names its date, so the features DAG computes exactly the dates that changed.
+        outlet_events[SILVER_TRANSACTIONS].extra = {"arrival_date": day.isoformat()}
+        return result
 
     @task(outlets=[SILVER_LABELS], doc_md="Chargebacks of the date -> silver labels (+ quarantine).")
     def ingest_labels(data_interval_start=None, run_id=None) -> dict:

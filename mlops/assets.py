@@ -9,3 +9,4 @@ SILVER_TRANSACTIONS = Asset(
     name="silver_transactions", uri="x-mlops://lake/silver/transactions", group="fraud"
 )
 SILVER_LABELS = Asset(name="silver_labels", uri="x-mlops://lake/silver/labels", group="fraud")
+FRAUD_FEATURES = Asset(name="fraud_features", uri="x-mlops://lake/gold", group="fraud")

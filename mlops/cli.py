@@ -172,6 +172,41 @@ def ingest(
 
 
 @app.command()
+def features(
+    day: Annotated[datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="event date to compute")],
+    step: Annotated[
+        str, typer.Option(help="one step: build_gold, validate_gold, version_gold, materialize")
+    ] = "features",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Silver -> gold features -> GX -> DVC version -> Feast online store, for one date."""
+    from mlops.jobs import features_step
+    from pipelines.errors import PipelineError
+
+    try:
+        record = features_step(step, _date(day))
+    except PipelineError as exc:
+        err.print(f"[red]features {_date(day)} failed:[/] {exc}")
+        _emit(
+            {
+                "status": "failed",
+                "event_date": _date(day).isoformat(),
+                "step": step,
+                "error": type(exc).__name__,
+                "message": str(exc),
+            },
+            as_json,
+        )
+        raise typer.Exit(code=1) from None
+    table = Table("measure", "value", title=f"features {_date(day)}: {record.get('status', step)}")
+    for key in ("rows_customer_features", "rows_merchant_features", "dataset_rev", "rows_materialized"):
+        if key in record:
+            table.add_row(key, str(record[key]))
+    err.print(table)
+    _emit(record, as_json)
+
+
+@app.command()
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:

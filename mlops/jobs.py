@@ -71,3 +71,46 @@ def ingest_step(step: str, day: date, run_id: str | None = None) -> dict:
     if step.startswith("validate"):
         return function(settings, day)
     return function(settings, day, run_id or f"cli-{uuid.uuid4().hex[:12]}")
+
+
+FEATURE_STEPS = ("build_gold", "validate_gold", "version_gold", "materialize", "features")
+
+
+def features_step(step: str, day: date) -> dict:
+    """Run one features step (or `features`, all of them) for an event date."""
+    from pipelines.features import job
+
+    if step not in FEATURE_STEPS:
+        raise ValueError(f"unknown features step {step!r}; steps: {', '.join(FEATURE_STEPS)}")
+    settings = get_settings()
+    settings.ensure_dirs()
+    if step == "build_gold":
+        return job.build_gold(settings, day)
+    if step == "validate_gold":
+        return {"validation": job.validate_gold(settings, day)}
+    if step == "version_gold":
+        return job.version_gold(settings, day)
+    if step == "materialize":
+        return _materialize(settings, day)
+    record = job.build_gold(settings, day)
+    record["validation"] = job.validate_gold(settings, day)
+    record.update(job.version_gold(settings, day))
+    record.update(_materialize(settings, day))
+    record["rows_gold"] = record["rows_customer_features"] + record["rows_merchant_features"]
+    record["status"] = "ok"
+    return record
+
+
+def _materialize(settings, day: date) -> dict:
+    """Apply the Feast definitions (idempotent) and load the date's interval into the online store."""
+    from datetime import UTC, datetime, time, timedelta
+
+    from features import store
+
+    store.apply(settings)
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    views = store.materialize(settings, start, start + timedelta(days=1))
+    return {
+        "rows_materialized": sum(v.rows_written for v in views),
+        "materialized": {v.feature_view: v.rows_written for v in views},
+    }

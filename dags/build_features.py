@@ -1,0 +1,105 @@
+"""
+### Build features: silver -> gold -> GX -> DVC version -> Feast online store
+
+Scheduled on the `silver_transactions` asset. Each silver event names its arrival date (its `extra`);
+the run computes gold for exactly those dates, reading each date plus its 30-day lookback from silver, so
+a rerun of a date rewrites only that date's gold partitions. A manual run can name a date in the
+`arrival_date` param instead.
+
+Steps per date: point-in-time customer and merchant aggregates (Spark windows over event time, nothing
+after an event's time enters its features; merchant fraud counts use only chargebacks reported by then),
+the gold GX suites, a DVC snapshot of the date's gold (content hash, pushed to the remote; the revision is
+returned for the model to record), then `feast apply` (idempotent) and materialization of the date's
+explicit interval into the online store. Emits the `fraud_features` asset for the retrain DAG.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from mlops.assets import FRAUD_FEATURES, SILVER_TRANSACTIONS
+from mlops.orchestration import fail_fast_on_bad_data
+
+DEFAULT_ARGS = {
+    "owner": "data-platform",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=2),
+    "execution_timeout": timedelta(hours=2),
+}
+
+with DAG(
+    dag_id="build_features",
+    schedule=[SILVER_TRANSACTIONS],
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,  # one writer per gold table and one DVC repository lock
+    default_args=DEFAULT_ARGS,
+    tags=["fraud", "features", "spark", "dvc", "feast"],
+    doc_md=__doc__,
+    params={"arrival_date": Param("", type="string", description="YYYY-MM-DD; empty: the triggering events")},
+):
+
+    @task(doc_md="The dates to compute: from the triggering silver events, or the arrival_date param.")
+    def dates_to_compute(params: dict, triggering_asset_events=None) -> list[str]:
+        if params.get("arrival_date"):
+            return [params["arrival_date"]]
+        events = triggering_asset_events[SILVER_TRANSACTIONS] if triggering_asset_events else []
+        dates = sorted({e.extra["arrival_date"] for e in events if e.extra and "arrival_date" in e.extra})
+        if not dates:
+            raise ValueError(
+                "no date to compute: the run has no silver event with an arrival_date and no param"
+            )
+        return dates
+
+    @task(doc_md="Silver -> gold customer and merchant features for the dates.")
+    def build_gold(dates: list[str]) -> list[dict]:
+        from datetime import date
+
+        from mlops.jobs import features_step
+
+        return [
+            fail_fast_on_bad_data(lambda d=d: features_step("build_gold", date.fromisoformat(d)))
+            for d in dates
+        ]
+
+    @task(doc_md="GX suites gold_customer_features and gold_merchant_features.")
+    def validate_gold(dates: list[str]) -> list[dict]:
+        from datetime import date
+
+        from mlops.jobs import features_step
+
+        return [
+            fail_fast_on_bad_data(lambda d=d: features_step("validate_gold", date.fromisoformat(d)))
+            for d in dates
+        ]
+
+    @task(doc_md="DVC snapshot of each date's gold; returns the dataset revisions.")
+    def version_gold(dates: list[str]) -> list[dict]:
+        from datetime import date
+
+        from mlops.jobs import features_step
+
+        return [
+            fail_fast_on_bad_data(lambda d=d: features_step("version_gold", date.fromisoformat(d)))
+            for d in dates
+        ]
+
+    @task(outlets=[FRAUD_FEATURES], doc_md="feast apply, then materialize each date's interval online.")
+    def materialize(dates: list[str]) -> list[dict]:
+        from datetime import date
+
+        from mlops.jobs import features_step
+
+        return [
+            fail_fast_on_bad_data(lambda d=d: features_step("materialize", date.fromisoformat(d)))
+            for d in dates
+        ]
+
+    dates = dates_to_compute()
+    gold = build_gold(dates)
+    checked = validate_gold(dates)
+    versioned = version_gold(dates)
+    gold >> checked >> versioned >> materialize(dates)
