@@ -140,7 +140,7 @@ def bench_ingest(sizes: list[int], scratch: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--sizes", default="1000000,10000000", help="rows per day, comma separated")
-    parser.add_argument("--only", choices=["generator", "ingest"], help="run one benchmark")
+    parser.add_argument("--only", choices=["generator", "ingest", "feature_store"], help="run one benchmark")
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -153,6 +153,11 @@ def main() -> None:
         if args.only in (None, "ingest"):
             results["ingest"] = bench_ingest(sizes, Path(scratch))
             print_ingest(console, results["ingest"])
+        if args.only in (None, "feature_store"):
+            from benchmarks.feature_store import bench_feature_store, print_feature_store
+
+            results["feature_store"] = bench_feature_store(sizes, Path(scratch))
+            print_feature_store(console, results["feature_store"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
