@@ -19,19 +19,10 @@ from pyspark.sql import functions as F
 
 def hand_written_checks(df) -> dict:
     """The statistics the bronze suite needs, computed in a single aggregation pass."""
+    from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS
     from pipelines.ingest.transforms import ALLOWED_VALUES
 
-    required = [
-        "transaction_id",
-        "customer_id",
-        "merchant_id",
-        "amount",
-        "currency",
-        "event_timestamp",
-        "source_file",
-        "line_number",
-        "arrival_date",
-    ]
+    required = [*REQUIRED_TRANSACTION_COLUMNS, "source_file", "line_number", "arrival_date"]
     aggregates = [F.count("*").alias("rows")]
     aggregates += [F.sum(F.col(c).isNull().cast("long")).alias(f"null_{c}") for c in required]
     aggregates += [F.min("amount").alias("amount_min"), F.max("amount").alias("amount_max")]

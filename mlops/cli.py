@@ -41,6 +41,20 @@ def _date(value: datetime) -> date:
     return value.date()
 
 
+def _run_step(command: str, date_key: str, day: date, step: str, run, as_json: bool) -> dict:
+    """Run a pipeline step; a data problem ends the command with exit code 1 and, with --json, a JSON
+    line saying which step failed and why."""
+    from pipelines.errors import PipelineError
+
+    try:
+        return run(step, day)
+    except PipelineError as exc:
+        err.print(f"[red]{command} {day} failed:[/] {exc}")
+        failure = {"status": "failed", date_key: day.isoformat(), "step": step, "error": type(exc).__name__}
+        _emit({**failure, "message": str(exc)}, as_json)
+        raise typer.Exit(code=1) from None
+
+
 @app.command()
 def generate(
     start: Annotated[datetime, typer.Option(formats=["%Y-%m-%d"], help="first arrival date")],
@@ -143,23 +157,8 @@ def ingest(
 ) -> None:
     """Landing -> bronze + quarantine -> GX -> silver -> GX for one arrival date, with reconciliation."""
     from mlops.jobs import ingest_step
-    from pipelines.errors import PipelineError
 
-    try:
-        record = ingest_step(step, _date(day))
-    except PipelineError as exc:
-        err.print(f"[red]ingest {_date(day)} failed:[/] {exc}")
-        _emit(
-            {
-                "status": "failed",
-                "arrival_date": _date(day).isoformat(),
-                "step": step,
-                "error": type(exc).__name__,
-                "message": str(exc),
-            },
-            as_json,
-        )
-        raise typer.Exit(code=1) from None
+    record = _run_step("ingest", "arrival_date", _date(day), step, ingest_step, as_json)
     table = Table("measure", "value", title=f"ingest {_date(day)}: {record.get('status')}")
     for key in ("rows_in", "rows_bronze", "rows_quarantined", "rows_silver", "duplicates_removed"):
         if key in record:
@@ -181,23 +180,8 @@ def features(
 ) -> None:
     """Silver -> gold features -> GX -> DVC version -> Feast online store, for one date."""
     from mlops.jobs import features_step
-    from pipelines.errors import PipelineError
 
-    try:
-        record = features_step(step, _date(day))
-    except PipelineError as exc:
-        err.print(f"[red]features {_date(day)} failed:[/] {exc}")
-        _emit(
-            {
-                "status": "failed",
-                "event_date": _date(day).isoformat(),
-                "step": step,
-                "error": type(exc).__name__,
-                "message": str(exc),
-            },
-            as_json,
-        )
-        raise typer.Exit(code=1) from None
+    record = _run_step("features", "event_date", _date(day), step, features_step, as_json)
     table = Table("measure", "value", title=f"features {_date(day)}: {record.get('status', step)}")
     for key in ("rows_customer_features", "rows_merchant_features", "dataset_rev", "rows_materialized"):
         if key in record:

@@ -5,6 +5,7 @@ Each step reads and writes only its date's partitions, so any step can be rerun 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from datetime import date, timedelta
@@ -14,7 +15,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from pipelines.contracts import LABEL_COLUMNS
+from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
 from pipelines.errors import (
     EmptyArrivalError,
     LandingFileError,
@@ -23,6 +24,8 @@ from pipelines.errors import (
 )
 from pipelines.ingest import transforms
 from pipelines.ingest.io import (
+    Arrival,
+    LandingFile,
     Tables,
     clear_partitions,
     find_arrival,
@@ -59,19 +62,7 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     if arrival.problems:
         raise LandingFileError(day.isoformat(), arrival.problems)
 
-    lines = read_lines(spark, with_rows)
-    parsed: list[DataFrame] = []
-    csv_headers = {f.name: arrival.headers[f.name] for f in with_rows if f.fmt == "csv"}
-    for header in {tuple(h) for h in csv_headers.values()}:
-        names = [n for n, h in csv_headers.items() if tuple(h) == header]
-        body = lines.where(F.col("source_file").isin(names) & (F.col("line_number") > 1))
-        parsed.append(transforms.parse_csv_lines(body, list(header)))
-    json_names = [f.name for f in with_rows if f.fmt == "json"]
-    if json_names:
-        parsed.append(transforms.parse_json_lines(lines.where(F.col("source_file").isin(json_names))))
-    raw = parsed[0]
-    for more in parsed[1:]:
-        raw = raw.unionByName(more)
+    raw = _parse_arrival(read_lines(spark, with_rows), arrival, with_rows, TRANSACTION_COLUMNS)
 
     # Classified once, on disk: the counts, bronze and quarantine all read it, and memory stays bounded.
     classified = transforms.classify(raw, day, settings.ingest.late_event_days).persist(
@@ -120,6 +111,25 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
             f"MLOPS_INGEST__MAX_QUARANTINE_RATE if this is expected."
         )
     return record
+
+
+def _parse_arrival(
+    lines: DataFrame, arrival: Arrival, files: list[LandingFile], columns: tuple[str, ...]
+) -> DataFrame:
+    """String columns of every data line of `files`: CSV files grouped by header (their header lines
+    dropped), JSON Lines as they are."""
+    parsed: list[DataFrame] = []
+    csv_files = [f for f in files if f.fmt == "csv"]
+    for header in sorted({tuple(arrival.headers[f.name]) for f in csv_files}):
+        names = [f.name for f in csv_files if tuple(arrival.headers[f.name]) == header]
+        body = lines.where(F.col("source_file").isin(names) & (F.col("line_number") > 1))
+        parsed.append(transforms.parse_csv_lines(body, list(header), columns))
+    json_names = [f.name for f in files if f.fmt == "json"]
+    if json_names:
+        parsed.append(
+            transforms.parse_json_lines(lines.where(F.col("source_file").isin(json_names)), columns)
+        )
+    return functools.reduce(DataFrame.unionByName, parsed)
 
 
 def _empty_arrival(settings: Settings, tables: Tables, day: date, run_id: str, files: list[str]) -> dict:
@@ -236,20 +246,7 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
         )
         write_json(tables.labels_reconciliation(day), record)
         return record
-    lines = read_lines(spark, with_rows)
-    parsed: list[DataFrame] = []
-    for header in {tuple(arrival.headers[f.name]) for f in with_rows if f.fmt == "csv"}:
-        names = [f.name for f in with_rows if f.fmt == "csv" and tuple(arrival.headers[f.name]) == header]
-        body = lines.where(F.col("source_file").isin(names) & (F.col("line_number") > 1))
-        parsed.append(transforms.parse_csv_lines(body, list(header), LABEL_COLUMNS))
-    json_names = [f.name for f in with_rows if f.fmt == "json"]
-    if json_names:
-        parsed.append(
-            transforms.parse_json_lines(lines.where(F.col("source_file").isin(json_names)), LABEL_COLUMNS)
-        )
-    raw = parsed[0]
-    for more in parsed[1:]:
-        raw = raw.unionByName(more)
+    raw = _parse_arrival(read_lines(spark, with_rows), arrival, with_rows, LABEL_COLUMNS)
     classified = transforms.classify_labels(raw, day, settings.ingest.late_event_days).persist(
         StorageLevel.DISK_ONLY
     )
