@@ -228,11 +228,12 @@ def demo(
     seed: Annotated[int, typer.Option(help="random seed of the synthetic feed")] = 7,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Run the loop on the embedded stack. Today: land a synthetic feed under MLOPS_HOME and ingest each
-    date to silver (Spark, quarantine, GX); the features and training stages join as they are built."""
+    """Run the loop on the embedded stack. Today: land a synthetic feed under MLOPS_HOME, ingest each date
+    to silver (Spark, quarantine, GX), then build, validate, version and materialize its features; the
+    training stages join as they are built."""
     import time
 
-    from mlops.jobs import ingest_step, land_synthetic
+    from mlops.jobs import features_step, ingest_step, land_synthetic
 
     settings = get_settings()
     settings.ensure_dirs()
@@ -299,7 +300,30 @@ def demo(
     )
     if docs:
         err.print(f"GX data docs: {docs}")
-    err.print("Not built yet: features, training and promotion (see README: Status).")
+    built = []
+    for record in ingested:
+        day = date.fromisoformat(record["arrival_date"])
+        err.print(f"features {day} (Spark gold -> GX -> DVC -> Feast online store) ...")
+        began = time.perf_counter()
+        built.append({**features_step("features", day), "seconds": time.perf_counter() - began})
+    table = Table(
+        "event date",
+        "gold rows",
+        "dataset rev (DVC)",
+        "rows materialized",
+        "seconds",
+        title=f"features in {settings.lake / 'gold'} and the Feast online store",
+    )
+    for record in built:
+        table.add_row(
+            record["event_date"],
+            str(record["rows_gold"]),
+            record["dataset_rev"],
+            str(record["rows_materialized"]),
+            f"{record['seconds']:.1f}",
+        )
+    err.print(table)
+    err.print("Not built yet: training and promotion (see README: Status).")
     _emit(
         {
             "status": "ok",
@@ -308,6 +332,8 @@ def demo(
             "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
             "rows_silver": sum(r["rows_silver"] for r in ingested),
             "rows_quarantined": sum(r["rows_quarantined"] for r in ingested),
+            "dataset_revs": [r["dataset_rev"] for r in built],
+            "rows_materialized": sum(r["rows_materialized"] for r in built),
             "seconds": time.perf_counter() - started,
         },
         as_json,
