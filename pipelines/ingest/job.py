@@ -253,14 +253,7 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     order = Window.partitionBy("transaction_id").orderBy("source_file", "line_number")
     ranked = classified.withColumn("_copy", F.when(F.col("reason").isNull(), F.row_number().over(order)))
     rejected = ranked.where(F.col("reason").isNotNull() | (F.col("_copy") > 1)).select(
-        F.coalesce("reason", F.lit("duplicate")).alias("reason"),
-        "detail",
-        "source_file",
-        "line_number",
-        "raw_record",
-        "transaction_id",
-        F.lit(run_id).alias("run_id"),
-        F.lit(day).alias("arrival_date"),
+        F.coalesce("reason", F.lit("duplicate")).alias("reason"), *transforms.rejection_columns(run_id, day)
     )
     labels = ranked.where(F.col("_copy") == 1).select(
         "transaction_id",

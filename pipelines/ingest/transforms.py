@@ -66,13 +66,7 @@ def parse_csv_lines(
         .when(tokens > len(header), F.lit("extra_column"))
         .otherwise(F.lit(None).cast(StringType()))
     )
-    return lines.select(
-        *(parsed[name].alias(name) for name in columns),
-        parse_error.alias("parse_error"),
-        F.col("value").alias("raw_record"),
-        "source_file",
-        "line_number",
-    )
+    return _parsed(lines, [parsed[name].alias(name) for name in columns], parse_error)
 
 
 def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_COLUMNS) -> DataFrame:
@@ -84,8 +78,15 @@ def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_CO
         .when(F.size(unknown_keys) > 0, F.lit("extra_column"))
         .otherwise(F.lit(None).cast(StringType()))
     )
+    return _parsed(
+        lines, [F.when(record.isNotNull(), record[name]).alias(name) for name in columns], parse_error
+    )
+
+
+def _parsed(lines: DataFrame, values: list[Column], parse_error: Column) -> DataFrame:
+    """The parsers' common output: string values, the parse error, and where the raw line came from."""
     return lines.select(
-        *(F.when(record.isNotNull(), record[name]).alias(name) for name in columns),
+        *values,
         parse_error.alias("parse_error"),
         F.col("value").alias("raw_record"),
         "source_file",
@@ -158,10 +159,9 @@ def to_bronze(classified: DataFrame, arrival: date, run_id: str) -> DataFrame:
     )
 
 
-def to_quarantine(classified: DataFrame, arrival: date, run_id: str) -> DataFrame:
-    return classified.where(F.col("reason").isNotNull()).select(
-        F.lit("bronze").alias("stage"),
-        "reason",
+def rejection_columns(run_id: str, arrival: date) -> list[Column | str]:
+    """What a quarantine row keeps besides its stage and reason: detail, location, raw record, run."""
+    return [
         "detail",
         "source_file",
         "line_number",
@@ -169,6 +169,12 @@ def to_quarantine(classified: DataFrame, arrival: date, run_id: str) -> DataFram
         "transaction_id",
         F.lit(run_id).alias("run_id"),
         F.lit(arrival).alias("arrival_date"),
+    ]
+
+
+def to_quarantine(classified: DataFrame, arrival: date, run_id: str) -> DataFrame:
+    return classified.where(F.col("reason").isNotNull()).select(
+        F.lit("bronze").alias("stage"), "reason", *rejection_columns(run_id, arrival)
     )
 
 
