@@ -88,15 +88,18 @@ with DAG(
         ]
 
     @task(outlets=[FRAUD_FEATURES], doc_md="feast apply, then materialize each date's interval online.")
-    def materialize(dates: list[str]) -> list[dict]:
+    def materialize(dates: list[str], outlet_events=None) -> list[dict]:
         from datetime import date
 
         from mlops.jobs import features_step
 
-        return [
+        results = [
             fail_fast_on_bad_data(lambda d=d: features_step("materialize", date.fromisoformat(d)))
             for d in dates
         ]
+        # The retrain DAG trains as of the newest date the event names.
+        outlet_events[FRAUD_FEATURES].extra = {"event_dates": sorted(dates)}
+        return results
 
     dates = dates_to_compute()
     gold = build_gold(dates)

@@ -10,3 +10,4 @@ SILVER_TRANSACTIONS = Asset(
 )
 SILVER_LABELS = Asset(name="silver_labels", uri="x-mlops://lake/silver/labels", group="fraud")
 FRAUD_FEATURES = Asset(name="fraud_features", uri="x-mlops://lake/gold", group="fraud")
+FRAUD_MODEL = Asset(name="fraud_model", uri="x-mlops://mlflow/models/fraud-detector", group="fraud")

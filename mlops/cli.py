@@ -190,6 +190,118 @@ def features(
     _emit(record, as_json)
 
 
+def _run_training(command: str, run, as_json: bool) -> dict:
+    """A training or registry command; its data and promotion errors exit 1 with a JSON failure line."""
+    from pipelines.errors import PipelineError
+
+    try:
+        return run()
+    except PipelineError as exc:
+        err.print(f"[red]{command} failed:[/] {exc}")
+        _emit(
+            {"status": "failed", "command": command, "error": type(exc).__name__, "message": str(exc)},
+            as_json,
+        )
+        raise typer.Exit(code=1) from None
+
+
+def _decision_table(record: dict, title: str) -> None:
+    table = Table("measure", "value", title=title)
+    for key in ("model_version", "decision", "reason", "champion_version", "previous_champion", "auc_pr",
+                "champion_auc_pr", "training_set_rev", "run_id"):  # fmt: skip
+        if record.get(key) is not None:
+            value = record[key]
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    err.print(table)
+
+
+@app.command()
+def retrain(
+    day: Annotated[
+        datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="as-of date of the training set")
+    ],
+    training_set_rev: Annotated[
+        str | None, typer.Option(help="train on this DVC revision instead of building the set")
+    ] = None,
+    window_days: Annotated[
+        int | None, typer.Option(min=1, help="days of arrivals in the training set")
+    ] = None,
+    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1)] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Training set -> train -> evaluate -> register -> gate -> ONNX export, in this process."""
+    from training.cli import train_config
+    from training.steps import retrain as run_retrain
+
+    config = train_config(epochs=epochs, batch_size=batch_size, seed=seed, device=device)
+    record = _run_training(
+        "retrain",
+        lambda: run_retrain(get_settings(), _date(day), config, window_days, training_set_rev),
+        as_json,
+    )
+    _decision_table(record, f"retrain as of {_date(day)}: {record.get('status')}")
+    _emit(record, as_json)
+
+
+@app.command()
+def promote(
+    version: Annotated[str, typer.Option(help="model version of fraud-detector")],
+    reason: Annotated[str, typer.Option(help="why; kept in the promotion history")] = "",
+    gate: Annotated[
+        bool, typer.Option(help="put the version through the gate instead of promoting it")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Make a version the champion by hand (recorded with its reason), or put it through the gate."""
+    from training import steps
+
+    settings = get_settings()
+    if gate:
+        record = _run_training("promote", lambda: steps.promote(settings, version), as_json)
+    else:
+        record = _run_training("promote", lambda: steps.promote_by_hand(settings, version, reason), as_json)
+    _decision_table(record, f"promote v{version}: {record['decision']}")
+    _emit(record, as_json)
+
+
+@app.command()
+def rollback(
+    reason: Annotated[str, typer.Option(help="why; kept in the promotion history")] = "rollback",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Put the previous champion back (the rollback is itself recorded)."""
+    from training import steps
+
+    record = _run_training("rollback", lambda: steps.rollback(get_settings(), reason), as_json)
+    _decision_table(record, "rollback")
+    _emit(record, as_json)
+
+
+@app.command()
+def history(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Every gate decision, promotion and rollback of fraud-detector, oldest first."""
+    from training import steps
+
+    record = steps.history(get_settings())
+    table = Table(
+        "#", "when", "action", "decision", "candidate", "champion", "AUC-PR", "reason", title="promotions"
+    )
+    for row in record["history"]:
+        score = row["candidate_metrics"].get("auc_pr")
+        table.add_row(
+            str(row["id"]), row["recorded_at"], row["action"], row["decision"], str(row["candidate_version"]),
+            f"{row['champion_before']} -> {row['champion_after']}", "" if score is None else f"{score:.4f}",
+            row["reason"],
+        )  # fmt: skip
+    err.print(table)
+    _emit(record, as_json)
+
+
 @app.command()
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,

@@ -51,6 +51,42 @@ class IngestSettings(BaseModel):
     row_count_max_ratio: float = Field(default=2.0, gt=0.0)
 
 
+class TrainingSettings(BaseModel):
+    """Defaults of a retraining run (each can be overridden on the command line)."""
+
+    window_days: int = Field(default=30, ge=1, description="transactions that arrived in the last N days")
+    epochs: int = Field(default=15, ge=1)
+    batch_size: int = Field(default=512, ge=1)
+    learning_rate: float = Field(default=2e-3, gt=0)
+    accumulation_steps: int = Field(default=1, ge=1)
+    patience: int = Field(default=3, ge=1, description="epochs without validation gain before stopping")
+    checkpoint_every: int = Field(default=50, ge=1, description="optimizer steps between checkpoints")
+    seed: int = 7
+    # The training image the cluster profile runs (the Helm values set MLOPS_TRAINING__IMAGE).
+    image: str = "mlops-fraud-training:latest"
+    gpus: int = Field(default=1, ge=1)
+    node_selector: dict[str, str] = {"nvidia.com/gpu.present": "true"}
+    tolerations: list[dict[str, str]] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    # Kubernetes Secret whose keys become the pod's environment (MLflow and object-store credentials).
+    credentials_secret: str = "mlops-training-credentials"
+    # PersistentVolumeClaim for checkpoints, so a retried pod resumes where the last one stopped.
+    checkpoint_claim: str = "mlops-training-checkpoints"
+    startup_timeout_seconds: int = Field(default=900, ge=30)
+    execution_timeout_minutes: int = Field(default=360, ge=1)
+
+
+class GateSettings(BaseModel):
+    """The champion/challenger gate (see training/registry.py)."""
+
+    margin: float = Field(default=0.005, ge=0.0, description="AUC-PR gain needed over the champion")
+    floor: float = Field(default=0.10, ge=0.0, le=1.0, description="AUC-PR the first champion needs")
+    max_roc_auc_drop: float = Field(default=0.02, ge=0.0)
+    max_recall_drop: float = Field(default=0.05, ge=0.0)
+    max_latency_ms: float = Field(default=20.0, gt=0.0, description="median CPU scoring time, one row")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MLOPS_", env_nested_delimiter="__", extra="ignore")
 
@@ -61,6 +97,8 @@ class Settings(BaseSettings):
     spark_shuffle_partitions: int = Field(default=4, ge=1)
     suites_dir: Path = Field(default=REPO_ROOT / "great_expectations", description="GX suites as files")
     ingest: IngestSettings = IngestSettings()
+    training: TrainingSettings = TrainingSettings()
+    gate: GateSettings = GateSettings()
     cluster: ClusterServices = ClusterServices()
     # Data residency: every configured storage location must lie in an allowed region or endpoint.
     storage_policy: StoragePolicy = StoragePolicy()
@@ -127,6 +165,17 @@ class Settings(BaseSettings):
         if self.profile is Profile.LOCAL:
             return f"sqlite:///{self.mlflow_dir / 'mlflow.db'}"
         return self.cluster.mlflow_tracking_uri
+
+    @property
+    def promotion_ledger_url(self) -> str:
+        """Where the append-only promotion history lives (beside the MLflow registry)."""
+        if self.profile is Profile.LOCAL:
+            return f"sqlite:///{self.mlflow_dir / 'promotions.db'}"
+        return self.cluster.postgres_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.home / "checkpoints"
 
     @property
     def online_store(self) -> str:

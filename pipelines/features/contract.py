@@ -10,6 +10,7 @@ Amounts are aggregated in US dollars (CURRENCY_PER_USD), so cardholders of diffe
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 WINDOWS = {"1h": 3_600, "24h": 86_400, "7d": 7 * 86_400, "30d": 30 * 86_400}
@@ -46,3 +47,8 @@ def gold_root(lake: Path) -> Path:
 
 def table_path(lake: Path, table: str) -> Path:
     return gold_root(lake) / table
+
+
+def validation_path(lake: Path, day: date) -> Path:
+    """Where validate_gold keeps the date's GX results (read back as lineage by training)."""
+    return lake / "validation" / "gold" / f"{PARTITION_COLUMN}={day.isoformat()}.json"

@@ -19,8 +19,9 @@ from pipelines.features.contract import (
     MERCHANT_TABLE,
     PARTITION_COLUMN,
     table_path,
+    validation_path,
 )
-from pipelines.ingest.io import Tables, overwrite_partitions
+from pipelines.ingest.io import Tables, overwrite_partitions, write_json
 from pipelines.ingest.validate import validate
 from pipelines.spark import spark_session
 
@@ -120,4 +121,6 @@ def validate_gold(settings: Settings, day: date) -> list[dict]:
         partition = _gold_partition(table_path(settings.lake, table), day)
         df = spark.read.parquet(str(partition)).withColumn(PARTITION_COLUMN, F.lit(day))
         results.append(validate(df, f"gold_{table}", settings.suites_dir, settings.home, {}))
+    # Kept for lineage: the model trained on this gold records which suites passed.
+    write_json(validation_path(settings.lake, day), {"event_date": day.isoformat(), "results": results})
     return results

@@ -133,7 +133,7 @@ def test_the_worker_service_account_is_the_one_bound_in_the_training_namespace()
 def test_airflow_pods_launch_training_in_the_contract_namespace_with_the_contract_image():
     namespace = env_value("MLOPS_CLUSTER__KUBERNETES_NAMESPACE")
     assert namespace == contract.TRAINING_NAMESPACE == ClusterServices().kubernetes_namespace
-    repository, _, tag = env_value("MLOPS_TRAINING_IMAGE").rpartition(":")
+    repository, _, tag = env_value("MLOPS_TRAINING__IMAGE").rpartition(":")
     assert repository.endswith(f"/{contract.TRAINING_IMAGE_REPOSITORY}")
     assert tag and tag != "latest"
     assert env_value("MLOPS_PROFILE") == "cluster"

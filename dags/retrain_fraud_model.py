@@ -1,0 +1,139 @@
+"""
+### Retrain the fraud model: training set -> train -> evaluate -> register -> gate -> ONNX export
+
+Runs weekly (Monday 04:00 UTC) **or** when the `fraud_features` asset is updated, whichever comes first.
+The as-of date is the latest event date the triggering feature events name, the `as_of` param of a
+manual run, or the day before a scheduled run.
+
+- **training_set**: labeled transactions (labels as known at the end of the as-of date) joined point in
+  time with the `fraud_model_v1` features, split by event time, versioned with DVC (the revision travels on).
+- **train**: `python -m training train --training-set-rev ...`. Cluster profile: a KubernetesPodOperator on a
+  GPU node (restricted pod, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
+  deferrable, reattaches after a scheduler restart, pod deleted at the end); the MLflow run id comes back
+  through XCom. Local profile: the same command as a child process.
+- **evaluate**: holdout metrics and PR/ROC/confusion/calibration pictures into the MLflow run.
+- **register**: a new version of `fraud-detector`.
+- **promote**: the gate scores challenger and champion on the same holdout and moves the `champion` alias
+  only if the challenger wins by the margin within the guardrails; every decision goes to the promotion
+  history (`mlops history`; `mlops rollback` undoes the last promotion).
+- **export**: ONNX with a parity check, int8 only where it pays. Emits the `fraud_model` asset.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+from airflow.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable
+
+from mlops.assets import FRAUD_FEATURES, FRAUD_MODEL
+from mlops.orchestration import fail_fast_on_bad_data
+from mlops.training_task import TRAIN_TASK_ID, run_training_process, train_arguments, training_pod_operator
+
+DEFAULT_ARGS = {
+    "owner": "ml-platform",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=2),
+    "execution_timeout": timedelta(hours=1),
+}
+TRAINING_SET_REV = "{{ ti.xcom_pull(task_ids='training_set')['training_set_rev'] }}"
+
+with DAG(
+    dag_id="retrain_fraud_model",
+    schedule=AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable("0 4 * * 1", timezone="UTC"), assets=[FRAUD_FEATURES]
+    ),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["fraud", "training", "mlflow", "kubernetes"],
+    doc_md=__doc__,
+    params={"as_of": Param("", type="string", description="YYYY-MM-DD; empty: from the trigger")},
+):
+
+    @task(
+        doc_md="The as-of date: param, else the newest date of the triggering feature events, else yesterday."
+    )
+    def as_of_date(params: dict, logical_date=None, triggering_asset_events=None) -> str:
+        if params.get("as_of"):
+            return params["as_of"]
+        events = triggering_asset_events[FRAUD_FEATURES] if triggering_asset_events else []
+        dates = [d for e in events if e.extra for d in e.extra.get("event_dates", [])]
+        if dates:
+            return max(dates)
+        return (logical_date - timedelta(days=1)).date().isoformat()
+
+    @task(doc_md="Point-in-time training set from Feast, split by event time, versioned with DVC.")
+    def training_set(as_of: str) -> dict:
+        from datetime import date
+
+        from mlops.settings import get_settings
+        from training import steps
+
+        return fail_fast_on_bad_data(lambda: steps.dataset(get_settings(), date.fromisoformat(as_of)))
+
+    if os.environ.get("MLOPS_PROFILE", "local") == "cluster":
+        from mlops.settings import get_settings
+
+        train_pod = training_pod_operator(get_settings(), TRAINING_SET_REV, retries=2)
+        trained = train_pod.output
+    else:
+
+        @task(
+            task_id=TRAIN_TASK_ID, execution_timeout=timedelta(hours=6), doc_md="`python -m training train`"
+        )
+        def train_locally(ti=None, dag_run=None) -> dict:
+            rev = ti.xcom_pull(task_ids="training_set")["training_set_rev"]
+            arguments = train_arguments(rev)
+            arguments[arguments.index("{{ dag.dag_id }}")] = dag_run.dag_id
+            arguments[arguments.index("{{ run_id }}")] = dag_run.run_id
+            return run_training_process(arguments)
+
+        trained = train_locally()
+
+    @task(doc_md="Holdout metrics and curves into the MLflow run.")
+    def evaluate(trained: dict) -> dict:
+        from mlops.settings import get_settings
+        from training import steps
+
+        return steps.evaluate(get_settings(), trained["run_id"])
+
+    @task(doc_md="Register the run's model as a new version of fraud-detector.")
+    def register(trained: dict) -> dict:
+        from mlops.settings import get_settings
+        from training import steps
+
+        return steps.register(get_settings(), trained["run_id"])
+
+    @task(doc_md="Champion/challenger gate on the same holdout; the decision is recorded either way.")
+    def promote(registered: dict, dag_run=None) -> dict:
+        from mlops.settings import get_settings
+        from training import steps
+
+        return fail_fast_on_bad_data(
+            lambda: steps.promote(get_settings(), registered["model_version"], dag_run.dag_id, dag_run.run_id)
+        )
+
+    @task(outlets=[FRAUD_MODEL], doc_md="ONNX export with parity check; int8 where it pays.")
+    def export(registered: dict, decision: dict, outlet_events=None) -> dict:
+        from mlops.settings import get_settings
+        from training import steps
+
+        result = steps.export(get_settings(), registered["model_version"])
+        outlet_events[FRAUD_MODEL].extra = {
+            "model_version": registered["model_version"],
+            "decision": decision["decision"],
+            "champion_version": decision["champion_version"],
+        }
+        return result
+
+    training_set(as_of_date()) >> trained.operator
+    evaluated = evaluate(trained)
+    registered = register(trained)
+    evaluated >> registered
+    decision = promote(registered)
+    export(registered, decision)

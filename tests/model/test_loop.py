@@ -1,0 +1,212 @@
+"""The training loop for real on tiny tensors: learning, resume after a kill, DDP with gloo, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.model.tensors import make_split
+from training.dataset import NUMERIC_FEATURES
+from training.loop import (
+    CHECKPOINT_FILE,
+    TrainConfig,
+    choose_precision,
+    load_checkpoint,
+    predict,
+    save_checkpoint,
+    train,
+)
+from training.metrics import average_precision
+from training.model import FraudMLP
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = [sys.executable, "-m", "tests.model.train_worker"]
+
+
+def _worker(checkpoint_dir: Path, *extra: str) -> dict:
+    done = subprocess.run(
+        [*WORKER, str(checkpoint_dir), *extra], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    return _worker(tmp_path_factory.mktemp("straight"), "--epochs", "4")
+
+
+def test_training_learns_the_signal(uninterrupted):
+    # base rate 5%: a model that learned nothing scores about 0.05
+    assert uninterrupted["holdout_auc_pr"] > 0.4
+    assert uninterrupted["interrupted"] is False
+    assert uninterrupted["resumed_from_step"] is None
+
+
+def test_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(tmp_path, uninterrupted):
+    checkpoint = tmp_path / CHECKPOINT_FILE
+    process = subprocess.Popen([*WORKER, str(tmp_path), "--epochs", "4"], cwd=REPO, stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists():
+        assert process.poll() is None, "the run ended before writing a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    assert not list(tmp_path.glob(".*.tmp")) or load_checkpoint(checkpoint) is not None
+
+    resumed = _worker(tmp_path, "--epochs", "4")
+    assert resumed["resumed_from_step"] is not None
+    assert 0 < resumed["resumed_from_step"] < uninterrupted["optimizer_steps"]
+    assert resumed["optimizer_steps"] == uninterrupted["optimizer_steps"]
+    assert resumed["holdout_auc_pr"] == pytest.approx(uninterrupted["holdout_auc_pr"], abs=1e-4)
+    assert resumed["weights_sum"] == pytest.approx(uninterrupted["weights_sum"], rel=1e-5)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ddp_with_two_gloo_processes_matches_one_process(tmp_path, uninterrupted):
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+         "-m", "tests.model.train_worker", str(tmp_path), "--epochs", "4"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["world_size"] == 2
+    # each process takes half of every epoch: half the optimizer steps of one process
+    assert result["optimizer_steps"] == pytest.approx(uninterrupted["optimizer_steps"] / 2, abs=2)
+    assert result["holdout_auc_pr"] == pytest.approx(uninterrupted["holdout_auc_pr"], abs=0.05)
+
+
+def _tiny_model() -> FraudMLP:
+    torch.manual_seed(0)
+    return FraudMLP()
+
+
+def test_rerun_with_other_arguments_does_not_resume_a_foreign_checkpoint(tmp_path):
+    train_data, validation = make_split(2_000, seed=1), make_split(500, seed=2)
+    first = train(
+        _tiny_model(), train_data, validation, TrainConfig(epochs=1, batch_size=256), tmp_path, "data-a"
+    )
+    assert first.resumed_from_step is None
+    same = train(
+        _tiny_model(), train_data, validation, TrainConfig(epochs=1, batch_size=256), tmp_path, "data-a"
+    )
+    assert same.resumed_from_step == first.optimizer_steps
+    other_data = train(
+        _tiny_model(), train_data, validation, TrainConfig(epochs=1, batch_size=256), tmp_path, "b"
+    )
+    assert other_data.resumed_from_step is None
+    other_lr = train(
+        _tiny_model(),
+        train_data,
+        validation,
+        TrainConfig(epochs=1, batch_size=256, learning_rate=1e-2),
+        tmp_path,
+        "b",
+    )
+    assert other_lr.resumed_from_step is None
+
+
+def test_gradient_accumulation_takes_one_step_per_accumulated_batches(tmp_path):
+    train_data, validation = make_split(4_096, seed=1), make_split(500, seed=2)
+    plain = train(
+        _tiny_model(), train_data, validation, TrainConfig(epochs=1, batch_size=256), tmp_path / "a", "d"
+    )
+    accumulated = train(
+        _tiny_model(), train_data, validation, TrainConfig(epochs=1, batch_size=256, accumulation_steps=4),
+        tmp_path / "b", "d",
+    )  # fmt: skip
+    assert plain.optimizer_steps == 16
+    assert accumulated.optimizer_steps == 4
+
+
+def test_checkpoints_are_written_atomically_and_load_weights_only(tmp_path):
+    path = tmp_path / CHECKPOINT_FILE
+    save_checkpoint(path, {"model": {"w": torch.ones(2)}, "state": {"step": 3}})
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]
+    assert load_checkpoint(path)["state"]["step"] == 3
+    # a checkpoint carrying an arbitrary object (code on load) is refused
+    torch.save({"payload": _Arbitrary()}, path)
+    with pytest.raises(Exception, match=r"[Ww]eights only load failed"):
+        load_checkpoint(path)
+
+
+class _Arbitrary:
+    pass
+
+
+def test_precision_is_fp32_on_cpu_and_half_precision_needs_a_gpu():
+    assert choose_precision("auto", torch.device("cpu")) == "fp32"
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        choose_precision("bf16", torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def trained_model(tmp_path_factory) -> tuple[FraudMLP, torch.Tensor]:
+    train_data, validation = make_split(8_000, seed=1), make_split(2_000, seed=2)
+    model = _tiny_model()
+    model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
+    train(
+        model,
+        train_data,
+        validation,
+        TrainConfig(epochs=3, batch_size=256),
+        tmp_path_factory.mktemp("m"),
+        "t",
+    )
+    return model.eval(), validation.x
+
+
+def test_scores_are_probabilities_even_with_missing_values(trained_model):
+    model, x = trained_model
+    x = x.clone()
+    x[:, : len(NUMERIC_FEATURES)] = float("nan")
+    scores = predict(model, x)
+    assert torch.isfinite(scores).all()
+    assert ((scores >= 0) & (scores <= 1)).all()
+
+
+def test_direction_more_of_the_fraud_signal_raises_the_score(trained_model):
+    model, x = trained_model
+    higher = x.clone()
+    higher[:, 0] += 2.0  # the signal column of tensors.make_split
+    assert predict(model, higher).mean() > predict(model, x).mean() + 0.05
+
+
+def test_invariance_an_unrelated_column_barely_moves_the_score(trained_model):
+    model, x = trained_model
+    shifted = x.clone()
+    shifted[:, 20] += 0.5  # not part of the signal
+    assert (predict(model, shifted) - predict(model, x)).abs().mean() < 0.05
+
+
+def test_normalization_ignores_missing_values():
+    model = FraudMLP()
+    numeric = torch.tensor(
+        [[1.0] * len(NUMERIC_FEATURES), [3.0] * len(NUMERIC_FEATURES), [float("nan")] * len(NUMERIC_FEATURES)]
+    )
+    model.fit_normalization(numeric)
+    assert torch.allclose(model.mean, torch.full((len(NUMERIC_FEATURES),), 2.0))
+    assert torch.allclose(model.std, torch.full((len(NUMERIC_FEATURES),), 1.0))
+
+
+def test_average_precision_of_a_perfect_and_a_useless_ranking():
+    labels = torch.tensor([0, 0, 1, 1]).numpy()
+    assert average_precision(labels, torch.tensor([0.1, 0.2, 0.8, 0.9]).numpy()) == pytest.approx(1.0)
+    assert average_precision(labels * 0, torch.tensor([0.1, 0.2, 0.8, 0.9]).numpy()) == 0.0

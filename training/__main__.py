@@ -1,0 +1,5 @@
+"""`python -m training`: the container command (see training/cli.py)."""
+
+from training.cli import app
+
+app()

@@ -1,0 +1,154 @@
+"""The training CLI: the container command of the GPU pod (`python -m training train ...`) and the same
+code `mlops retrain` runs. Its options map one to one onto the KubernetesPodOperator's arguments.
+
+Every command prints its result as one JSON object on the last stdout line; `--xcom-path` also writes it
+where the KubernetesPodOperator's sidecar collects the task's XCom (/airflow/xcom/return.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlops.settings import get_settings
+
+app = typer.Typer(
+    name="training",
+    help="Build training sets, train, evaluate, register, gate and export the fraud model.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+XcomPath = Annotated[
+    Path | None, typer.Option(help="also write the result JSON here (KubernetesPodOperator XCom)")
+]
+DagId = Annotated[str, typer.Option(help="Airflow DAG id, recorded as lineage")]
+DagRunId = Annotated[str, typer.Option(help="Airflow DAG run id, recorded as lineage")]
+
+
+def emit(result: dict, xcom_path: Path | None = None) -> None:
+    line = json.dumps(result, sort_keys=True, default=str)
+    if xcom_path is not None:
+        xcom_path.parent.mkdir(parents=True, exist_ok=True)
+        xcom_path.write_text(line)
+    typer.echo(line)
+
+
+def train_config(
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    learning_rate: float | None = None,
+    accumulation_steps: int | None = None,
+    seed: int | None = None,
+    patience: int | None = None,
+    checkpoint_every: int | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    stop_after_steps: int | None = None,
+):
+    """A TrainConfig: the options given, the settings' defaults for the rest."""
+    from training.loop import TrainConfig
+
+    defaults = get_settings().training
+
+    def pick(value, default):
+        return default if value is None else value
+
+    return TrainConfig(
+        epochs=pick(epochs, defaults.epochs),
+        batch_size=pick(batch_size, defaults.batch_size),
+        learning_rate=pick(learning_rate, defaults.learning_rate),
+        accumulation_steps=pick(accumulation_steps, defaults.accumulation_steps),
+        seed=pick(seed, defaults.seed),
+        patience=pick(patience, defaults.patience),
+        checkpoint_every=pick(checkpoint_every, defaults.checkpoint_every),
+        device=device,
+        precision=precision,
+        stop_after_steps=stop_after_steps,
+    )
+
+
+@app.command()
+def dataset(
+    date: Annotated[datetime, typer.Option(formats=["%Y-%m-%d"], help="as-of date (its end is the cutoff)")],
+    window_days: Annotated[int | None, typer.Option(min=1, help="days of arrivals to use")] = None,
+    xcom_path: XcomPath = None,
+) -> None:
+    """Build the training set (point-in-time join with fraud_model_v1) and version it with DVC."""
+    from training import steps
+
+    emit(steps.dataset(get_settings(), date.date(), window_days), xcom_path)
+
+
+@app.command()
+def train(
+    training_set_rev: Annotated[str, typer.Option(help="DVC revision of the training set")],
+    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1)] = None,
+    learning_rate: Annotated[float | None, typer.Option(min=0.0)] = None,
+    accumulation_steps: Annotated[int | None, typer.Option(min=1)] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    patience: Annotated[int | None, typer.Option(min=1)] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(min=1, help="optimizer steps")] = None,
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="default $MLOPS_HOME/checkpoints/<rev>")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    precision: Annotated[str, typer.Option(help="auto | fp32 | bf16 | fp16")] = "auto",
+    stop_after_steps: Annotated[int | None, typer.Option(min=1, help="drill: stop after N steps")] = None,
+    dag_id: DagId = "",
+    dag_run_id: DagRunId = "",
+    xcom_path: XcomPath = None,
+) -> None:
+    """Train (resuming from the checkpoint of the same arguments if there is one); log the run to MLflow."""
+    from training import steps
+
+    config = train_config(
+        epochs, batch_size, learning_rate, accumulation_steps, seed, patience, checkpoint_every, device,
+        precision, stop_after_steps,
+    )  # fmt: skip
+    result = steps.train(get_settings(), training_set_rev, config, checkpoint_dir, dag_id, dag_run_id)
+    # Under torchrun only the first process reports.
+    if int(os.environ.get("RANK", "0")) == 0:
+        emit(result, xcom_path)
+
+
+@app.command()
+def evaluate(run_id: Annotated[str, typer.Option(help="MLflow run id")], xcom_path: XcomPath = None) -> None:
+    """Score the run's model on its holdout; log metrics and curves."""
+    from training import steps
+
+    emit(steps.evaluate(get_settings(), run_id), xcom_path)
+
+
+@app.command()
+def register(run_id: Annotated[str, typer.Option(help="MLflow run id")], xcom_path: XcomPath = None) -> None:
+    """Register the run's model as a new version of fraud-detector."""
+    from training import steps
+
+    emit(steps.register(get_settings(), run_id), xcom_path)
+
+
+@app.command()
+def promote(
+    version: Annotated[str, typer.Option(help="model version to put through the gate")],
+    dag_id: DagId = "",
+    dag_run_id: DagRunId = "",
+    xcom_path: XcomPath = None,
+) -> None:
+    """The champion/challenger gate for one version."""
+    from training import steps
+
+    emit(steps.promote(get_settings(), version, dag_id, dag_run_id), xcom_path)
+
+
+@app.command()
+def export(version: Annotated[str, typer.Option(help="model version")], xcom_path: XcomPath = None) -> None:
+    """ONNX export (+ int8 where it pays) with a parity check."""
+    from training import steps
+
+    emit(steps.export(get_settings(), version), xcom_path)

@@ -1,0 +1,226 @@
+"""The training set: labeled transactions joined point in time with the fraud_model_v1 features.
+
+Built as of a date D (the end of D is the cutoff): the silver transactions that arrived in the
+`window_days` up to D, each labeled with what was known by the cutoff (a chargeback reported later does
+not exist yet; a transaction without one counts as legitimate, which is how card issuers train), joined
+with each entity's feature state just before the transaction (event time - 1 ms, see
+pipelines/features/contract.py), plus the transaction's own columns. Rows are split by event time into
+train, validation and holdout, sorted and written as one Parquet file, so the same inputs always give the
+same bytes and the same DVC version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.contracts import CHANNELS, COUNTRIES, CURRENCY_PER_USD, HOME_COUNTRIES, MERCHANT_CATEGORIES
+from pipelines.errors import PipelineError
+from pipelines.features.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from mlops.settings import Settings
+
+LABEL = "label"
+SPLIT = "split"
+SPLITS = ("train", "validation", "holdout")
+DATASET_FILE = "training_set.parquet"
+# State just before the transaction: gold rows include the transaction itself.
+FEATURE_LAG = timedelta(milliseconds=1)
+
+# The transaction's own columns the model sees, next to the feature service's.
+TRANSACTION_NUMERIC = ("log_amount_usd", "hour_sin", "hour_cos", "is_weekend", "is_foreign")
+# Categorical columns and their fixed vocabularies (from the feed contract; index 0 = unknown).
+CATEGORICAL_VOCAB: dict[str, tuple[str, ...]] = {
+    "channel": CHANNELS,
+    "merchant_category": MERCHANT_CATEGORIES,
+    "country": COUNTRIES,
+}
+SERVICE_FEATURES: tuple[str, ...] = (*CUSTOMER_FEATURES, *MERCHANT_FEATURES)
+NUMERIC_FEATURES: tuple[str, ...] = (*TRANSACTION_NUMERIC, *SERVICE_FEATURES)
+CATEGORICAL_FEATURES: tuple[str, ...] = tuple(CATEGORICAL_VOCAB)
+# The model's input, in order: numeric features, then categorical codes (as float32, one matrix).
+MODEL_INPUTS: tuple[str, ...] = (*NUMERIC_FEATURES, *(f"{c}_code" for c in CATEGORICAL_FEATURES))
+
+
+class TrainingSetError(PipelineError):
+    """The training set cannot be built or read; the message says what is missing and what to run."""
+
+
+@dataclass(frozen=True)
+class SplitFractions:
+    train: float = 0.7
+    validation: float = 0.15
+
+    def __post_init__(self) -> None:
+        if not (0 < self.train < 1 and 0 < self.validation < 1 and self.train + self.validation < 1):
+            raise ValueError(f"split fractions must leave room for a holdout: {self}")
+
+
+def cutoff(day: date) -> datetime:
+    """The end of `day` (UTC): what the training set as of `day` may know."""
+    return datetime.combine(day + timedelta(days=1), time.min, tzinfo=UTC)
+
+
+def _read_partitions(root: Path, first: date, last: date, columns: list[str]) -> pd.DataFrame:
+    import pyarrow.dataset as ds
+
+    if not root.is_dir():
+        raise TrainingSetError(
+            f"no table at {root}; run `mlops ingest --date {last}` (and the dates before it) first"
+        )
+    dataset = ds.dataset(root, format="parquet", partitioning="hive")
+    arrival = ds.field("arrival_date").cast("string")
+    table = dataset.to_table(
+        columns=columns, filter=(arrival >= first.isoformat()) & (arrival <= last.isoformat())
+    )
+    return table.to_pandas()
+
+
+def labeled_transactions(settings: Settings, day: date, window_days: int) -> pd.DataFrame:
+    """Silver transactions that arrived in (day - window_days, day], labeled as known at the cutoff."""
+    import pandas as pd
+
+    from pipelines.ingest.io import Tables
+
+    tables = Tables(settings.lake)
+    first = day - timedelta(days=window_days - 1)
+    columns = [
+        "transaction_id",
+        "customer_id",
+        "merchant_id",
+        "amount",
+        "currency",
+        "country",
+        "channel",
+        "merchant_category",
+        "event_timestamp",
+    ]
+    transactions = _read_partitions(tables.silver, first, day, columns)
+    if transactions.empty:
+        raise TrainingSetError(
+            f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
+            f"run `mlops ingest --date {day}` first or widen --window-days"
+        )
+    transactions["event_timestamp"] = pd.to_datetime(transactions["event_timestamp"], utc=True)
+    # Labels can arrive up to 30 days after the transaction (and from before the window).
+    labels = _read_partitions(
+        tables.silver_labels,
+        first - timedelta(days=60),
+        day,
+        ["transaction_id", "is_fraud", "label_timestamp"],
+    )
+    labels["label_timestamp"] = pd.to_datetime(labels["label_timestamp"], utc=True)
+    known = labels[labels["label_timestamp"] < cutoff(day)]
+    fraud = known.groupby("transaction_id")["is_fraud"].max().astype("int8")
+    transactions[LABEL] = transactions["transaction_id"].map(fraud).fillna(0).astype("int8")
+    return transactions
+
+
+def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The transaction's own model inputs (pure: returns a new frame)."""
+    import numpy as np
+    import pandas as pd
+
+    out = pd.DataFrame(index=frame.index)
+    rate = frame["currency"].map(CURRENCY_PER_USD).astype("float64")
+    out["log_amount_usd"] = np.log1p(frame["amount"].astype("float64") / rate)
+    hour = frame["event_timestamp"].dt.hour + frame["event_timestamp"].dt.minute / 60.0
+    out["hour_sin"] = np.sin(2 * np.pi * hour / 24.0)
+    out["hour_cos"] = np.cos(2 * np.pi * hour / 24.0)
+    out["is_weekend"] = (frame["event_timestamp"].dt.dayofweek >= 5).astype("float64")
+    home_currency = frame["country"].map(HOME_COUNTRIES)
+    out["is_foreign"] = (home_currency != frame["currency"]).astype("float64")
+    for column, vocab in CATEGORICAL_VOCAB.items():
+        codes = {value: index + 1 for index, value in enumerate(vocab)}
+        out[f"{column}_code"] = frame[column].map(codes).fillna(0).astype("float64")
+    return out
+
+
+def time_splits(event_time: pd.Series, fractions: SplitFractions) -> pd.Series:
+    """train / validation / holdout by event time: the holdout is the most recent slice, as in production."""
+    import numpy as np
+    import pandas as pd
+
+    ranks = event_time.rank(method="first").to_numpy() / len(event_time)
+    labels = np.where(
+        ranks <= fractions.train,
+        "train",
+        np.where(ranks <= fractions.train + fractions.validation, "validation", "holdout"),
+    )
+    return pd.Series(labels, index=event_time.index, name=SPLIT)
+
+
+def build_training_frame(
+    settings: Settings, day: date, window_days: int = 30, fractions: SplitFractions = SplitFractions()
+) -> pd.DataFrame:
+    """The training set as of `day` as a DataFrame (see the module docstring)."""
+    from features import store
+
+    transactions = labeled_transactions(settings, day, window_days)
+    transactions = transactions.sort_values(["event_timestamp", "transaction_id"], kind="stable")
+    transactions = transactions.reset_index(drop=True)
+    entity_df = transactions[["customer_id", "merchant_id"]].copy()
+    entity_df["event_timestamp"] = transactions["event_timestamp"] - FEATURE_LAG
+    joined = store.historical_features(settings, entity_df)
+    features = joined[list(SERVICE_FEATURES)].astype("float64").reset_index(drop=True)
+    frame = transactions[["transaction_id", "customer_id", "merchant_id", "event_timestamp", LABEL]].copy()
+    frame = frame.join(transaction_columns(transactions)).join(features)
+    frame[SPLIT] = time_splits(frame["event_timestamp"], fractions)
+    if frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
+        raise TrainingSetError(
+            f"the training set as of {day} has no known fraud in its train split "
+            f"({len(frame)} transactions, window {window_days} days); land and ingest more days of data "
+            "or widen --window-days"
+        )
+    return frame
+
+
+def dataset_folder(settings: Settings, day: date) -> Path:
+    return settings.home / "training_sets" / f"as_of={day.isoformat()}"
+
+
+def write_training_set(settings: Settings, day: date, window_days: int = 30) -> dict:
+    """Build, write and version the training set as of `day`; returns its DVC revision and counts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.versioning import record_revision, track
+
+    frame = build_training_frame(settings, day, window_days)
+    folder = dataset_folder(settings, day)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f".{DATASET_FILE}.tmp"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging, compression="zstd")
+    staging.replace(folder / DATASET_FILE)
+    member = track(settings, f"training/as_of={day.isoformat()}", folder)
+    rev = record_revision(settings, {"training_set": member})
+    counts = frame.groupby(SPLIT)[LABEL].agg(["size", "sum"])
+    return {
+        "training_set_rev": rev,
+        "rows": len(frame),
+        "positives": int(frame[LABEL].sum()),
+        "splits": {
+            s: {"rows": int(counts.loc[s, "size"]), "positives": int(counts.loc[s, "sum"])} for s in SPLITS
+        },
+        "path": str((folder / DATASET_FILE).relative_to(settings.home)),
+    }
+
+
+def read_training_set(settings: Settings, rev: str) -> pd.DataFrame:
+    """The training set of DVC revision `rev`, fetched from the remote by content hash."""
+    import pandas as pd
+
+    from pipelines.versioning import fetch
+
+    restored = fetch(settings, rev, settings.home / "fetched" / rev)
+    path = restored.get("training_set")
+    if path is None or not (path / DATASET_FILE).is_file():
+        raise TrainingSetError(f"revision {rev!r} is not a training set (members: {sorted(restored)})")
+    frame = pd.read_parquet(path / DATASET_FILE)
+    frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
+    return frame

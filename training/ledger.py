@@ -1,0 +1,171 @@
+"""The promotion history: an append-only table of every gate decision, promotion and rollback, and the
+lock that makes "read the champion, decide, move the alias, record" one step.
+
+It lives in a SQL database next to the MLflow registry (SQLite under $MLOPS_HOME locally, the cluster's
+PostgreSQL otherwise). The database refuses UPDATE and DELETE on the table (triggers), so history cannot
+be rewritten by this code or by a careless hand. The lock is a transaction: PostgreSQL takes an advisory
+transaction lock per model name; SQLite takes its write lock up front (BEGIN IMMEDIATE). Two candidates
+finishing together are therefore decided one after the other, the second against the first's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+
+TABLE = "promotion_history"
+
+_metadata = sa.MetaData()
+history_table = sa.Table(
+    TABLE,
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("recorded_at", sa.String(40), nullable=False),
+    sa.Column("model_name", sa.String(200), nullable=False, index=True),
+    sa.Column("action", sa.String(20), nullable=False),  # gate | manual | rollback
+    sa.Column("decision", sa.String(20), nullable=False),  # promoted | rejected | rolled_back
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("candidate_version", sa.String(20)),
+    sa.Column("champion_before", sa.String(20)),
+    sa.Column("champion_after", sa.String(20)),
+    sa.Column("candidate_metrics", sa.Text, nullable=False),  # JSON
+    sa.Column("champion_metrics", sa.Text, nullable=False),  # JSON
+    sa.Column("training_set_rev", sa.String(64)),
+    sa.Column("dag_id", sa.String(250)),
+    sa.Column("run_id", sa.String(250)),
+)
+
+_SQLITE_TRIGGERS = [
+    f"CREATE TRIGGER IF NOT EXISTS {TABLE}_no_update BEFORE UPDATE ON {TABLE} "
+    "BEGIN SELECT RAISE(ABORT, 'promotion_history is append-only'); END",
+    f"CREATE TRIGGER IF NOT EXISTS {TABLE}_no_delete BEFORE DELETE ON {TABLE} "
+    "BEGIN SELECT RAISE(ABORT, 'promotion_history is append-only'); END",
+]
+_POSTGRES_TRIGGERS = [
+    f"""CREATE OR REPLACE FUNCTION {TABLE}_append_only() RETURNS trigger AS $$
+    BEGIN RAISE EXCEPTION 'promotion_history is append-only'; END; $$ LANGUAGE plpgsql""",
+    f"DROP TRIGGER IF EXISTS {TABLE}_no_change ON {TABLE}",
+    f"CREATE TRIGGER {TABLE}_no_change BEFORE UPDATE OR DELETE OR TRUNCATE ON {TABLE} "
+    f"FOR EACH STATEMENT EXECUTE FUNCTION {TABLE}_append_only()",
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One row of the history."""
+
+    model_name: str
+    action: str
+    decision: str
+    reason: str
+    candidate_version: str | None
+    champion_before: str | None
+    champion_after: str | None
+    candidate_metrics: dict = field(default_factory=dict)
+    champion_metrics: dict = field(default_factory=dict)
+    training_set_rev: str | None = None
+    dag_id: str | None = None
+    run_id: str | None = None
+    recorded_at: str = ""
+    id: int | None = None
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision == "promoted"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Ledger:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        # A waiting candidate blocks on the lock for as long as the other one takes to decide.
+        connect_args = {"timeout": 600} if url.startswith("sqlite") else {}
+        self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
+        self.dialect = self.engine.dialect.name
+        if self.dialect == "sqlite":
+            # BEGIN IMMEDIATE needs pysqlite's implicit transactions out of the way.
+            sa.event.listen(self.engine, "connect", _sqlite_autocommit_off)
+            sa.event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+
+    def create(self) -> None:
+        """Create the table and its append-only triggers (idempotent)."""
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key("create")})
+            _metadata.create_all(conn)
+            for statement in _SQLITE_TRIGGERS if self.dialect == "sqlite" else _POSTGRES_TRIGGERS:
+                conn.exec_driver_sql(statement)
+
+    @contextmanager
+    def exclusive(self, model_name: str) -> Iterator[sa.Connection]:
+        """One decision at a time per model: everything inside runs under the lock, in one transaction
+        that commits the history row only if the block finishes."""
+        self.create()
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key(model_name)})
+            yield conn
+
+    def append(self, conn: sa.Connection, decision: Decision) -> Decision:
+        row = decision.to_dict()
+        row.pop("id")
+        row["recorded_at"] = datetime.now(UTC).isoformat(timespec="milliseconds")
+        row["candidate_metrics"] = json.dumps(decision.candidate_metrics, sort_keys=True)
+        row["champion_metrics"] = json.dumps(decision.champion_metrics, sort_keys=True)
+        new_id = conn.execute(history_table.insert().values(**row)).inserted_primary_key[0]
+        return Decision(**{**decision.to_dict(), "recorded_at": row["recorded_at"], "id": new_id})
+
+    def history(self, model_name: str, conn: sa.Connection | None = None) -> list[Decision]:
+        query = (
+            sa.select(history_table)
+            .where(history_table.c.model_name == model_name)
+            .order_by(history_table.c.id)
+        )
+        if conn is None:
+            self.create()
+            with self.engine.connect() as own:
+                rows = own.execute(query).mappings().all()
+        else:
+            rows = conn.execute(query).mappings().all()
+        return [
+            Decision(
+                **{
+                    **row,
+                    "candidate_metrics": json.loads(row["candidate_metrics"]),
+                    "champion_metrics": json.loads(row["champion_metrics"]),
+                }
+            )
+            for row in rows
+        ]
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def champion_stack(history: list[Decision]) -> list[str]:
+    """Replay the history: a promotion pushes its version, a rollback pops the current champion.
+    The last element is the champion; the one before it is what a rollback restores."""
+    stack: list[str] = []
+    for decision in history:
+        if decision.decision == "promoted" and decision.champion_after:
+            stack.append(decision.champion_after)
+        elif decision.decision == "rolled_back" and stack:
+            stack.pop()
+    return stack
+
+
+def _lock_key(name: str) -> int:
+    # pg advisory locks take a signed 64-bit key; a stable hash of the name (not Python's hash()).
+    return zlib.crc32(f"mlops-promotion:{name}".encode())
+
+
+def _sqlite_autocommit_off(dbapi_connection, _record) -> None:
+    dbapi_connection.isolation_level = None

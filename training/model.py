@@ -1,0 +1,80 @@
+"""The fraud model: an MLP over normalized numeric features and embedded categoricals.
+
+The model takes one float32 matrix in MODEL_INPUTS order (numeric features, then categorical codes) and
+returns the fraud probability, so the same tensor signature serves MLflow, ONNX and the online scorer.
+Normalization statistics are buffers fitted on the train split: the exported model needs nothing else.
+Missing feature values (an entity never seen within a view's TTL) arrive as NaN and become 0 after
+normalization, with an indicator per numeric column telling the network they were missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from training.dataset import CATEGORICAL_VOCAB, NUMERIC_FEATURES
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    numeric: int = len(NUMERIC_FEATURES)
+    # vocabulary size per categorical column, +1 for "unknown" (code 0)
+    cardinalities: tuple[int, ...] = tuple(len(v) + 1 for v in CATEGORICAL_VOCAB.values())
+    hidden: tuple[int, ...] = (128, 64)
+    dropout: float = 0.1
+    embedding_dims: tuple[int, ...] = field(default=())
+
+    def embedding_sizes(self) -> tuple[int, ...]:
+        # a common rule of thumb: about the fourth root of the cardinality, times 2, at most 16
+        return self.embedding_dims or tuple(min(16, max(2, round(2 * c**0.25))) for c in self.cardinalities)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "embedding_dims": list(self.embedding_sizes())}
+
+
+class FraudMLP(nn.Module):
+    def __init__(self, config: ModelConfig = ModelConfig()) -> None:
+        super().__init__()
+        self.config = config
+        self.register_buffer("mean", torch.zeros(config.numeric))
+        self.register_buffer("std", torch.ones(config.numeric))
+        self.embeddings = nn.ModuleList(
+            nn.Embedding(card, dim)
+            for card, dim in zip(config.cardinalities, config.embedding_sizes(), strict=True)
+        )
+        width = 2 * config.numeric + sum(config.embedding_sizes())
+        layers: list[nn.Module] = []
+        for hidden in config.hidden:
+            layers += [nn.Linear(width, hidden), nn.LayerNorm(hidden), nn.GELU(), nn.Dropout(config.dropout)]
+            width = hidden
+        layers.append(nn.Linear(width, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    @torch.no_grad()
+    def fit_normalization(self, numeric: torch.Tensor) -> None:
+        """Mean and standard deviation per numeric column over the rows where it is present."""
+        present = ~torch.isnan(numeric)
+        counts = present.sum(0).clamp(min=1)
+        values = torch.where(present, numeric, torch.zeros_like(numeric))
+        mean = values.sum(0) / counts
+        var = (torch.where(present, numeric - mean, torch.zeros_like(numeric)) ** 2).sum(0) / counts
+        self.mean.copy_(mean)
+        self.std.copy_(var.sqrt().clamp(min=1e-6))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.config.numeric
+        numeric, codes = x[:, :n], x[:, n:]
+        missing = torch.isnan(numeric)
+        scaled = torch.where(missing, torch.zeros_like(numeric), (numeric - self.mean) / self.std)
+        parts = [scaled, missing.to(scaled.dtype)]
+        for index, embedding in enumerate(self.embeddings):
+            code = codes[:, index].long().clamp(0, embedding.num_embeddings - 1)
+            parts.append(embedding(code).to(scaled.dtype))
+        return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
+
+    def forward(self, x: torch.Tensor, logits: bool = False) -> torch.Tensor:
+        """Fraud probability per row (the raw logit with `logits=True`, for the loss)."""
+        out = self.logits(x)
+        return out if logits else torch.sigmoid(out)

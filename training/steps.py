@@ -1,0 +1,341 @@
+"""The retraining steps, each one call for a DAG task or a CLI command:
+dataset -> train -> evaluate -> register -> promote -> export, and `retrain`, all of them in turn.
+
+Steps hand each other small values (a dataset revision, an MLflow run id, a model version), never data:
+the training set travels by its DVC revision, the model through the MLflow registry. So the train step can
+run in a GPU pod while the others run on an Airflow worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlops.settings import Settings
+from training.dataset import (
+    LABEL,
+    MODEL_INPUTS,
+    NUMERIC_FEATURES,
+    SPLIT,
+    read_training_set,
+    write_training_set,
+)
+from training.registry import GatePolicy, ModelRegistry
+from training.tracking import EXPERIMENT, Lineage, MetricBuffer, configure, git_commit
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from training.loop import Tensors, TrainConfig
+
+log = logging.getLogger(__name__)
+
+MODEL_ARTIFACT = "model"
+GOLD_SUITES = ("gold_customer_features", "gold_merchant_features")
+
+
+def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
+    import torch
+
+    from training.loop import Tensors
+
+    part = frame[frame[SPLIT] == split]
+    x = torch.from_numpy(part[list(MODEL_INPUTS)].to_numpy(dtype="float32", na_value=float("nan")))
+    y = torch.from_numpy(part[LABEL].to_numpy(dtype="float32"))
+    return Tensors(x, y)
+
+
+def dataset(settings: Settings, day: date, window_days: int | None = None) -> dict:
+    """Build and version the training set as of `day`."""
+    record = write_training_set(settings, day, window_days or settings.training.window_days)
+    record["as_of"] = day.isoformat()
+    return record
+
+
+def _gold_validation(settings: Settings, as_of: str) -> tuple[str, str]:
+    """The GX suites and outcome of the gold the training set was built from (written by validate_gold)."""
+    import json
+
+    from pipelines.features.contract import validation_path
+
+    path = validation_path(settings.lake, date.fromisoformat(as_of))
+    record = json.loads(path.read_text()) if path.is_file() else None
+    if record is None:
+        return ",".join(GOLD_SUITES), "unknown"
+    return ",".join(r["suite"] for r in record["results"]), str(all(r["success"] for r in record["results"]))
+
+
+def train(
+    settings: Settings,
+    training_set_rev: str,
+    config: TrainConfig,
+    checkpoint_dir: Path | None = None,
+    dag_id: str = "",
+    dag_run_id: str = "",
+) -> dict:
+    """Train on the training set of `training_set_rev`; log the run and the model to MLflow."""
+    import mlflow
+    import torch
+    from mlflow.models import infer_signature
+
+    from features.definitions import FEATURE_SERVICE
+    from training.loop import train as fit
+    from training.model import FraudMLP, ModelConfig
+
+    frame = read_training_set(settings, training_set_rev)
+    train_data, validation = split_tensors(frame, "train"), split_tensors(frame, "validation")
+    as_of = (frame["event_timestamp"].max()).date().isoformat()
+    suites, gx_success = _gold_validation(settings, as_of)
+    lineage = Lineage(
+        training_set_rev=training_set_rev,
+        as_of=as_of,
+        feature_service=FEATURE_SERVICE,
+        gx_suites=suites,
+        gx_success=gx_success,
+        git_commit=git_commit(),
+        image=settings.training.image if settings.profile.value == "cluster" else "local",
+        dag_id=dag_id,
+        dag_run_id=dag_run_id,
+    )
+    torch.manual_seed(config.seed)
+    model_config = ModelConfig()
+    model = FraudMLP(model_config)
+    model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
+    checkpoint_dir = checkpoint_dir or settings.checkpoints_dir / training_set_rev
+
+    experiment_id = configure(settings)
+    client = mlflow.MlflowClient()
+    with mlflow.start_run(
+        experiment_id=experiment_id, run_name=f"train-{training_set_rev}", log_system_metrics=True
+    ) as run:
+        run_id = run.info.run_id
+        mlflow.set_tags(
+            {**lineage.tags(), "mlflow.note.content": f"fraud model trained on {training_set_rev}"}
+        )
+        mlflow.log_params(
+            {
+                **{f"train.{k}": v for k, v in asdict(config).items()},
+                **{f"model.{k}": v for k, v in model_config.to_dict().items()},
+                "data.rows_train": len(train_data),
+                "data.rows_validation": len(validation),
+                "data.positives_train": int(train_data.y.sum()),
+            }
+        )
+        metrics = MetricBuffer(client, run_id)
+
+        def on_epoch_end(epoch: int, record: dict) -> None:
+            metrics.add({k: v for k, v in record.items() if k != "epoch"}, step=epoch)
+            metrics.flush()
+
+        result = fit(model, train_data, validation, config, checkpoint_dir, training_set_rev, on_epoch_end)
+        if result.interrupted:
+            return {"status": "interrupted", "run_id": run_id, "optimizer_steps": result.optimizer_steps}
+        model = model.to("cpu").eval()
+        example = validation.x[:5].cpu()
+        with torch.no_grad():
+            signature = infer_signature(example.numpy(), model(example).numpy())
+        # pickle, not MLflow's default pt2 here: pt2 exports the example's fixed batch shape and loads back as
+        # an ExportedProgram without the module's config; the ONNX export is the portable scoring format.
+        mlflow.pytorch.log_model(
+            model,
+            name=MODEL_ARTIFACT,
+            signature=signature,
+            input_example=example.numpy(),
+            serialization_format="pickle",
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        )
+        summary = {
+            "best_validation_auc_pr": result.best_validation_auc_pr,
+            "best_epoch": result.best_epoch,
+            "epochs_run": result.epochs_run,
+            "samples_per_second": result.samples_per_second,
+            "tracking_seconds": metrics.seconds_logging,
+        }
+        mlflow.log_metrics({k: float(v) for k, v in summary.items()})
+        mlflow.set_tags(
+            {"device": result.device, "precision": result.precision, "world_size": result.world_size}
+        )
+    return {
+        "status": "trained",
+        "run_id": run_id,
+        "training_set_rev": training_set_rev,
+        "resumed_from_step": result.resumed_from_step,
+        "optimizer_steps": result.optimizer_steps,
+        "stopped_early": result.stopped_early,
+        "device": result.device,
+        "precision": result.precision,
+        **summary,
+    }
+
+
+def _holdout(settings: Settings, run_id: str) -> tuple[str, Tensors]:
+    import mlflow
+
+    configure(settings)
+    run = mlflow.MlflowClient().get_run(run_id)
+    rev = run.data.tags["lineage.training_set_rev"]
+    return rev, split_tensors(read_training_set(settings, rev), "holdout")
+
+
+def evaluate(settings: Settings, run_id: str) -> dict:
+    """Score the run's model on the holdout of its training set; log metrics and PNG curves to the run."""
+    import tempfile
+
+    import mlflow
+
+    from training.loop import predict
+    from training.metrics import evaluate as metrics_of
+    from training.metrics import plot_evaluation
+
+    rev, holdout = _holdout(settings, run_id)
+    model = mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_ARTIFACT}", map_location="cpu")
+    scores = predict(model, holdout.x).numpy()
+    labels = holdout.y.numpy()
+    values = metrics_of(labels, scores)
+    client = mlflow.MlflowClient()
+    buffer = MetricBuffer(client, run_id)
+    buffer.add({f"holdout_{k}": v for k, v in values.items()}, step=0)
+    buffer.flush()
+    with tempfile.TemporaryDirectory() as folder:
+        for path in plot_evaluation(labels, scores, Path(folder)):
+            client.log_artifact(run_id, str(path), "evaluation")
+    return {"run_id": run_id, "training_set_rev": rev, "holdout": values}
+
+
+def register(settings: Settings, run_id: str) -> dict:
+    """Register the run's model as a new version of `fraud-detector`."""
+    import mlflow
+
+    configure(settings)
+    run = mlflow.MlflowClient().get_run(run_id)
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith("lineage.")}
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    version = registry.register(run_id, MODEL_ARTIFACT, tags={**tags, "run_id": run_id})
+    return {"run_id": run_id, "model_version": version}
+
+
+def _ledger(settings: Settings):
+    from training.ledger import Ledger
+
+    settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
+    return Ledger(settings.promotion_ledger_url)
+
+
+def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str = "") -> dict:
+    """Run the gate for `version` against the champion on the holdout of the version's training set."""
+    from training.registry import promote_with_gate
+
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    run_id = registry.client.get_model_version(registry.name, version).run_id
+    rev, holdout = _holdout(settings, run_id)
+    policy = GatePolicy(**settings.gate.model_dump())
+    ledger = _ledger(settings)
+    try:
+        decision = promote_with_gate(
+            registry,
+            ledger,
+            version,
+            holdout.x,
+            holdout.y.numpy(),
+            policy,
+            training_set_rev=rev,
+            dag_id=dag_id or None,
+            run_id=dag_run_id or None,
+        )
+    finally:
+        ledger.dispose()
+    return _decision_record(decision)
+
+
+def _decision_record(decision) -> dict:
+    from training.metrics import PRIMARY_METRIC
+
+    return {
+        "model_version": decision.candidate_version,
+        "champion_version": decision.champion_after,
+        "previous_champion": decision.champion_before,
+        "decision": decision.decision,
+        "reason": decision.reason,
+        "primary_metric": PRIMARY_METRIC,
+        PRIMARY_METRIC: decision.candidate_metrics.get(PRIMARY_METRIC),
+        "champion_" + PRIMARY_METRIC: decision.champion_metrics.get(PRIMARY_METRIC),
+        "history_id": decision.id,
+    }
+
+
+def promote_by_hand(settings: Settings, version: str, reason: str) -> dict:
+    from training.registry import promote_manually
+
+    ledger = _ledger(settings)
+    try:
+        decision = promote_manually(ModelRegistry(settings.mlflow_tracking_uri), ledger, version, reason)
+    finally:
+        ledger.dispose()
+    return _decision_record(decision)
+
+
+def rollback(settings: Settings, reason: str = "rollback") -> dict:
+    from training.registry import rollback as roll_back
+
+    ledger = _ledger(settings)
+    try:
+        decision = roll_back(ModelRegistry(settings.mlflow_tracking_uri), ledger, reason)
+    finally:
+        ledger.dispose()
+    return _decision_record(decision)
+
+
+def history(settings: Settings) -> dict:
+    from training.ledger import champion_stack
+    from training.registry import MODEL_NAME
+
+    ledger = _ledger(settings)
+    try:
+        rows = ledger.history(MODEL_NAME)
+    finally:
+        ledger.dispose()
+    stack = champion_stack(rows)
+    return {
+        "model": MODEL_NAME,
+        "champion_version": stack[-1] if stack else None,
+        "history": [row.to_dict() for row in rows],
+    }
+
+
+def export(settings: Settings, version: str) -> dict:
+    """ONNX (and int8 where it pays) for CPU scoring of `version`, logged to its run."""
+    from training.export import export_version
+
+    return export_version(settings, version)
+
+
+def retrain(
+    settings: Settings,
+    day: date,
+    config: TrainConfig,
+    window_days: int | None = None,
+    training_set_rev: str | None = None,
+    dag_id: str = "",
+    dag_run_id: str = "",
+) -> dict:
+    """All steps in turn, in this process (what `mlops retrain` and the local profile run)."""
+    record: dict = {"experiment": EXPERIMENT, "as_of": day.isoformat()}
+    if training_set_rev is None:
+        built = dataset(settings, day, window_days)
+        training_set_rev = built["training_set_rev"]
+        record["rows"] = built["rows"]
+        record["splits"] = built["splits"]
+    record["training_set_rev"] = training_set_rev
+    trained = train(settings, training_set_rev, config, dag_id=dag_id, dag_run_id=dag_run_id)
+    if trained["status"] != "trained":
+        return {**record, **trained}
+    record.update(trained)
+    record["holdout"] = evaluate(settings, trained["run_id"])["holdout"]
+    version = register(settings, trained["run_id"])["model_version"]
+    record.update(promote(settings, version, dag_id=dag_id, dag_run_id=dag_run_id))
+    record["export"] = export(settings, version)
+    record["status"] = "ok"
+    return record
