@@ -83,7 +83,7 @@ class GateSettings(BaseModel):
     margin: float = Field(default=0.005, ge=0.0, description="AUC-PR gain needed over the champion")
     floor: float = Field(default=0.10, ge=0.0, le=1.0, description="AUC-PR the first champion needs")
     max_roc_auc_drop: float = Field(default=0.02, ge=0.0)
-    max_recall_drop: float = Field(default=0.05, ge=0.0)
+    max_recall_drop: float = Field(default=0.05, ge=0.0, description="on recall at 1% false positives")
     max_latency_ms: float = Field(default=20.0, gt=0.0, description="median CPU scoring time, one row")
 
 

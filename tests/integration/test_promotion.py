@@ -1,0 +1,208 @@
+"""The gate, rollback and history against a real MLflow registry (SQLite, and PostgreSQL for parallel
+candidates), with real torch models: a trained one, a weaker one and an untrained (worse) one."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import torch
+
+from tests.model.tensors import make_split
+from training.dataset import NUMERIC_FEATURES
+from training.ledger import Ledger
+from training.loop import TrainConfig, train
+from training.registry import (
+    CHAMPION_ALIAS,
+    GatePolicy,
+    ModelRegistry,
+    PromotionError,
+    promote_manually,
+    promote_with_gate,
+    rollback,
+)
+
+POLICY = GatePolicy(margin=0.01, floor=0.2, max_latency_ms=50.0)
+POSTGRES = "postgresql+psycopg2://postgres@127.0.0.1:5432"
+
+
+def _model(steps: int | None, seed: int, tmp: Path):
+    """A FraudMLP trained for `steps` optimizer steps (None: 3 epochs; 0: untrained)."""
+    from training.model import FraudMLP
+
+    torch.manual_seed(seed)
+    model = FraudMLP()
+    data = make_split(8_000, seed=1)
+    model.fit_normalization(data.x[:, : len(NUMERIC_FEATURES)])
+    if steps != 0:
+        config = TrainConfig(epochs=3, batch_size=256, seed=seed, stop_after_steps=steps)
+        train(model, data, make_split(2_000, seed=2), config, tmp / f"ck-{seed}-{steps}", "promotion-test")
+    return model.eval()
+
+
+def _log_and_register(tracking_uri: str, artifacts: Path, model) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name("gate-test") is None:
+        mlflow.create_experiment("gate-test", artifact_location=artifacts.as_uri())
+    mlflow.set_experiment("gate-test")
+    with mlflow.start_run() as run:
+        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", pip_requirements=[])
+    return ModelRegistry(tracking_uri).register(run.info.run_id)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("models")
+    return {"good": _model(None, 5, tmp), "weaker": _model(12, 6, tmp), "untrained": _model(0, 7, tmp)}
+
+
+@pytest.fixture(scope="module")
+def holdout():
+    data = make_split(4_000, seed=3)
+    return data.x, data.y.numpy()
+
+
+@pytest.fixture
+def local_registry(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ledger = Ledger(f"sqlite:///{tmp_path / 'promotions.db'}")
+    yield ModelRegistry(uri), ledger, tmp_path / "artifacts"
+    ledger.dispose()
+
+
+def _gate(registry, ledger, version, holdout):
+    return promote_with_gate(
+        registry, ledger, version, holdout[0], holdout[1], POLICY, dag_id="d", run_id="r"
+    )
+
+
+def test_worse_challenger_is_never_promoted_and_rollback_restores_the_previous_champion(
+    local_registry, models, holdout
+):
+    registry, ledger, artifacts = local_registry
+    weaker = _log_and_register(registry.tracking_uri, artifacts, models["weaker"])
+    good = _log_and_register(registry.tracking_uri, artifacts, models["good"])
+    untrained = _log_and_register(registry.tracking_uri, artifacts, models["untrained"])
+
+    first = _gate(registry, ledger, weaker, holdout)
+    assert first.promoted, first.reason
+    assert registry.champion() == weaker
+
+    better = _gate(registry, ledger, good, holdout)
+    assert better.promoted, better.reason
+    assert better.candidate_metrics["auc_pr"] > better.champion_metrics["auc_pr"] + POLICY.margin
+    assert registry.champion() == good
+
+    worse = _gate(registry, ledger, untrained, holdout)
+    assert not worse.promoted
+    assert "does not beat" in worse.reason
+    assert registry.champion() == good
+    assert worse.champion_metrics["auc_pr"] > worse.candidate_metrics["auc_pr"]
+
+    back = rollback(registry, ledger, "incident 42")
+    assert (back.champion_before, back.champion_after) == (good, weaker)
+    assert registry.champion() == weaker
+
+    history = ledger.history(registry.name)
+    assert [(h.action, h.decision, h.candidate_version) for h in history] == [
+        ("gate", "promoted", weaker),
+        ("gate", "promoted", good),
+        ("gate", "rejected", untrained),
+        ("rollback", "rolled_back", good),
+    ]
+    assert all(h.dag_id == "d" and h.run_id == "r" for h in history[:3])
+    assert "incident 42" in history[-1].reason
+
+    with pytest.raises(PromotionError, match="no previous champion"):
+        rollback(registry, ledger)
+    assert registry.champion() == weaker
+
+
+def test_first_model_below_the_floor_is_not_promoted(local_registry, models, holdout):
+    registry, ledger, artifacts = local_registry
+    version = _log_and_register(registry.tracking_uri, artifacts, models["untrained"])
+    decision = _gate(registry, ledger, version, holdout)
+    assert not decision.promoted
+    assert "below the floor" in decision.reason
+    assert registry.champion() is None
+
+
+def test_manual_promotion_needs_a_reason_and_is_recorded(local_registry, models):
+    registry, ledger, artifacts = local_registry
+    version = _log_and_register(registry.tracking_uri, artifacts, models["weaker"])
+    with pytest.raises(PromotionError, match="needs a reason"):
+        promote_manually(registry, ledger, version, " ")
+    decision = promote_manually(registry, ledger, version, "hotfix approved by risk team")
+    assert registry.champion() == version
+    assert ledger.history(registry.name)[-1].reason == decision.reason
+
+
+def test_rollback_refuses_when_the_alias_was_moved_behind_its_back(local_registry, models):
+    registry, ledger, artifacts = local_registry
+    one = _log_and_register(registry.tracking_uri, artifacts, models["weaker"])
+    two = _log_and_register(registry.tracking_uri, artifacts, models["good"])
+    promote_manually(registry, ledger, one, "first")
+    promote_manually(registry, ledger, two, "second")
+    registry.client.set_registered_model_alias(registry.name, CHAMPION_ALIAS, one)  # by hand, unrecorded
+    with pytest.raises(PromotionError, match="moved outside"):
+        rollback(registry, ledger)
+
+
+# --- parallel candidates on PostgreSQL ------------------------------------------------------------------
+
+
+@pytest.fixture
+def postgres_database():
+    name = f"mlops_t_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(f"{POSTGRES}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    yield f"{POSTGRES}/{name}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+def _candidate(uri: str, version: str, barrier, results) -> None:
+    holdout = make_split(4_000, seed=3)
+    registry, ledger = ModelRegistry(uri), Ledger(uri)
+    barrier.wait(timeout=120)
+    decision = promote_with_gate(registry, ledger, version, holdout.x, holdout.y.numpy(), POLICY)
+    results.put(decision.to_dict())
+    ledger.dispose()
+
+
+def test_parallel_candidates_leave_alias_and_history_consistent(postgres_database, models, holdout, tmp_path):
+    uri = postgres_database
+    registry, ledger = ModelRegistry(uri), Ledger(uri)
+    versions = {
+        name: _log_and_register(uri, tmp_path / "artifacts", models[name]) for name in ("weaker", "good")
+    }
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    workers = [context.Process(target=_candidate, args=(uri, v, barrier, results)) for v in versions.values()]
+    for worker in workers:
+        worker.start()
+    decisions = [results.get(timeout=300) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+
+    history = ledger.history(registry.name)
+    assert len(history) == 2
+    first, second = history
+    # decided one after the other: the second saw the first's outcome
+    assert first.champion_before is None
+    assert second.champion_before == first.champion_after
+    assert registry.champion() == second.champion_after
+    # whichever went first, the better model ends as champion
+    assert registry.champion() == versions["good"]
+    assert {d["candidate_version"] for d in decisions} == set(versions.values())
+    with pytest.raises(sa.exc.DatabaseError, match="append-only"), ledger.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM promotion_history")
+    ledger.dispose()
