@@ -335,121 +335,25 @@ def demo(
     start: Annotated[datetime, typer.Option(formats=["%Y-%m-%d"], help="first arrival date")] = datetime(
         2026, 1, 1
     ),
-    days: Annotated[int, typer.Option(min=1, help="arrival dates to land")] = 3,
-    rows_per_day: Annotated[int, typer.Option(min=0, help="transactions per day, weekly average")] = 2000,
+    days: Annotated[
+        int, typer.Option(min=2, help="arrival dates; the last one arrives after a model exists")
+    ] = 6,
+    rows_per_day: Annotated[int, typer.Option(min=0, help="transactions per day, weekly average")] = 3000,
     seed: Annotated[int, typer.Option(help="random seed of the synthetic feed")] = 7,
+    epochs: Annotated[int, typer.Option(min=1, help="training epochs per model")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Run the loop on the embedded stack. Today: land a synthetic feed under MLOPS_HOME, ingest each date
-    to silver (Spark, quarantine, GX), then build, validate, version and materialize its features; the
-    training stages join as they are built."""
-    import time
+    """The whole loop on the embedded stack: land a synthetic feed, ingest each date to silver, build,
+    version and materialize features, train and gate a champion; then one more day arrives and a
+    challenger goes through the gate."""
+    from mlops.demo import run_demo
 
-    from mlops.jobs import features_step, ingest_step, land_synthetic
-
-    settings = get_settings()
-    settings.ensure_dirs()
-    started = time.perf_counter()
-    manifests = land_synthetic(
-        start=_date(start),
-        days=days,
-        rows_per_day=rows_per_day,
-        seed=seed,
-        faults="duplicates=0.01,malformed=0.002,nulls=0.002",
-    )
-    seconds = time.perf_counter() - started
-    table = Table(
-        "arrival date",
-        "rows written",
-        "injected faults",
-        "fraud",
-        "chargebacks",
-        title=f"synthetic feed landed in {settings.landing} ({seconds:.1f}s)",
-    )
-    for m in manifests:
-        faults = sum(m["faults"].values()) - m["faults"]["drift"]
-        table.add_row(
-            m["arrival_date"],
-            str(m["transactions"]["rows_written"]),
-            str(faults),
-            str(m["transactions"]["fraud"]),
-            str(m["labels"]["rows"]),
-        )
-    err.print(table)
-
-    ingested = []
-    for manifest in manifests:
-        day = date.fromisoformat(manifest["arrival_date"])
-        err.print(f"ingesting {day} (Spark -> bronze + quarantine -> GX -> silver -> GX) ...")
-        began = time.perf_counter()
-        ingested.append(
-            {**ingest_step("ingest", day, run_id=f"demo-{day}"), "seconds": time.perf_counter() - began}
-        )
-    table = Table(
-        "arrival date",
-        "rows in",
-        "quarantined",
-        "duplicates removed",
-        "silver",
-        "GX",
-        "seconds",
-        title=f"ingested to {settings.lake / 'silver'}",
-    )
-    for record in ingested:
-        checks = record.get("validation", [])
-        table.add_row(
-            record["arrival_date"],
-            str(record["rows_in"]),
-            str(record["rows_quarantined"]),
-            str(record["duplicates_removed"]),
-            str(record["rows_silver"]),
-            "passed" if checks and all(c.get("success") for c in checks) else record["status"],
-            f"{record['seconds']:.1f}",
-        )
-    err.print(table)
-    docs = next(
-        (c["data_docs"] for r in ingested for c in r.get("validation", []) if c.get("data_docs")), None
-    )
-    if docs:
-        err.print(f"GX data docs: {docs}")
-    built = []
-    for record in ingested:
-        day = date.fromisoformat(record["arrival_date"])
-        err.print(f"features {day} (Spark gold -> GX -> DVC -> Feast online store) ...")
-        began = time.perf_counter()
-        built.append({**features_step("features", day), "seconds": time.perf_counter() - began})
-    table = Table(
-        "event date",
-        "gold rows",
-        "dataset rev (DVC)",
-        "rows materialized",
-        "seconds",
-        title=f"features in {settings.lake / 'gold'} and the Feast online store",
-    )
-    for record in built:
-        table.add_row(
-            record["event_date"],
-            str(record["rows_gold"]),
-            record["dataset_rev"],
-            str(record["rows_materialized"]),
-            f"{record['seconds']:.1f}",
-        )
-    err.print(table)
-    err.print("Not built yet: training and promotion (see README: Status).")
-    _emit(
-        {
-            "status": "ok",
-            "landing": str(settings.landing),
-            "dates": [m["arrival_date"] for m in manifests],
-            "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
-            "rows_silver": sum(r["rows_silver"] for r in ingested),
-            "rows_quarantined": sum(r["rows_quarantined"] for r in ingested),
-            "dataset_revs": [r["dataset_rev"] for r in built],
-            "rows_materialized": sum(r["rows_materialized"] for r in built),
-            "seconds": time.perf_counter() - started,
-        },
+    summary = _run_training(
+        "demo",
+        lambda: run_demo(get_settings(), _date(start), days, rows_per_day, seed, epochs, err),
         as_json,
     )
+    _emit(summary, as_json)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""The retrain DAG through real Airflow (dag.test) on features built by the real pipeline (Spark, GX, DVC,
+Feast), training with torch in a child process (the local profile's train task), MLflow on SQLite; then
+the `mlops` commands on the same installation: retrain, history and rollback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import date, timedelta
+from pathlib import Path
+
+import pytest
+
+from mlops.settings import get_settings
+from pipelines.ingest import job as ingest
+from pipelines.synthetic.landing import GenerateRequest, generate_landing
+
+FIRST = date(2026, 1, 1)
+DAYS = 4
+LAST = FIRST + timedelta(days=DAYS - 1)
+
+
+@pytest.fixture(scope="module")
+def features_home(tmp_path_factory, spark):
+    """An installation with DAYS days ingested and featurized (module-scoped: built once)."""
+    from mlops.jobs import features_step
+
+    home = tmp_path_factory.mktemp("retrain-home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("MLOPS_HOME", str(home))
+    get_settings.cache_clear()
+    settings = get_settings()
+    settings.ensure_dirs()
+    generate_landing(
+        GenerateRequest(
+            start=FIRST, days=DAYS, rows_per_day=2500, seed=13, landing=settings.landing, customers=300,
+            merchants=60,
+        )
+    )  # fmt: skip
+    for offset in range(DAYS):
+        day = FIRST + timedelta(days=offset)
+        ingest.ingest_to_bronze(settings, day, "t")
+        ingest.build_silver(settings, day, "t")
+        ingest.ingest_labels(settings, day, "t")
+        features_step("features", day)
+    patch.undo()
+    get_settings.cache_clear()
+    return home
+
+
+@pytest.fixture
+def home(features_home, monkeypatch):
+    monkeypatch.setenv("MLOPS_HOME", str(features_home))
+    monkeypatch.setenv("MLOPS_TRAINING__EPOCHS", "3")
+    get_settings.cache_clear()
+    yield features_home
+    get_settings.cache_clear()
+
+
+def _mlops(*args: str) -> tuple[int, dict]:
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("mlops")), *args, "--json"],
+        capture_output=True, text=True, env=os.environ.copy(), timeout=900,
+    )  # fmt: skip
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_retrain_dag_trains_registers_gates_and_exports(airflow_db, home):
+    import mlflow
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    dag = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
+    run = dag.test(run_conf={"as_of": LAST.isoformat()})
+    with create_session() as session:
+        instances = {
+            ti.task_id: ti
+            for ti in session.query(TaskInstance).filter(
+                TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "retrain_fraud_model"
+            )
+        }
+        states = {task_id: str(ti.state) for task_id, ti in instances.items()}
+    assert states == {
+        task: "success"
+        for task in ("as_of_date", "training_set", "train", "evaluate", "register", "promote", "export")
+    }
+
+    settings = get_settings()
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    client = mlflow.MlflowClient()
+    (version,) = client.search_model_versions("name='fraud-detector'")
+    run_data = client.get_run(version.run_id).data
+    assert run_data.tags["lineage.dag_id"] == "retrain_fraud_model"
+    assert run_data.tags["lineage.dag_run_id"] == run.run_id
+    assert run_data.tags["lineage.feature_service"] == "fraud_model_v1"
+    assert run_data.tags["lineage.gx_success"] == "True"
+    assert run_data.tags["lineage.as_of"] == LAST.isoformat()
+    assert "holdout_auc_pr" in run_data.metrics and "onnx_parity_max_abs_diff" in run_data.metrics
+    history = client.get_metric_history(version.run_id, "validation_auc_pr")
+    assert [m.step for m in history] == list(range(len(history))) and len(history) >= 1
+    artifacts = {a.path for a in client.list_artifacts(version.run_id, "evaluation")}
+    assert artifacts == {
+        f"evaluation/{n}.png" for n in ("pr_curve", "roc_curve", "confusion_matrix", "calibration")
+    }
+    assert float(version.tags["onnx.parity_max_abs_diff"]) < 1e-4
+
+    code, recorded = _mlops("history")
+    assert code == 0
+    (decision,) = recorded["history"]
+    assert decision["candidate_version"] == version.version
+    assert decision["dag_id"] == "retrain_fraud_model" and decision["run_id"] == run.run_id
+    assert decision["decision"] in {"promoted", "rejected"}, decision
+
+
+def test_cli_retrain_history_and_rollback(home):
+    code, first = _mlops("retrain", "--date", LAST.isoformat())
+    assert code == 0, first
+    assert {"model_version", "champion_version", "decision", "primary_metric", "auc_pr"} <= set(first)
+    assert first["primary_metric"] == "auc_pr" and 0.0 <= first["auc_pr"] <= 1.0
+    # the same training set again: the checkpoint of these arguments is finished, so it resumes at the end
+    code, second = _mlops("retrain", "--date", LAST.isoformat())
+    assert code == 0, second
+    assert second["training_set_rev"] == first["training_set_rev"]
+    assert second["resumed_from_step"] is not None
+    # an identical model cannot beat the champion by the margin
+    assert second["decision"] == "rejected" or first["decision"] == "rejected"
+
+    code, history = _mlops("history")
+    champion = history["champion_version"]
+    code, rolled = _mlops("rollback", "--reason", "drill")
+    stack = [h for h in history["history"] if h["decision"] == "promoted"]
+    if len(stack) >= 2:
+        assert code == 0 and rolled["champion_version"] == stack[-2]["candidate_version"]
+    else:
+        assert code == 1 and rolled["status"] == "failed" and "no previous champion" in rolled["message"]
+        code, again = _mlops("history")
+        assert again["champion_version"] == champion
