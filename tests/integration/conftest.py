@@ -1,11 +1,23 @@
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from mlops import k8s_contract as contract
+
+REPO = Path(__file__).resolve().parents[2]
+INFRA = REPO / "infra"
+OVERLAYS_DIR = INFRA / "k8s" / "overlays"
+OVERLAYS = sorted(path.name for path in OVERLAYS_DIR.iterdir() if (path / "kustomization.yaml").exists())
 
 
 @pytest.fixture(scope="session")
@@ -114,3 +126,103 @@ def spark_standalone(tmp_path_factory):
             process.wait(timeout=30)
         for handle in logs:
             handle.close()
+
+
+# --- infra/k8s: tools, rendered overlays and the checks shared by test_infra_k8s.py and test_retrain_pod.py
+
+
+@dataclass(frozen=True)
+class InfraTools:
+    python: Path
+    checkov: Path
+
+
+@pytest.fixture(scope="session")
+def infra_tools() -> InfraTools:
+    venv = REPO / os.environ.get("INFRA_VENV", ".venv-infra")
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "infra_tools.sh")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"scripts/infra_tools.sh failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return InfraTools(python=venv / "bin" / "python", checkov=venv / "bin" / "checkov")
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        # A fresh machine may lack it: install Debian's client, as a developer would.
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "kubernetes-client"], capture_output=True, timeout=600
+        )
+        path = shutil.which("kubectl")
+    if path is None:
+        pytest.fail(
+            "kubectl is not on PATH; the overlays are rendered with `kubectl kustomize` "
+            "(Debian: apt-get install kubernetes-client)"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def rendered(kubectl: str) -> dict[str, list[dict[str, Any]]]:
+    """Every overlay rendered to its list of objects."""
+    out = {}
+    for overlay in OVERLAYS:
+        done = subprocess.run(
+            [kubectl, "kustomize", str(OVERLAYS_DIR / overlay)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, f"kubectl kustomize {overlay}: {done.stderr}"
+        out[overlay] = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return out
+
+
+def schema_errors(tools: InfraTools, objects: list[dict[str, Any]]) -> list[str]:
+    done = subprocess.run(
+        [
+            str(tools.python),
+            str(INFRA / "tools" / "k8s_schema_check.py"),
+            "--kubernetes-version",
+            contract.KUBERNETES_VERSION,
+        ],
+        input=json.dumps(objects),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    verdicts = json.loads(done.stdout)
+    assert len(verdicts) == len(objects)
+    return [f"{v['kind']}/{v['name']}: {v['error']}" for v in verdicts if v["error"]]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None, namespace: str | None = None):
+    return [
+        obj
+        for obj in objects
+        if obj["kind"] == kind
+        and (name is None or obj["metadata"]["name"] == name)
+        and (namespace is None or obj["metadata"].get("namespace") == namespace)
+    ]
+
+
+def one(objects, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    (found,) = find(objects, kind, name, namespace)
+    return found
+
+
+def quota_and_limits(objects) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The training namespace's ResourceQuota `spec.hard` and its LimitRange items, as rendered."""
+    quota = one(objects, "ResourceQuota", "training-compute", contract.TRAINING_NAMESPACE)["spec"]["hard"]
+    limit_items = [
+        item
+        for limit_range in find(objects, "LimitRange", namespace=contract.TRAINING_NAMESPACE)
+        for item in limit_range["spec"]["limits"]
+    ]
+    return quota, limit_items

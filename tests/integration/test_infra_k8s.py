@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,102 +19,22 @@ import pytest
 import yaml
 
 from mlops import k8s_contract as contract
+from tests.integration.conftest import (
+    INFRA,
+    OVERLAYS,
+    REPO,
+    InfraTools,
+    find,
+    one,
+    quota_and_limits,
+    schema_errors,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-INFRA = REPO / "infra"
-OVERLAYS_DIR = INFRA / "k8s" / "overlays"
-OVERLAYS = sorted(path.name for path in OVERLAYS_DIR.iterdir() if (path / "kustomization.yaml").exists())
 NAMESPACES = {contract.ORCHESTRATION_NAMESPACE, contract.TRAINING_NAMESPACE, contract.SERVING_NAMESPACE}
 TRAINING_IMAGE = contract.training_image("registry.example.com", "0.1.0")
 # Labels the official Airflow chart puts on a task pod; `tier: airflow` is on every pod of the release.
 AIRFLOW_POD_LABELS = {"tier": "airflow", "component": "worker", "release": "airflow"}
 METADATA_API = "169.254.169.254/32"
-
-
-@dataclass(frozen=True)
-class InfraTools:
-    python: Path
-    checkov: Path
-
-
-@pytest.fixture(scope="session")
-def infra_tools() -> InfraTools:
-    venv = REPO / os.environ.get("INFRA_VENV", ".venv-infra")
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "infra_tools.sh")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"scripts/infra_tools.sh failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    return InfraTools(python=venv / "bin" / "python", checkov=venv / "bin" / "checkov")
-
-
-@pytest.fixture(scope="session")
-def kubectl() -> str:
-    path = shutil.which("kubectl")
-    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        # A fresh machine may lack it: install Debian's client, as a developer would.
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "kubernetes-client"], capture_output=True, timeout=600
-        )
-        path = shutil.which("kubectl")
-    if path is None:
-        pytest.fail(
-            "kubectl is not on PATH; the overlays are rendered with `kubectl kustomize` "
-            "(Debian: apt-get install kubernetes-client)"
-        )
-    return path
-
-
-@pytest.fixture(scope="session")
-def rendered(kubectl: str) -> dict[str, list[dict[str, Any]]]:
-    """Every overlay rendered to its list of objects."""
-    out = {}
-    for overlay in OVERLAYS:
-        done = subprocess.run(
-            [kubectl, "kustomize", str(OVERLAYS_DIR / overlay)], capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, f"kubectl kustomize {overlay}: {done.stderr}"
-        out[overlay] = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-    return out
-
-
-def schema_errors(tools: InfraTools, objects: list[dict[str, Any]]) -> list[str]:
-    done = subprocess.run(
-        [
-            str(tools.python),
-            str(INFRA / "tools" / "k8s_schema_check.py"),
-            "--kubernetes-version",
-            contract.KUBERNETES_VERSION,
-        ],
-        input=json.dumps(objects),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    verdicts = json.loads(done.stdout)
-    assert len(verdicts) == len(objects)
-    return [f"{v['kind']}/{v['name']}: {v['error']}" for v in verdicts if v["error"]]
-
-
-def find(objects: list[dict[str, Any]], kind: str, name: str | None = None, namespace: str | None = None):
-    return [
-        obj
-        for obj in objects
-        if obj["kind"] == kind
-        and (name is None or obj["metadata"]["name"] == name)
-        and (namespace is None or obj["metadata"].get("namespace") == namespace)
-    ]
-
-
-def one(objects, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
-    (found,) = find(objects, kind, name, namespace)
-    return found
 
 
 def workloads(objects) -> list[tuple[dict[str, Any], Any]]:
@@ -287,25 +205,15 @@ def test_the_training_pod_validates_against_the_schema_and_the_restricted_profil
     assert contract.restricted_profile_violations(manifest["spec"]) == []
 
 
-def _quota_and_limits(objects) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    quota = one(objects, "ResourceQuota", "training-compute", contract.TRAINING_NAMESPACE)["spec"]["hard"]
-    limit_items = [
-        item
-        for limit_range in find(objects, "LimitRange", namespace=contract.TRAINING_NAMESPACE)
-        for item in limit_range["spec"]["limits"]
-    ]
-    return quota, limit_items
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_training_pod_fits_each_overlays_quota_and_limits(rendered, overlay):
-    quota, limit_items = _quota_and_limits(rendered[overlay])
+def test_the_training_pod_fits_each_overlaysquota_and_limits(rendered, overlay):
+    quota, limit_items = quota_and_limits(rendered[overlay])
     assert contract.quota_fit_violations(training_manifest()["spec"], quota, limit_items) == []
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_a_pod_asking_for_more_gpus_than_the_quota_does_not_fit(rendered, overlay):
-    quota, limit_items = _quota_and_limits(rendered[overlay])
+    quota, limit_items = quota_and_limits(rendered[overlay])
     too_many = int(contract.parse_quantity(quota[f"requests.{contract.GPU_RESOURCE}"])) + 1
     spec = contract.training_pod_spec(TRAINING_IMAGE, [], resources=contract.TrainingResources(gpus=too_many))
     violations = contract.quota_fit_violations(spec, quota, limit_items)
@@ -315,7 +223,7 @@ def test_a_pod_asking_for_more_gpus_than_the_quota_does_not_fit(rendered, overla
 
 
 def test_a_pod_with_more_gpus_than_one_container_may_hold_does_not_fit(rendered):
-    quota, limit_items = _quota_and_limits(rendered["prod"])
+    quota, limit_items = quota_and_limits(rendered["prod"])
     container_max = next(item for item in limit_items if item["type"] == "Container")["max"]
     gpus = int(contract.parse_quantity(container_max[contract.GPU_RESOURCE])) + 1
     spec = contract.training_pod_spec(TRAINING_IMAGE, [], resources=contract.TrainingResources(gpus=gpus))
@@ -351,7 +259,7 @@ def test_the_kubernetes_pod_operator_renders_the_contract_pod_unchanged(infra_to
     assert container["resources"]["limits"][contract.GPU_RESOURCE] == "1"
     assert contract.restricted_profile_violations(spec) == []
     for overlay in OVERLAYS:
-        quota, limit_items = _quota_and_limits(rendered[overlay])
+        quota, limit_items = quota_and_limits(rendered[overlay])
         assert contract.quota_fit_violations(spec, quota, limit_items) == [], overlay
 
 

@@ -1,0 +1,383 @@
+"""The retrain DAG's `train` task as the cluster profile builds it, checked without a cluster.
+
+The DAG file is parsed with MLOPS_PROFILE=cluster (it picks the operator at parse time), its `train` task's
+templates are rendered with a stand-in task context, and the pod comes from the operator's own
+`build_pod_request_obj`, so what is checked is what the worker would send to the API server: the Kubernetes
+schema, Pod Security "restricted", each overlay's ResourceQuota and LimitRange, the settings it takes, the
+Secret-only credentials, the checkpoint claim, the command line (parsed by the training CLI itself) and the
+operator's flags. The overlays, kubernetes-validate and the shared checks come from conftest.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlops import k8s_contract as contract
+from mlops.settings import Settings, get_settings
+from mlops.training_task import XCOM_RETURN
+from tests.integration.conftest import OVERLAYS, REPO, find, one, quota_and_limits, schema_errors
+
+DAG_FILE = REPO / "dags" / "retrain_fraud_model.py"
+DAG_ID = "retrain_fraud_model"
+IMAGE = contract.training_image("registry.example.com", "0.1.0")
+TRAINING_SET_REV = "9c4e2f1a"  # what the training_set task returns as `training_set_rev`
+RUN_ID = "scheduled__2026-01-05T04:00:00+00:00"
+SIDECAR = "airflow-xcom-sidecar"  # the provider's XCom sidecar container
+# Names and values that would mean a credential was written into the pod spec instead of read from a Secret.
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|ACCESS_KEY|PRIVATE_KEY|API_KEY", re.I)
+SECRET_VALUE = re.compile(r"://[^/@\s:]+:[^/@\s]+@|-----BEGIN|AKIA[0-9A-Z]{16}")
+
+
+class StandInTaskInstance:
+    """Answers the one XCom the `train` task's templates pull."""
+
+    def xcom_pull(self, task_ids: str) -> dict[str, str]:
+        assert task_ids == "training_set", task_ids
+        return {"training_set_rev": TRAINING_SET_REV}
+
+
+def parse_train_task(monkeypatch: pytest.MonkeyPatch, **env: str):
+    """Parse the DAG file as the DAG processor would under the cluster profile; return its `train` task and
+    the settings it was built from."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_TRAINING__IMAGE", IMAGE)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    bag = DagBag(dag_folder=str(DAG_FILE))
+    assert bag.import_errors == {}
+    assert bag.captured_warnings == {}  # the UI shows these as DAG warnings
+    return bag.dags[DAG_ID].get_task("train"), get_settings()
+
+
+def render_pod(task) -> dict[str, Any]:
+    """The pod the worker would create: templates rendered, then the operator's own pod builder."""
+    from kubernetes.client import ApiClient
+
+    task.render_template_fields({"ti": StandInTaskInstance(), "dag": task.dag, "run_id": RUN_ID})
+    return ApiClient().sanitize_for_serialization(task.build_pod_request_obj(dry_run=True))
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[Any, Settings, dict[str, Any]]:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        task, settings = parse_train_task(monkeypatch)
+        return task, settings, render_pod(task)
+
+
+@pytest.fixture
+def task(built):
+    return built[0]
+
+
+@pytest.fixture
+def settings(built) -> Settings:
+    return built[1]
+
+
+@pytest.fixture
+def pod(built) -> dict[str, Any]:
+    return copy.deepcopy(built[2])
+
+
+def containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {container["name"]: container for container in pod["spec"]["containers"]}
+
+
+def trainer(pod: dict[str, Any]) -> dict[str, Any]:
+    return containers(pod)[contract.TRAINING_CONTAINER]
+
+
+def credentials_in_the_spec(pod: dict[str, Any], secret: str) -> list[str]:
+    """Every way a container gets a credential other than `envFrom` of the named Secret."""
+    found = []
+    for name, container in containers(pod).items():
+        for item in container.get("env") or []:
+            if "valueFrom" in item:
+                found.append(f"{name}: env {item['name']} comes from valueFrom, not envFrom")
+            elif SECRET_NAME.search(item["name"]) or SECRET_VALUE.search(item.get("value") or ""):
+                found.append(f"{name}: env {item['name']} carries a credential in the pod spec")
+        for source in container.get("envFrom") or []:
+            if source != {"secretRef": {"name": secret}}:
+                found.append(f"{name}: envFrom {source}")
+    return found
+
+
+# --- the operator -----------------------------------------------------------------------------------------
+
+
+def test_train_is_a_deferrable_pod_operator_that_reattaches_returns_its_result_and_cleans_up(task, settings):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    assert isinstance(task, KubernetesPodOperator)
+    assert task.do_xcom_push is True
+    assert task.on_finish_action.value == "delete_pod"
+    assert task.durable is True
+    assert task.reattach_on_restart is True
+    assert task.deferrable is True
+    assert task.startup_timeout_seconds == settings.training.startup_timeout_seconds
+    assert task.execution_timeout == timedelta(minutes=settings.training.execution_timeout_minutes)
+    assert task.retries >= 1
+    assert task.upstream_task_ids == {"training_set"}
+
+
+def test_the_pod_stops_by_itself_when_airflow_would_time_the_task_out(task, pod):
+    assert pod["spec"]["activeDeadlineSeconds"] == task.execution_timeout.total_seconds()
+
+
+def test_the_local_profile_runs_train_as_a_python_task_instead(monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.delenv("MLOPS_PROFILE", raising=False)
+    bag = DagBag(dag_folder=str(DAG_FILE))
+    assert bag.import_errors == {}
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    assert not isinstance(bag.dags[DAG_ID].get_task("train"), KubernetesPodOperator)
+
+
+# --- what the API server checks ---------------------------------------------------------------------------
+
+
+def test_the_pod_validates_strictly_against_the_kubernetes_schema(infra_tools, pod):
+    assert schema_errors(infra_tools, [pod]) == []
+
+
+def test_the_pod_passes_the_restricted_profile_with_every_container_hardened(pod):
+    spec = pod["spec"]
+    assert contract.restricted_profile_violations(spec) == []
+    assert set(containers(pod)) == {contract.TRAINING_CONTAINER, SIDECAR}
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    for name, container in containers(pod).items():
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False, name
+        assert security["capabilities"]["drop"] == ["ALL"], name
+        assert security["readOnlyRootFilesystem"] is True, name
+        assert security["runAsNonRoot"] is True, name
+    # The root filesystem is read-only, so the trainer's writable /tmp is an emptyDir.
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    (scratch,) = [mount for mount in trainer(pod)["volumeMounts"] if mount["mountPath"] == "/tmp"]
+    assert "emptyDir" in volumes[scratch["name"]]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_pod_fits_each_overlays_quota_and_limit_range(rendered, overlay, pod):
+    quota, limit_items = quota_and_limits(rendered[overlay])
+    assert contract.quota_fit_violations(pod["spec"], quota, limit_items) == []
+
+
+def test_the_unpatched_provider_sidecar_would_be_refused_by_the_namespace(rendered, pod):
+    """The provider's sidecar as it comes (no security context, 1m CPU, 10Mi): the checks must refuse it."""
+    (sidecar,) = [c for c in pod["spec"]["containers"] if c["name"] == SIDECAR]
+    del sidecar["securityContext"]
+    sidecar["resources"] = {"requests": {"cpu": "1m", "memory": "10Mi"}}
+    assert contract.restricted_profile_violations(pod["spec"]) == [
+        f"containers {SIDECAR}: allowPrivilegeEscalation must be set to false",
+        f"containers {SIDECAR}: capabilities.drop must include ALL",
+    ]
+    quota, limit_items = quota_and_limits(rendered["prod"])
+    assert contract.quota_fit_violations(pod["spec"], quota, limit_items) == [
+        f"container {SIDECAR}: requests.cpu is below LimitRange min 100m",
+        f"container {SIDECAR}: requests.memory is below LimitRange min 128Mi",
+    ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_asking_for_more_gpus_than_the_quota_is_caught(monkeypatch, rendered, overlay):
+    quota, limit_items = quota_and_limits(rendered[overlay])
+    too_many = int(contract.parse_quantity(quota[f"requests.{contract.GPU_RESOURCE}"])) + 1
+    task, _ = parse_train_task(monkeypatch, MLOPS_TRAINING__GPUS=str(too_many))
+    spec = render_pod(task)["spec"]
+    assert contract.restricted_profile_violations(spec) == []
+    violations = contract.quota_fit_violations(spec, quota, limit_items)
+    assert f"ResourceQuota requests.{contract.GPU_RESOURCE}: the pod needs {too_many}" in " | ".join(
+        violations
+    )
+
+
+def test_asking_for_more_gpus_than_one_container_may_hold_is_caught(monkeypatch, rendered):
+    quota, limit_items = quota_and_limits(rendered["prod"])
+    container_max = next(item for item in limit_items if item["type"] == "Container")["max"]
+    gpus = int(contract.parse_quantity(container_max[contract.GPU_RESOURCE])) + 1
+    assert gpus <= int(contract.parse_quantity(quota[f"requests.{contract.GPU_RESOURCE}"]))
+    task, _ = parse_train_task(monkeypatch, MLOPS_TRAINING__GPUS=str(gpus))
+    violations = contract.quota_fit_violations(render_pod(task)["spec"], quota, limit_items)
+    assert violations == [
+        f"container {contract.TRAINING_CONTAINER}: requests.{contract.GPU_RESOURCE}={gpus}"
+        f" exceeds LimitRange max {container_max[contract.GPU_RESOURCE]}",
+        f"container {contract.TRAINING_CONTAINER}: limits.{contract.GPU_RESOURCE}={gpus}"
+        f" exceeds LimitRange max {container_max[contract.GPU_RESOURCE]}",
+    ]
+
+
+# --- what it takes from the settings ----------------------------------------------------------------------
+
+
+def test_the_pod_asks_for_the_settings_gpus_image_namespace_and_nodes(pod, settings):
+    resources = trainer(pod)["resources"]
+    gpus = str(settings.training.gpus)
+    assert resources["requests"][contract.GPU_RESOURCE] == resources["limits"][contract.GPU_RESOURCE] == gpus
+    assert trainer(pod)["image"] == settings.training.image == IMAGE
+    assert (
+        pod["metadata"]["namespace"] == settings.cluster.kubernetes_namespace == contract.TRAINING_NAMESPACE
+    )
+    assert pod["spec"]["nodeSelector"] == settings.training.node_selector
+    assert pod["spec"]["tolerations"] == settings.training.tolerations
+    # The network policy lets the trainer reach MLflow by this label.
+    assert pod["metadata"]["labels"][contract.APP_LABEL] == contract.TRAINING_APP
+    assert pod["spec"]["serviceAccountName"] == contract.TRAINING_SERVICE_ACCOUNT
+
+
+def test_the_pod_follows_the_environment_at_parse_time(monkeypatch):
+    tolerations = [{"key": "gpu-type", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}]
+    task, settings = parse_train_task(
+        monkeypatch,
+        MLOPS_TRAINING__NODE_SELECTOR='{"gpu-type": "h100"}',
+        MLOPS_TRAINING__TOLERATIONS=json.dumps(tolerations),
+        MLOPS_TRAINING__GPUS="2",
+        MLOPS_TRAINING__IMAGE="registry.example.com/mlops-fraud-training:0.2.0",
+        MLOPS_CLUSTER__KUBERNETES_NAMESPACE="mlops-training-canary",
+        MLOPS_TRAINING__CREDENTIALS_SECRET="canary-credentials",
+    )
+    pod = render_pod(task)
+    assert pod["spec"]["nodeSelector"] == {"gpu-type": "h100"}
+    assert pod["spec"]["tolerations"] == tolerations
+    assert trainer(pod)["resources"]["limits"][contract.GPU_RESOURCE] == "2"
+    assert trainer(pod)["image"] == "registry.example.com/mlops-fraud-training:0.2.0"
+    assert pod["metadata"]["namespace"] == "mlops-training-canary"
+    assert trainer(pod)["envFrom"] == [{"secretRef": {"name": "canary-credentials"}}]
+    assert credentials_in_the_spec(pod, settings.training.credentials_secret) == []
+
+
+# --- credentials, checkpoints, command line ---------------------------------------------------------------
+
+
+def test_credentials_come_only_from_the_secret_through_env_from(pod, settings):
+    assert trainer(pod)["envFrom"] == [{"secretRef": {"name": settings.training.credentials_secret}}]
+    assert "envFrom" not in containers(pod)[SIDECAR]
+    assert credentials_in_the_spec(pod, settings.training.credentials_secret) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "env_from", "found"),
+    [
+        ([{"name": "MLFLOW_TRACKING_PASSWORD", "value": "hunter2"}], None, "carries a credential"),
+        ([{"name": "MLFLOW_TRACKING_URI", "value": "https://trainer:s3cr3t@mlflow:5000"}], None, "carries"),
+        (
+            [{"name": "AWS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "k"}}}],
+            None,
+            "comes from valueFrom",
+        ),
+        ([], [{"secretRef": {"name": "someone-elses-secret"}}], "envFrom"),
+        ([], [{"configMapRef": {"name": "mlops-config"}}], "envFrom"),
+    ],
+)
+def test_the_credentials_check_finds_a_credential_put_in_the_spec(pod, settings, env, env_from, found):
+    trainer(pod)["env"] += env
+    trainer(pod)["envFrom"] += env_from or []
+    (problem,) = credentials_in_the_spec(pod, settings.training.credentials_secret)
+    assert found in problem
+
+
+def test_no_list_in_the_pod_holds_a_duplicate_even_when_the_pod_is_built_again(task, pod):
+    from kubernetes.client import ApiClient
+
+    again = ApiClient().sanitize_for_serialization(task.build_pod_request_obj(dry_run=True))
+    for built in (pod, again):
+        volume_names = [volume["name"] for volume in built["spec"]["volumes"]]
+        assert len(volume_names) == len(set(volume_names))
+        for name, container in containers(built).items():
+            for field, key in (("envFrom", None), ("env", "name"), ("volumeMounts", "mountPath")):
+                items = [
+                    json.dumps(i, sort_keys=True) if key is None else i[key] for i in container.get(field, [])
+                ]
+                assert len(items) == len(set(items)), f"{name}.{field}: {items}"
+    assert again["spec"]["containers"] == pod["spec"]["containers"]
+    assert again["spec"]["volumes"] == pod["spec"]["volumes"]
+
+
+def test_the_checkpoint_claim_is_mounted_where_the_arguments_point(pod, settings):
+    volumes = {volume["name"]: volume for volume in pod["spec"]["volumes"]}
+    (mount,) = [m for m in trainer(pod)["volumeMounts"] if m["mountPath"] == "/checkpoints"]
+    assert volumes[mount["name"]] == {
+        "name": mount["name"],
+        "persistentVolumeClaim": {"claimName": settings.training.checkpoint_claim},
+    }
+    assert not mount.get("readOnly")
+    args = trainer(pod)["args"]
+    assert args[args.index("--checkpoint-dir") + 1] == f"/checkpoints/{TRAINING_SET_REV}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_creates_the_claim_the_pod_mounts(rendered, overlay, pod, settings):
+    objects = rendered[overlay]
+    claim = one(
+        objects, "PersistentVolumeClaim", settings.training.checkpoint_claim, contract.TRAINING_NAMESPACE
+    )
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    size = contract.parse_quantity(claim["spec"]["resources"]["requests"]["storage"])
+    assert size >= contract.parse_quantity("10Gi")
+    # If the namespace's quota ever caps claims, this one must still fit.
+    quota, _ = quota_and_limits(objects)
+    claims = find(objects, "PersistentVolumeClaim", namespace=contract.TRAINING_NAMESPACE)
+    if "persistentvolumeclaims" in quota:
+        assert len(claims) <= int(contract.parse_quantity(quota["persistentvolumeclaims"]))
+    if "requests.storage" in quota:
+        total = sum(contract.parse_quantity(c["spec"]["resources"]["requests"]["storage"]) for c in claims)
+        assert total <= contract.parse_quantity(quota["requests.storage"])
+
+
+def test_the_container_runs_the_training_cli_with_rendered_arguments(pod):
+    container = trainer(pod)
+    assert container["command"] == ["python", "-m", "training"]
+    assert container["args"] == [
+        "train",
+        "--training-set-rev",
+        TRAINING_SET_REV,
+        "--dag-id",
+        DAG_ID,
+        "--dag-run-id",
+        RUN_ID,
+        "--checkpoint-dir",
+        f"/checkpoints/{TRAINING_SET_REV}",
+        "--xcom-path",
+        XCOM_RETURN,
+    ]
+    assert XCOM_RETURN == "/airflow/xcom/return.json"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_training_cli_accepts_the_arguments_as_they_are(pod):
+    """Parsed by the CLI's own option definitions (nothing runs), so a renamed option fails here."""
+    import typer
+
+    from training.cli import app
+
+    subcommand, *arguments = trainer(pod)["args"]
+    command = typer.main.get_command(app).commands[subcommand]
+    with command.make_context(subcommand, arguments) as context:
+        params = context.params
+    assert params["training_set_rev"] == TRAINING_SET_REV
+    assert params["dag_id"] == DAG_ID
+    assert params["dag_run_id"] == RUN_ID
+    assert params["checkpoint_dir"] == Path(f"/checkpoints/{TRAINING_SET_REV}")
+    assert params["xcom_path"] == Path(XCOM_RETURN)
+
+
+def test_before_rendering_the_arguments_are_templates_of_the_upstream_xcom(monkeypatch):
+    task, _ = parse_train_task(monkeypatch)
+    assert "arguments" in task.template_fields
+    rev_template = "{{ ti.xcom_pull(task_ids='training_set')['training_set_rev'] }}"
+    assert task.arguments[task.arguments.index("--training-set-rev") + 1] == rev_template
+    assert f"/checkpoints/{rev_template}" in task.arguments
