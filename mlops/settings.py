@@ -63,7 +63,7 @@ class TrainingSettings(BaseModel):
     checkpoint_every: int = Field(default=50, ge=1, description="optimizer steps between checkpoints")
     seed: int = 7
     # The training image the cluster profile runs (the Helm values set MLOPS_TRAINING__IMAGE).
-    image: str = "mlops-fraud-training:latest"
+    image: str = "mlops-fraud-training:0.1.0"  # pinned: a moving tag would train different code
     gpus: int = Field(default=1, ge=1)
     node_selector: dict[str, str] = {"nvidia.com/gpu.present": "true"}
     tolerations: list[dict[str, str]] = [
