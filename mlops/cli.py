@@ -337,7 +337,7 @@ def demo(
     ),
     days: Annotated[
         int, typer.Option(min=2, help="arrival dates; the last one arrives after a model exists")
-    ] = 6,
+    ] = 7,
     rows_per_day: Annotated[int, typer.Option(min=0, help="transactions per day, weekly average")] = 3000,
     seed: Annotated[int, typer.Option(help="random seed of the synthetic feed")] = 7,
     epochs: Annotated[int, typer.Option(min=1, help="training epochs per model")] = 8,
@@ -350,7 +350,16 @@ def demo(
 
     summary = _run_training(
         "demo",
-        lambda: run_demo(get_settings(), _date(start), days, rows_per_day, seed, epochs, err),
+        # wide enough for the summary tables when stderr is not a terminal (rich assumes 80 columns)
+        lambda: run_demo(
+            get_settings(),
+            _date(start),
+            days,
+            rows_per_day,
+            seed,
+            epochs,
+            Console(stderr=True, width=max(err.width, 120)),
+        ),
         as_json,
     )
     _emit(summary, as_json)

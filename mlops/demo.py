@@ -133,15 +133,19 @@ def _print_tables(
         table.add_row(row["date"], *(str(row[k]) for k in columns))
     console.print(table)
     columns = ("as_of", "training_set_rev", "model_version", "auc_pr", "champion_auc_pr", "decision",
-               "champion_version", "reason")  # fmt: skip
+               "champion_version")  # fmt: skip
     table = Table(
-        "as of", "training set", "model", "AUC-PR", "champion AUC-PR", "decision", "champion", "reason",
+        "as of", "training set", "model", "AUC-PR", "champion AUC-PR", "decision", "champion",
         title="models: train -> gate (holdout AUC-PR)",
     )  # fmt: skip
     for record in retrains:
         row = _retrain_row(record)
         table.add_row(*(_fmt(row[k]) for k in columns))
     console.print(table)
+    for record in retrains:
+        console.print(
+            f"gate, model {record.get('model_version')}: {record.get('decision')}: {record.get('reason')}"
+        )
     table = Table("stage", "seconds", title="time per stage")
     for stage, seconds in clock.seconds.items():
         table.add_row(stage, f"{seconds:.1f}")

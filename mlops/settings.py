@@ -55,6 +55,8 @@ class TrainingSettings(BaseModel):
     """Defaults of a retraining run (each can be overridden on the command line)."""
 
     window_days: int = Field(default=30, ge=1, description="transactions that arrived in the last N days")
+    # Chargebacks come a median 2.5 days after the transaction: younger ones are mostly unlabeled fraud.
+    label_maturity_days: int = Field(default=3, ge=0, description="leave out the last N days' transactions")
     epochs: int = Field(default=15, ge=1)
     batch_size: int = Field(default=512, ge=1)
     learning_rate: float = Field(default=2e-3, gt=0)

@@ -2,7 +2,9 @@
 
 Built as of a date D (the end of D is the cutoff): the silver transactions that arrived in the
 `window_days` up to D, each labeled with what was known by the cutoff (a chargeback reported later does
-not exist yet; a transaction without one counts as legitimate, which is how card issuers train), joined
+not exist yet; a transaction without one counts as legitimate, which is how card issuers train; the
+transactions of the last label-maturity days are left out, since most of their chargebacks are still to
+come), joined
 with each entity's feature state just before the transaction (event time - 1 ms, see
 pipelines/features/contract.py), plus the transaction's own columns. Rows are split by event time into
 train, validation and holdout, sorted and written as one Parquet file, so the same inputs always give the
@@ -81,8 +83,12 @@ def _read_partitions(root: Path, first: date, last: date, columns: list[str]) ->
     return table.to_pandas()
 
 
-def labeled_transactions(settings: Settings, day: date, window_days: int) -> pd.DataFrame:
-    """Silver transactions that arrived in (day - window_days, day], labeled as known at the cutoff."""
+def labeled_transactions(
+    settings: Settings, day: date, window_days: int, label_maturity_days: int = 0
+) -> pd.DataFrame:
+    """Silver transactions that arrived in (day - window_days, day], labeled as known at the cutoff, less
+    those made in the last `label_maturity_days` before it: most of their chargebacks have not arrived
+    (the median report delay is days), so they would teach and test the model that fraud is legitimate."""
     import pandas as pd
 
     from pipelines.ingest.io import Tables
@@ -118,7 +124,14 @@ def labeled_transactions(settings: Settings, day: date, window_days: int) -> pd.
     known = labels[labels["label_timestamp"] < cutoff(day)]
     fraud = known.groupby("transaction_id")["is_fraud"].max().astype("int8")
     transactions[LABEL] = transactions["transaction_id"].map(fraud).fillna(0).astype("int8")
-    return transactions
+    mature = transactions["event_timestamp"] < cutoff(day) - timedelta(days=label_maturity_days)
+    if not mature.any():
+        raise TrainingSetError(
+            f"none of the {len(transactions)} transactions that arrived between {first} and {day} is "
+            f"older than the label maturity of {label_maturity_days} days; land and ingest more days or "
+            "lower MLOPS_TRAINING__LABEL_MATURITY_DAYS"
+        )
+    return transactions[mature].reset_index(drop=True)
 
 
 def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
@@ -156,12 +169,16 @@ def time_splits(event_time: pd.Series, fractions: SplitFractions) -> pd.Series:
 
 
 def build_training_frame(
-    settings: Settings, day: date, window_days: int = 30, fractions: SplitFractions = SplitFractions()
+    settings: Settings,
+    day: date,
+    window_days: int = 30,
+    label_maturity_days: int = 0,
+    fractions: SplitFractions = SplitFractions(),
 ) -> pd.DataFrame:
     """The training set as of `day` as a DataFrame (see the module docstring)."""
     from features import store
 
-    transactions = labeled_transactions(settings, day, window_days)
+    transactions = labeled_transactions(settings, day, window_days, label_maturity_days)
     transactions = transactions.sort_values(["event_timestamp", "transaction_id"], kind="stable")
     transactions = transactions.reset_index(drop=True)
     entity_df = transactions[["customer_id", "merchant_id"]].copy()
@@ -184,14 +201,16 @@ def dataset_folder(settings: Settings, day: date) -> Path:
     return settings.home / "training_sets" / f"as_of={day.isoformat()}"
 
 
-def write_training_set(settings: Settings, day: date, window_days: int = 30) -> dict:
+def write_training_set(
+    settings: Settings, day: date, window_days: int = 30, label_maturity_days: int = 0
+) -> dict:
     """Build, write and version the training set as of `day`; returns its DVC revision and counts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipelines.versioning import record_revision, track
 
-    frame = build_training_frame(settings, day, window_days)
+    frame = build_training_frame(settings, day, window_days, label_maturity_days)
     folder = dataset_folder(settings, day)
     folder.mkdir(parents=True, exist_ok=True)
     staging = folder / f".{DATASET_FILE}.tmp"

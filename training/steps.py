@@ -50,7 +50,9 @@ def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
 
 def dataset(settings: Settings, day: date, window_days: int | None = None) -> dict:
     """Build and version the training set as of `day`."""
-    record = write_training_set(settings, day, window_days or settings.training.window_days)
+    record = write_training_set(
+        settings, day, window_days or settings.training.window_days, settings.training.label_maturity_days
+    )
     record["as_of"] = day.isoformat()
     return record
 

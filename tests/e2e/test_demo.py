@@ -17,7 +17,8 @@ def test_the_demo_runs_the_loop_and_reports_one_json_line(tmp_path):
         [mlops, "demo", "--days", "3", "--rows-per-day", "1500", "--epochs", "3", "--json"],
         capture_output=True,
         text=True,
-        env={**os.environ, "MLOPS_HOME": str(home)},
+        # three days of data: keep the transactions of all but the last day
+        env={**os.environ, "MLOPS_HOME": str(home), "MLOPS_TRAINING__LABEL_MATURITY_DAYS": "1"},
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]

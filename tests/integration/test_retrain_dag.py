@@ -54,6 +54,7 @@ def features_home(tmp_path_factory, spark):
 def home(features_home, monkeypatch):
     monkeypatch.setenv("MLOPS_HOME", str(features_home))
     monkeypatch.setenv("MLOPS_TRAINING__EPOCHS", "3")
+    monkeypatch.setenv("MLOPS_TRAINING__LABEL_MATURITY_DAYS", "1")
     get_settings.cache_clear()
     yield features_home
     get_settings.cache_clear()

@@ -1,0 +1,109 @@
+"""The training set's labeling, maturity window, splits and transaction columns, on tiny inline tables."""
+
+from __future__ import annotations
+
+import math
+from datetime import date
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mlops.settings import Settings
+from pipelines.ingest.io import Tables
+from training.dataset import (
+    LABEL,
+    SplitFractions,
+    TrainingSetError,
+    labeled_transactions,
+    time_splits,
+    transaction_columns,
+)
+
+DAY = date(2026, 1, 10)
+
+
+def _write(root, arrival: str, frame: pd.DataFrame) -> None:
+    folder = root / f"arrival_date={arrival}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / "part-0.parquet")
+
+
+def _transaction(tid: str, when: str, **overrides) -> dict:
+    row = {
+        "transaction_id": tid, "customer_id": "c1", "merchant_id": "m1", "amount": 10.0, "currency": "EUR",
+        "country": "DE", "channel": "pos", "merchant_category": "grocery",
+        "event_timestamp": pd.Timestamp(when, tz="UTC"),
+    }  # fmt: skip
+    return {**row, **overrides}
+
+
+@pytest.fixture
+def lake(tmp_path) -> Settings:
+    settings = Settings(home=tmp_path)
+    tables = Tables(settings.lake)
+    _write(tables.silver, "2026-01-05", pd.DataFrame([_transaction("t1", "2026-01-05T10:00"),
+                                                      _transaction("t2", "2026-01-05T11:00")]))  # fmt: skip
+    _write(tables.silver, "2026-01-09", pd.DataFrame([_transaction("t3", "2026-01-09T12:00")]))
+    _write(tables.silver, "2026-01-11", pd.DataFrame([_transaction("t4", "2026-01-11T12:00")]))  # after DAY
+    labels = pd.DataFrame(
+        {
+            "transaction_id": ["t1", "t2", "t3"],
+            "is_fraud": [True, True, True],
+            # t2's chargeback is reported after the cutoff: it does not exist yet as of DAY
+            "label_timestamp": pd.to_datetime(
+                ["2026-01-07T00:00", "2026-01-11T00:00", "2026-01-10T08:00"], utc=True
+            ),
+        }
+    )
+    _write(tables.silver_labels, "2026-01-07", labels.iloc[[0]])
+    _write(tables.silver_labels, "2026-01-11", labels.iloc[[1]])
+    _write(tables.silver_labels, "2026-01-10", labels.iloc[[2]])
+    return settings
+
+
+def test_labels_are_what_was_known_at_the_cutoff(lake):
+    frame = labeled_transactions(lake, DAY, window_days=30).set_index("transaction_id")
+    assert set(frame.index) == {"t1", "t2", "t3"}  # t4 arrived after DAY
+    assert frame[LABEL].to_dict() == {"t1": 1, "t2": 0, "t3": 1}
+
+
+def test_transactions_younger_than_the_label_maturity_are_left_out(lake):
+    frame = labeled_transactions(lake, DAY, window_days=30, label_maturity_days=3)
+    assert list(frame["transaction_id"]) == ["t1", "t2"]  # t3 is 1.5 days old at the cutoff
+    with pytest.raises(TrainingSetError, match="label maturity of 30 days"):
+        labeled_transactions(lake, DAY, window_days=30, label_maturity_days=30)
+
+
+def test_the_window_reads_only_its_arrival_dates(lake):
+    assert list(labeled_transactions(lake, DAY, window_days=2)["transaction_id"]) == ["t3"]
+    with pytest.raises(TrainingSetError, match="no silver transactions arrived"):
+        labeled_transactions(lake, date(2026, 1, 3), window_days=1)
+
+
+def test_splits_follow_event_time_with_the_holdout_last():
+    times = pd.Series(pd.date_range("2026-01-01", periods=20, freq="h", tz="UTC")).sample(
+        frac=1, random_state=3
+    )
+    splits = time_splits(times, SplitFractions(train=0.5, validation=0.25))
+    by_time = splits.loc[times.sort_values().index].tolist()
+    assert by_time == ["train"] * 10 + ["validation"] * 5 + ["holdout"] * 5
+    with pytest.raises(ValueError, match="room for a holdout"):
+        SplitFractions(train=0.8, validation=0.2)
+
+
+def test_transaction_columns_flag_foreign_cards_and_code_unknown_categories_as_zero():
+    frame = pd.DataFrame(
+        [
+            _transaction("a", "2026-01-10T00:00", country="DE", currency="EUR"),  # home
+            _transaction("b", "2026-01-10T06:00", country="BR", currency="EUR"),  # abroad
+            _transaction("c", "2026-01-11T12:00", channel="telepathy"),  # a Sunday; unknown channel
+        ]
+    )
+    columns = transaction_columns(frame)
+    assert columns["is_foreign"].tolist() == [0.0, 1.0, 0.0]
+    assert columns["channel_code"].tolist() == [1.0, 1.0, 0.0]
+    assert columns["is_weekend"].tolist() == [1.0, 1.0, 1.0]  # 2026-01-10 is a Saturday
+    assert columns["hour_cos"].iloc[0] == pytest.approx(1.0)
+    assert columns["log_amount_usd"].iloc[0] == pytest.approx(math.log1p(10 / 0.92))
