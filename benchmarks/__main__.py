@@ -140,7 +140,9 @@ def bench_ingest(sizes: list[int], scratch: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--sizes", default="1000000,10000000", help="rows per day, comma separated")
-    parser.add_argument("--only", choices=["generator", "ingest", "feature_store"], help="run one benchmark")
+    parser.add_argument(
+        "--only", choices=["generator", "ingest", "feature_store", "training"], help="run one benchmark"
+    )
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -158,6 +160,11 @@ def main() -> None:
 
             results["feature_store"] = bench_feature_store(sizes, Path(scratch))
             print_feature_store(console, results["feature_store"])
+        if args.only in (None, "training"):
+            from benchmarks.training import bench_training, print_training
+
+            results["training"] = bench_training(Path(scratch))
+            print_training(console, results["training"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
