@@ -13,6 +13,7 @@ same bytes and the same DVC version.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -31,6 +32,7 @@ LABEL = "label"
 SPLIT = "split"
 SPLITS = ("train", "validation", "holdout")
 DATASET_FILE = "training_set.parquet"
+METADATA_FILE = "training_set.json"  # as-of date and window, versioned with the data
 # State just before the transaction: gold rows include the transaction itself.
 FEATURE_LAG = timedelta(milliseconds=1)
 
@@ -216,6 +218,12 @@ def write_training_set(
     staging = folder / f".{DATASET_FILE}.tmp"
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging, compression="zstd")
     staging.replace(folder / DATASET_FILE)
+    metadata = {
+        "as_of": day.isoformat(),
+        "window_days": window_days,
+        "label_maturity_days": label_maturity_days,
+    }
+    (folder / METADATA_FILE).write_text(json.dumps(metadata, sort_keys=True) + "\n")
     member = track(settings, f"training/as_of={day.isoformat()}", folder)
     rev = record_revision(settings, {"training_set": member})
     counts = frame.groupby(SPLIT)[LABEL].agg(["size", "sum"])
@@ -242,4 +250,5 @@ def read_training_set(settings: Settings, rev: str) -> pd.DataFrame:
         raise TrainingSetError(f"revision {rev!r} is not a training set (members: {sorted(restored)})")
     frame = pd.read_parquet(path / DATASET_FILE)
     frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
+    frame.attrs.update(json.loads((path / METADATA_FILE).read_text()))
     return frame

@@ -26,7 +26,8 @@ INPUT_NAME = "features"
 OUTPUT_NAME = "fraud_probability"
 PARITY_TOLERANCE = 1e-4  # fp32 ONNX against torch eager, max absolute score difference
 INT8_MAX_AUC_PR_DROP = 0.005
-INT8_MIN_SPEEDUP = 1.10  # int8 must be at least this much faster at batch 256 to be worth a second file
+# int8 must be at least this much faster at batch 1 (online scoring) and at batch 256 to be worth a file
+INT8_MIN_SPEEDUP = 1.10
 
 
 class ExportError(RuntimeError):
@@ -35,9 +36,11 @@ class ExportError(RuntimeError):
 
 def to_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path) -> Path:
     """Export with a dynamic batch dimension (TorchScript-based exporter: no extra dependency)."""
+    import copy
+
     import torch
 
-    model = model.to("cpu").eval()
+    model = copy.deepcopy(model).to("cpu").eval()  # the caller's model keeps its device and mode
     torch.onnx.export(
         model,
         (example[:2].cpu(),),
@@ -119,14 +122,18 @@ def export_model(model: torch.nn.Module, x: np.ndarray, labels: np.ndarray, fold
         int8_p50_us_batch1=latency_us(lambda b: int8.run(None, {INPUT_NAME: b}), x[:1], 300),
         int8_p50_us_batch256=latency_us(lambda b: int8.run(None, {INPUT_NAME: b}), batch256, 100),
     )
-    speedup = report["fp32_p50_us_batch256"] / report["int8_p50_us_batch256"]
-    report["int8_speedup_batch256"] = speedup
+    report["int8_speedup_batch1"] = report["fp32_p50_us_batch1"] / report["int8_p50_us_batch1"]
+    report["int8_speedup_batch256"] = report["fp32_p50_us_batch256"] / report["int8_p50_us_batch256"]
+    speedup = min(report["int8_speedup_batch1"], report["int8_speedup_batch256"])
     if auc_drop > INT8_MAX_AUC_PR_DROP:
         report["int8"] = f"dropped: AUC-PR falls by {auc_drop:.4f} (> {INT8_MAX_AUC_PR_DROP})"
     elif speedup < INT8_MIN_SPEEDUP:
-        report["int8"] = f"dropped: only {speedup:.2f}x the fp32 speed at batch 256 (< {INT8_MIN_SPEEDUP}x)"
+        report["int8"] = (
+            f"dropped: {report['int8_speedup_batch1']:.2f}x / {report['int8_speedup_batch256']:.2f}x "
+            f"the fp32 speed at batch 1 / 256 (needs >= {INT8_MIN_SPEEDUP}x at both)"
+        )
     else:
-        report["int8"] = f"kept: {speedup:.2f}x faster at batch 256, AUC-PR drop {auc_drop:.4f}"
+        report["int8"] = f"kept: >= {speedup:.2f}x faster at batch 1 and 256, AUC-PR drop {auc_drop:.4f}"
     if not report["int8"].startswith("kept"):
         int8_path.unlink()
     return report

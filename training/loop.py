@@ -155,6 +155,11 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     with open(temporary, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+    folder = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def load_checkpoint(path: Path) -> dict | None:
@@ -280,7 +285,8 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
             len(train_data), generator=torch.Generator().manual_seed(config.seed * 10_007 + epoch)
         )
         mine = order[group.rank * per_rank : (group.rank + 1) * per_rank].to(device)
-        epoch_loss = torch.zeros((), device=device)
+        # carried in the checkpoint, so a resumed epoch reports the loss of all its batches
+        epoch_loss = torch.tensor(state.get("epoch_loss", 0.0), device=device)
         while state["position"] < micro_batches:
             position = state["position"]
             index = mine[position * config.batch_size : (position + 1) * config.batch_size]
@@ -300,10 +306,12 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
                 optimizer.zero_grad(set_to_none=True)
                 state["step"] += 1
                 if config.stop_after_steps is not None and state["step"] >= config.stop_after_steps:
+                    state["epoch_loss"] = float(epoch_loss)
                     checkpoint_now()
                     interrupted = True
                     break
                 if state["step"] % config.checkpoint_every == 0:
+                    state["epoch_loss"] = float(epoch_loss)
                     checkpoint_now()
         if interrupted:
             break
@@ -321,7 +329,7 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
         else:
             state["bad_epochs"] += 1
         stopped_early = state["bad_epochs"] >= config.patience
-        state.update(epoch=epoch + 1, position=0)
+        state.update(epoch=epoch + 1, position=0, epoch_loss=0.0)
         if on_epoch_end is not None and group.is_main:
             on_epoch_end(epoch, record)
         checkpoint_now()
