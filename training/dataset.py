@@ -250,5 +250,6 @@ def read_training_set(settings: Settings, rev: str) -> pd.DataFrame:
         raise TrainingSetError(f"revision {rev!r} is not a training set (members: {sorted(restored)})")
     frame = pd.read_parquet(path / DATASET_FILE)
     frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
-    frame.attrs.update(json.loads((path / METADATA_FILE).read_text()))
+    if (path / METADATA_FILE).is_file():  # sets versioned before the metadata file existed lack it
+        frame.attrs.update(json.loads((path / METADATA_FILE).read_text()))
     return frame

@@ -89,7 +89,7 @@ def train(
 
     frame = read_training_set(settings, training_set_rev)
     train_data, validation = split_tensors(frame, "train"), split_tensors(frame, "validation")
-    as_of = frame.attrs["as_of"]
+    as_of = frame.attrs.get("as_of") or frame["event_timestamp"].max().date().isoformat()
     suites, gx_success = _gold_validation(settings, as_of)
     lineage = Lineage(
         training_set_rev=training_set_rev,
