@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-fast lint format bench lock doctor clean
+.PHONY: help install demo up down test test-fast lint format bench lock doctor clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -23,6 +23,12 @@ install: $(STAMP) ## create or refresh .venv from requirements.lock
 
 demo: $(STAMP) ## run the main job: the whole loop on the embedded stack
 	$(BIN)/mlops demo
+
+up: $(STAMP) ## start Airflow and the MLflow UI in the background; prints URLs and login
+	@bash scripts/up.sh
+
+down: $(STAMP) ## stop what `make up` started
+	@bash scripts/down.sh
 
 test: $(STAMP) ## run every test tier
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
