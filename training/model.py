@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from training.dataset import CATEGORICAL_VOCAB, NUMERIC_FEATURES
+from training.dataset import CATEGORICAL_VOCAB, MODEL_INPUTS, NUMERIC_FEATURES
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class ModelConfig:
     hidden: tuple[int, ...] = (128, 64)
     dropout: float = 0.1
     embedding_dims: tuple[int, ...] = field(default=())
+    # The input columns by name, in order: the gate refuses to score a champion on other columns.
+    inputs: tuple[str, ...] = MODEL_INPUTS
 
     def embedding_sizes(self) -> tuple[int, ...]:
         # a common rule of thumb: about the fourth root of the cardinality, times 2, at most 16

@@ -185,13 +185,14 @@ def promote_with_gate(
             champion_metrics = candidate_metrics
         elif champion is not None:
             champion_model = registry.load(champion)
-            width = champion_model.config.numeric + len(champion_model.config.cardinalities)
-            if width != holdout_x.shape[1]:
+            champion_inputs = tuple(getattr(champion_model.config, "inputs", ()))
+            if champion_inputs != tuple(candidate_model.config.inputs):
+                changed = sorted(set(champion_inputs) ^ set(candidate_model.config.inputs)) or ["(order)"]
                 promoted, reason = (
                     False,
                     (
-                        f"champion v{champion} takes {width} inputs, this holdout has "
-                        f"{holdout_x.shape[1]}: the gate cannot compare them; promote by hand with "
+                        f"champion v{champion} takes other input columns than the candidate (differing: "
+                        f"{', '.join(changed[:8])}): the gate cannot compare them; promote by hand with "
                         f"`mlops promote --version {candidate_version} --reason ...`"
                     ),
                 )

@@ -206,3 +206,21 @@ def test_parallel_candidates_leave_alias_and_history_consistent(postgres_databas
     with pytest.raises(sa.exc.DatabaseError, match="append-only"), ledger.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM promotion_history")
     ledger.dispose()
+
+
+def test_gate_refuses_to_compare_with_a_champion_on_other_input_columns(local_registry, models, holdout):
+    import copy
+    import dataclasses
+
+    registry, ledger, artifacts = local_registry
+    renamed = copy.deepcopy(models["good"])
+    inputs = list(renamed.config.inputs)
+    inputs[0] = "a_feature_that_was_replaced"
+    renamed.config = dataclasses.replace(renamed.config, inputs=tuple(inputs))
+    old = _log_and_register(registry.tracking_uri, artifacts, renamed)
+    promote_manually(registry, ledger, old, "before the feature change")
+    new = _log_and_register(registry.tracking_uri, artifacts, models["good"])
+    decision = _gate(registry, ledger, new, holdout)
+    assert not decision.promoted
+    assert "other input columns" in decision.reason and "a_feature_that_was_replaced" in decision.reason
+    assert registry.champion() == old
