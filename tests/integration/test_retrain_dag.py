@@ -111,7 +111,7 @@ def test_retrain_dag_trains_registers_gates_and_exports(airflow_db, home):
     code, recorded = _mlops("history")
     assert code == 0
     (decision,) = recorded["history"]
-    assert decision["candidate_version"] == version.version
+    assert decision["candidate_version"] == str(version.version)
     assert decision["dag_id"] == "retrain_fraud_model" and decision["run_id"] == run.run_id
     assert decision["decision"] in {"promoted", "rejected"}, decision
 
