@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_SIZES = [1_000_000, 10_000_000]  # rows per day of the generator, ingest and feature-store benchmarks
 
 
 def measure(command: list[str]) -> dict:
@@ -139,13 +140,26 @@ def bench_ingest(sizes: list[int], scratch: Path) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--sizes", default="1000000,10000000", help="rows per day, comma separated")
     parser.add_argument(
-        "--only", choices=["generator", "ingest", "feature_store", "training"], help="run one benchmark"
+        "--sizes", help="sizes, comma separated (default: each benchmark's own; see its module docstring)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=[
+            "generator",
+            "ingest",
+            "feature_store",
+            "training",
+            "dvc_versioning",
+            "gold_lookback",
+            "gold_memory",
+        ],
+        help="run one benchmark",
     )
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    chosen = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+    sizes = chosen or DEFAULT_SIZES
     console = Console(width=150)
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="mlops-bench-") as scratch:
@@ -165,6 +179,24 @@ def main() -> None:
 
             results["training"] = bench_training(Path(scratch))
             print_training(console, results["training"])
+        if args.only in (None, "dvc_versioning"):
+            from benchmarks.dvc_versioning import DEFAULT_SIZES as GOLD_ROWS
+            from benchmarks.dvc_versioning import bench_dvc_versioning, print_dvc_versioning
+
+            results["dvc_versioning"] = bench_dvc_versioning(chosen or GOLD_ROWS, Path(scratch))
+            print_dvc_versioning(console, results["dvc_versioning"])
+        if args.only in (None, "gold_lookback"):
+            from benchmarks.gold import DEFAULT_SIZES as ROWS_PER_DAY
+            from benchmarks.gold import bench_gold_lookback, print_gold_lookback
+
+            results["gold_lookback"] = bench_gold_lookback(chosen or ROWS_PER_DAY, Path(scratch))
+            print_gold_lookback(console, results["gold_lookback"])
+        if args.only in (None, "gold_memory"):
+            from benchmarks.gold import DEFAULT_SIZES as ROWS_PER_DAY
+            from benchmarks.gold import bench_gold_memory, print_gold_memory
+
+            results["gold_memory"] = bench_gold_memory(chosen or ROWS_PER_DAY, Path(scratch))
+            print_gold_memory(console, results["gold_memory"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
