@@ -19,7 +19,14 @@ from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.contracts import CHANNELS, COUNTRIES, CURRENCY_PER_USD, HOME_COUNTRIES, MERCHANT_CATEGORIES
+from pipelines.contracts import (
+    CHANNELS,
+    COUNTRIES,
+    CURRENCY_PER_USD,
+    HOME_COUNTRIES,
+    MERCHANT_CATEGORIES,
+    TRANSACTION_COLUMNS,
+)
 from pipelines.errors import PipelineError
 from pipelines.features.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
 
@@ -97,18 +104,7 @@ def labeled_transactions(
 
     tables = Tables(settings.lake)
     first = day - timedelta(days=window_days - 1)
-    columns = [
-        "transaction_id",
-        "customer_id",
-        "merchant_id",
-        "amount",
-        "currency",
-        "country",
-        "channel",
-        "merchant_category",
-        "event_timestamp",
-    ]
-    transactions = _read_partitions(tables.silver, first, day, columns)
+    transactions = _read_partitions(tables.silver, first, day, list(TRANSACTION_COLUMNS))
     if transactions.empty:
         raise TrainingSetError(
             f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
