@@ -18,7 +18,7 @@ from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 
 FIRST = date(2026, 1, 1)
-DAYS = 4
+DAYS = 3
 LAST = FIRST + timedelta(days=DAYS - 1)
 
 
