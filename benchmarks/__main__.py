@@ -17,17 +17,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks._process import measure
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_SIZES = [1_000_000, 10_000_000]  # rows per day of the generator, ingest and feature-store benchmarks
-
-
-def measure(command: list[str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, str(HERE / "_measure.py"), *command], capture_output=True, text=True
-    )
-    if out.returncode:
-        raise SystemExit(out.stderr)
-    return json.loads(out.stdout)
 
 
 def bench_generator(sizes: list[int], scratch: Path) -> list[dict]:

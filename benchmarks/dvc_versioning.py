@@ -18,28 +18,16 @@ Run: `python -m benchmarks --only dvc_versioning [--sizes 1000000,4000000]`.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks._process import measure
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_SIZES = [1_000_000]  # gold rows of one date; ~0.3 GB of Parquet
-
-
-def _measure(command: list[str], env: dict[str, str] | None = None) -> dict:
-    out = subprocess.run(
-        [sys.executable, str(HERE / "_measure.py"), *command],
-        capture_output=True,
-        text=True,
-        cwd=HERE.parent,
-        env=env,
-    )
-    if out.returncode:
-        raise SystemExit(out.stderr[-3000:] or out.stdout[-3000:])
-    return json.loads(out.stdout)
 
 
 def bench_dvc_versioning(sizes: list[int], scratch: Path) -> list[dict]:
@@ -57,11 +45,11 @@ def bench_dvc_versioning(sizes: list[int], scratch: Path) -> list[dict]:
         files = sorted(str(p) for p in (home / "lake" / "gold").rglob("*.parquet"))
         size = sum(Path(f).stat().st_size for f in files)
         md5sum = ["sh", "-c", 'md5sum "$@" > /dev/null && echo "{}"', "md5sum", *files]
-        _measure(md5sum)  # page cache
-        base = _measure(md5sum)
+        measure(md5sum)  # page cache
+        base = measure(md5sum)
         version = [mlops, "features", "--date", DAY.date().isoformat(), "--step", "version_gold", "--json"]
-        ours = _measure(version, env)
-        again = _measure(version, env)
+        ours = measure(version, env)
+        again = measure(version, env)
         raw = scratch / f"dvc-raw-{rows}"
         raw.mkdir()
         subprocess.run(["cp", "-al", str(home / "lake" / "gold"), str(raw / "gold")], check=True)
@@ -69,7 +57,7 @@ def bench_dvc_versioning(sizes: list[int], scratch: Path) -> list[dict]:
         subprocess.run([dvc, "config", "core.analytics", "false"], cwd=raw, check=True)
         subprocess.run([dvc, "remote", "add", "-d", "storage", str(raw / "remote")], cwd=raw, check=True)
         add_push = f'cd "{raw}" && "{dvc}" add -q gold && "{dvc}" push -q && echo "{{}}"'
-        alone = _measure(["sh", "-c", add_push])
+        alone = measure(["sh", "-c", add_push])
         cache = home / ".dvc" / "cache"
         results.append(
             {

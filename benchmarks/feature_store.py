@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from benchmarks._process import measure
 
 HERE = Path(__file__).resolve().parent
 DAY = datetime(2026, 1, 7, tzinfo=UTC)
@@ -183,15 +184,6 @@ def run_baseline(home: Path, target: str, redis_url: str, project: str) -> dict:
     return {"seconds": time.perf_counter() - started, "rows_written": written}
 
 
-def _measure(command: list[str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, str(HERE / "_measure.py"), *command], capture_output=True, text=True, cwd=HERE.parent
-    )
-    if out.returncode:
-        raise SystemExit(out.stderr[-3000:] or out.stdout[-3000:])
-    return json.loads(out.stdout)
-
-
 def bench_feature_store(sizes: list[int], scratch: Path) -> list[dict]:
     import shutil
 
@@ -205,8 +197,8 @@ def bench_feature_store(sizes: list[int], scratch: Path) -> list[dict]:
         for profile, target in (("local", "sqlite"), ("cluster", "redis")):
             project = f"bench_{uuid.uuid4().hex[:8]}"
             script = [sys.executable, "-m", "benchmarks.feature_store"]
-            ours = _measure([*script, "ours", str(home), profile, project])
-            base = _measure([*script, "baseline", str(home), target, redis_url, project])
+            ours = measure([*script, "ours", str(home), profile, project])
+            base = measure([*script, "baseline", str(home), target, redis_url, project])
             run, floor = ours["output"], base["output"]
             results.append(
                 {

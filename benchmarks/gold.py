@@ -17,12 +17,13 @@ Run: `python -m benchmarks --only gold_lookback [--sizes 20000,100000]` (or gold
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from datetime import date, timedelta
 from pathlib import Path
+
+from benchmarks._process import measure
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SIZES = [20_000]  # transactions per day; 31 days of them
@@ -30,19 +31,6 @@ FIRST = date(2026, 1, 1)
 DAYS = 31  # the last date's lookback (D-30 .. D) covers every date
 LAST = FIRST + timedelta(days=DAYS - 1)
 REPEATS = 3
-
-
-def _measure(command: list[str], env: dict[str, str] | None = None) -> dict:
-    out = subprocess.run(
-        [sys.executable, str(HERE / "_measure.py"), *command],
-        capture_output=True,
-        text=True,
-        cwd=HERE.parent,
-        env=env,
-    )
-    if out.returncode:
-        raise SystemExit(out.stderr[-3000:] or out.stdout[-3000:])
-    return json.loads(out.stdout)
 
 
 def silver_history(scratch: Path, rows: int) -> Path:
@@ -106,7 +94,7 @@ def bench_gold_lookback(sizes: list[int], scratch: Path) -> list[dict]:
     for rows in sizes:
         home = silver_history(scratch, rows)
         run = [sys.executable, "-m", "benchmarks._gold_run", "lookback", str(home), FIRST.isoformat()]
-        timings = _measure([*run, LAST.isoformat(), str(REPEATS)], _env(home))["output"]
+        timings = measure([*run, LAST.isoformat(), str(REPEATS)], _env(home))["output"]
         first, last = timings[FIRST.isoformat()], timings[LAST.isoformat()]
         results.append(
             {
@@ -131,11 +119,11 @@ def bench_gold_memory(sizes: list[int], scratch: Path) -> list[dict]:
     results = []
     for rows in sizes:
         home = silver_history(scratch, rows)
-        floor = _measure([sys.executable, "-m", "benchmarks._gold_run", "floor", str(home)], _env(home))
+        floor = measure([sys.executable, "-m", "benchmarks._gold_run", "floor", str(home)], _env(home))
         peaks = {}
         for day in (FIRST, LAST):
             build = [mlops, "features", "--date", day.isoformat(), "--step", "build_gold", "--json"]
-            peaks[day] = _measure(build, _env(home))
+            peaks[day] = measure(build, _env(home))
         silver = home / "lake" / "silver" / "transactions"
         results.append(
             {

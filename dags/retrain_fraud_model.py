@@ -88,10 +88,9 @@ with DAG(
         )
         def train_locally(ti=None, dag_run=None) -> dict:
             rev = ti.xcom_pull(task_ids="training_set")["training_set_rev"]
-            arguments = train_arguments(rev)
-            arguments[arguments.index("{{ dag.dag_id }}")] = dag_run.dag_id
-            arguments[arguments.index("{{ run_id }}")] = dag_run.run_id
-            return run_training_process(arguments)
+            return run_training_process(
+                train_arguments(rev, dag_id=dag_run.dag_id, dag_run_id=dag_run.run_id)
+            )
 
         trained = train_locally()
 

@@ -27,16 +27,22 @@ XCOM_RETURN = "/airflow/xcom/return.json"  # where the provider's sidecar collec
 XCOM_SIDECAR_RESOURCES = {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "64Mi"}
 
 
-def train_arguments(training_set_rev: str, checkpoint_dir: str | None = None) -> list[str]:
-    """The training CLI's arguments (templated: Airflow renders the Jinja before the command runs)."""
+def train_arguments(
+    training_set_rev: str,
+    checkpoint_dir: str | None = None,
+    dag_id: str = "{{ dag.dag_id }}",
+    dag_run_id: str = "{{ run_id }}",
+) -> list[str]:
+    """The training CLI's arguments. The defaults are Jinja that Airflow renders in the pod's arguments;
+    the local task passes its values directly."""
     arguments = [
         "train",
         "--training-set-rev",
         training_set_rev,
         "--dag-id",
-        "{{ dag.dag_id }}",
+        dag_id,
         "--dag-run-id",
-        "{{ run_id }}",
+        dag_run_id,
     ]
     if checkpoint_dir:
         arguments += ["--checkpoint-dir", checkpoint_dir]

@@ -119,9 +119,6 @@ class ModelRegistry:
     def set_champion(self, version: str) -> None:
         self.client.set_registered_model_alias(self.name, CHAMPION_ALIAS, version)
 
-    def version_tags(self, version: str) -> dict[str, str]:
-        return dict(self.client.get_model_version(self.name, version).tags)
-
     def load(self, version: str) -> torch.nn.Module:
         import mlflow.pytorch
 

@@ -11,7 +11,6 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlops.settings import REPO_ROOT, Profile, Settings
@@ -102,11 +101,3 @@ class MetricBuffer:
             self.client.log_batch(self.run_id, metrics=self.pending[offset : offset + 1000])
         self.pending = []
         self.seconds_logging += time.perf_counter() - started
-
-
-def log_artifacts(run_id: str, paths: list[Path], artifact_path: str) -> None:
-    import mlflow
-
-    client = mlflow.MlflowClient()
-    for path in paths:
-        client.log_artifact(run_id, str(path), artifact_path)
