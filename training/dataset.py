@@ -211,6 +211,7 @@ def write_training_set(
     frame = build_training_frame(settings, day, window_days, label_maturity_days)
     folder = dataset_folder(settings, day)
     folder.mkdir(parents=True, exist_ok=True)
+    # Files are replaced, never rewritten in place: a versioned file is a hard link to its DVC cache object.
     staging = folder / f".{DATASET_FILE}.tmp"
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging, compression="zstd")
     staging.replace(folder / DATASET_FILE)
@@ -219,7 +220,9 @@ def write_training_set(
         "window_days": window_days,
         "label_maturity_days": label_maturity_days,
     }
-    (folder / METADATA_FILE).write_text(json.dumps(metadata, sort_keys=True) + "\n")
+    staging = folder / f".{METADATA_FILE}.tmp"
+    staging.write_text(json.dumps(metadata, sort_keys=True) + "\n")
+    staging.replace(folder / METADATA_FILE)
     member = track(settings, f"training/as_of={day.isoformat()}", folder)
     rev = record_revision(settings, {"training_set": member})
     counts = frame.groupby(SPLIT)[LABEL].agg(["size", "sum"])
