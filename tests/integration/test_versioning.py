@@ -1,0 +1,209 @@
+"""Dataset versioning on the real DVC: the cache and the local remote link files instead of copying them,
+a rerun of a date replaces its files without touching older versions, any revision comes back by hash, and
+the stock `dvc` command reads what the pipeline wrote."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from mlops.settings import Settings
+from pipelines.errors import PipelineError
+from pipelines.versioning import CACHE_TYPES, TrackedFolder, fetch, record_revision, track, track_many
+
+DAY = "2026-01-07"
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    return Settings(home=tmp_path / "home")
+
+
+def _partition(settings: Settings, table: str) -> Path:
+    return settings.lake / "gold" / table / f"event_date={DAY}"
+
+
+def _write(folder: Path, seed: int) -> dict[str, bytes]:
+    """A partition of two files, written as Spark does on a rerun: the old folder goes, new files come."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    contents = {f"part-{i:05d}.parquet": f"seed {seed} file {i} ".encode() * (1000 + i) for i in range(2)}
+    for name, data in contents.items():
+        (folder / name).write_bytes(data)
+    return contents
+
+
+def _object(root: Path, data: bytes) -> Path:
+    md5 = hashlib.md5(data).hexdigest()
+    return root / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def _dvc(settings: Settings, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=settings.home, capture_output=True, text=True, check=True
+    )
+
+
+def _assert_cache_intact(settings: Settings) -> None:
+    """Every cache object still hashes to its name (a write through a hard link would break this)."""
+    objects = [p for p in (settings.home / ".dvc" / "cache" / "files" / "md5").rglob("*") if p.is_file()]
+    assert objects
+    for path in objects:
+        assert hashlib.md5(path.read_bytes()).hexdigest() == path.parent.name + path.name.removesuffix(".dir")
+
+
+def test_files_are_linked_into_the_cache_and_the_remote_not_copied(settings):
+    folders = {table: _partition(settings, table) for table in ("customer_features", "merchant_features")}
+    contents = {table: _write(folder, seed=i) for i, (table, folder) in enumerate(folders.items())}
+    members = track_many(settings, [(f"gold/{table}/event_date={DAY}", f) for table, f in folders.items()])
+
+    cache, remote = settings.home / ".dvc" / "cache", settings.dvc_remote
+    for member, (table, folder) in zip(members, folders.items(), strict=True):
+        stage = yaml.safe_load(
+            (settings.home / "datasets" / "gold" / table / f"event_date={DAY}.dvc").read_text()
+        )
+        assert stage["outs"][0]["md5"] == member.md5 and stage["outs"][0]["hash"] == "md5"
+        assert (member.nfiles, member.size) == (2, sum(len(d) for d in contents[table].values()))
+        assert (cache / "files" / "md5" / member.md5[:2] / member.md5[2:]).is_file()
+        assert (remote / "files" / "md5" / member.md5[:2] / member.md5[2:]).is_file()
+        for name, data in contents[table].items():
+            workspace = folder / name
+            assert workspace.read_bytes() == data
+            assert workspace.samefile(_object(cache, data)) and workspace.samefile(_object(remote, data))
+            assert stat.S_IMODE(workspace.stat().st_mode) & 0o222 == 0, "DVC leaves linked files read-only"
+    assert _dvc(settings, "config", "cache.type").stdout.strip() == CACHE_TYPES
+
+
+def test_the_same_content_gives_the_same_version_without_rewriting_the_configuration(settings):
+    folder = _partition(settings, "customer_features")
+    _write(folder, seed=1)
+    first = track(settings, "gold/customer_features", folder)
+    config = settings.home / ".dvc" / "config"
+    written = config.stat().st_mtime_ns
+    assert track(settings, "gold/customer_features", folder) == first
+    assert config.stat().st_mtime_ns == written
+
+
+def test_a_rerun_of_a_date_replaces_its_files_and_every_revision_comes_back(settings):
+    folder = _partition(settings, "customer_features")
+    old = _write(folder, seed=1)
+    first = record_revision(
+        settings, {"customer_features": track(settings, "gold/customer_features", folder)}
+    )
+    new = _write(folder, seed=2)  # the linked, read-only files are deleted and written anew
+    second = record_revision(
+        settings, {"customer_features": track(settings, "gold/customer_features", folder)}
+    )
+    assert first != second
+
+    for rev, contents in ((first, old), (second, new)):
+        restored = fetch(settings, rev, settings.home / "restore" / rev)["customer_features"]
+        assert {p.name: p.read_bytes() for p in restored.iterdir()} == contents
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == new
+    _assert_cache_intact(settings)
+
+
+def test_the_dvc_command_restores_a_version_from_the_remote_alone(settings):
+    folder = _partition(settings, "merchant_features")
+    contents = _write(folder, seed=3)
+    member = track(settings, "gold/merchant_features", folder)
+    shutil.rmtree(folder)
+    shutil.rmtree(settings.home / ".dvc" / "cache")
+
+    _dvc(settings, "pull", "datasets/gold/merchant_features.dvc")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == contents
+    assert "up to date" in _dvc(settings, "status", "datasets/gold/merchant_features.dvc").stdout
+    rev = record_revision(settings, {"merchant_features": member})
+    shutil.rmtree(settings.home / ".dvc" / "cache")
+    restored = fetch(settings, rev, settings.home / "restore")["merchant_features"]
+    assert {p.name: p.read_bytes() for p in restored.iterdir()} == contents
+
+
+def test_versions_made_with_the_dvc_commands_before_stay_fetchable(settings):
+    """An installation versioned by the earlier `dvc` commands (copying cache, no `hash` field) upgrades."""
+    settings.home.mkdir(parents=True)
+    _dvc(settings, "init", "--no-scm", "-q")
+    _dvc(settings, "remote", "add", "--default", "--force", "storage", str(settings.dvc_remote))
+    folder = _partition(settings, "customer_features")
+    old = _write(folder, seed=4)
+    stage = settings.home / "datasets" / "old.dvc"
+    stage.parent.mkdir(parents=True)
+    stage.write_text(yaml.safe_dump({"outs": [{"path": os.path.relpath(folder, stage.parent)}]}))
+    _dvc(settings, "commit", "--force", "-q", "datasets/old.dvc")
+    _dvc(settings, "push", "-q", "datasets/old.dvc")
+    out = yaml.safe_load(stage.read_text())["outs"][0]
+    before = record_revision(
+        settings,
+        {"t": TrackedFolder(str(folder.relative_to(settings.home)), out["md5"], out["size"], out["nfiles"])},
+    )
+
+    new = _write(folder, seed=5)
+    after = record_revision(settings, {"t": track(settings, "gold/customer_features", folder)})
+    shutil.rmtree(settings.home / ".dvc" / "cache")
+    for rev, contents in ((before, old), (after, new)):
+        restored = fetch(settings, rev, settings.home / "restore" / rev)["t"]
+        assert {p.name: p.read_bytes() for p in restored.iterdir()} == contents
+
+
+def test_a_remote_on_another_filesystem_gets_copies(settings, tmp_path):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on a filesystem other than the test's")
+    elsewhere = Path(tempfile.mkdtemp(dir=shm, prefix="mlops-remote-"))
+    try:
+        settings.home.mkdir(parents=True)
+        settings.dvc_remote.symlink_to(elsewhere, target_is_directory=True)
+        folder = _partition(settings, "customer_features")
+        contents = _write(folder, seed=6)
+        track(settings, "gold/customer_features", folder)
+        for name, data in contents.items():
+            copy = _object(elsewhere, data)
+            assert copy.read_bytes() == data and not copy.samefile(folder / name)
+    finally:
+        shutil.rmtree(elsewhere)
+
+
+def test_a_missing_folder_is_refused_by_name(settings):
+    missing = _partition(settings, "customer_features")
+    with pytest.raises(PipelineError, match=f"cannot version {missing}"):
+        track(settings, "gold/customer_features", missing)
+
+
+def test_rewriting_a_training_set_keeps_the_earlier_revision(settings, monkeypatch):
+    """The training set's files are hard links to cache objects once versioned: a rebuild of the same
+    as-of date must replace them, not write through them into the earlier revision."""
+    from training import dataset
+
+    def frame(rows: int) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "transaction_id": [f"t{i}" for i in range(rows)],
+                "event_timestamp": pd.date_range("2026-01-01", periods=rows, freq="h", tz="UTC"),
+                dataset.LABEL: [i % 2 for i in range(rows)],
+                dataset.SPLIT: [dataset.SPLITS[i % 3] for i in range(rows)],
+            }
+        )
+
+    revs = {}
+    for rows, window in ((6, 30), (9, 7)):
+        monkeypatch.setattr(dataset, "build_training_frame", lambda *_a, rows=rows, **_k: frame(rows))
+        record = dataset.write_training_set(settings, date(2026, 1, 10), window_days=window)
+        revs[rows] = (record["training_set_rev"], window)
+    assert len({rev for rev, _ in revs.values()}) == 2
+    for rows, (rev, window) in revs.items():
+        restored = dataset.read_training_set(settings, rev)
+        assert restored["transaction_id"].tolist() == frame(rows)["transaction_id"].tolist()
+        assert restored.attrs["window_days"] == window
+    _assert_cache_intact(settings)
