@@ -95,17 +95,16 @@ def _stable_file_names(partition: Path) -> None:
 
 
 def version_gold(settings: Settings, day: date) -> dict:
-    """Version the date's gold partitions with DVC; returns the dataset revision and its members."""
-    from pipelines.versioning import record_revision, track
+    """Version the date's gold partitions with DVC (both tables in one commit and one push); returns the
+    dataset revision and its members."""
+    from pipelines.versioning import record_revision, track_many
 
-    members = {
-        table: track(
-            settings,
-            f"gold/{table}/{PARTITION_COLUMN}={day}",
-            _gold_partition(table_path(settings.lake, table), day),
-        )
-        for table in (CUSTOMER_TABLE, MERCHANT_TABLE)
-    }
+    tables = (CUSTOMER_TABLE, MERCHANT_TABLE)
+    partitions = [
+        (f"gold/{table}/{PARTITION_COLUMN}={day}", _gold_partition(table_path(settings.lake, table), day))
+        for table in tables
+    ]
+    members = dict(zip(tables, track_many(settings, partitions), strict=True))
     rev = record_revision(settings, members)
     return {"dataset_rev": rev, "members": {k: v.md5 for k, v in members.items()}}
 
