@@ -35,11 +35,6 @@ REPEATS = 3
 
 def silver_history(scratch: Path, rows: int) -> Path:
     """An MLOPS_HOME whose silver holds DAYS arrival dates of `rows` transactions (made once per size)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     home = scratch / f"gold-{rows}"
     if (home / "lake" / "silver").is_dir():
         return home
@@ -53,6 +48,17 @@ def silver_history(scratch: Path, rows: int) -> Path:
         check=True,
         capture_output=True,
     )
+    write_silver(landing, home / "lake")
+    return home
+
+
+def write_silver(landing: Path, lake: Path) -> None:
+    """Landing CSVs -> silver tables by Arrow, typed like silver, one partition per arrival folder."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
     from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
 
     # Every column typed, so a header-only file (a day without chargebacks) does not make null columns.
@@ -79,10 +85,9 @@ def silver_history(scratch: Path, rows: int) -> Path:
                 if stem == "transactions":
                     table = table.append_column("event_date", pc.cast(table["event_timestamp"], pa.date32()))
                 parts.append(table)
-            target = home / "lake" / "silver" / stem / f"arrival_date={folder.name}"
+            target = lake / "silver" / stem / f"arrival_date={folder.name}"
             target.mkdir(parents=True)
             pq.write_table(pa.concat_tables(parts), target / "part-00000.parquet", compression="zstd")
-    return home
 
 
 def _env(home: Path) -> dict[str, str]:

@@ -4,6 +4,7 @@ partitions (dynamic overwrite), validate them with the gold GX suites."""
 from __future__ import annotations
 
 import logging
+import os
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import PipelineError
-from pipelines.features import transforms
+from pipelines.features import state, transforms
 from pipelines.features.contract import (
     CUSTOMER_TABLE,
     LOOKBACK_DAYS,
@@ -30,19 +31,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-def _partitions(root: Path, first: date, last: date) -> list[str]:
-    days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
-    return [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
+REWRITE_BATCH_ROWS = 262_144
 
 
-def _read(spark: SparkSession, root: Path, first: date, last: date) -> DataFrame | None:
-    paths = _partitions(root, first, last)
+def _read(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:
+    paths = [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
     return spark.read.option("basePath", str(root)).parquet(*paths) if paths else None
 
 
+def _or_empty(spark: SparkSession, frame: DataFrame | None, schema: str) -> DataFrame:
+    return frame if frame is not None else spark.createDataFrame([], schema)
+
+
 def build_gold(settings: Settings, day: date) -> dict:
-    """Customer and merchant features for the transactions of `day`, from silver of day-30 .. day."""
+    """Customer and merchant features for the transactions of `day`: silver rows of event dates D, D-1,
+    D-7 and D-30, plus the daily totals of D-30 .. D-1 (state.py), never the whole lookback row by row."""
     tables = Tables(settings.lake)
     spark = spark_session(settings)
     if not Tables.partition(tables.silver, day).is_dir():
@@ -51,23 +54,45 @@ def build_gold(settings: Settings, day: date) -> dict:
             f"first (`mlops ingest --date {day}`)"
         )
     window_start = day - timedelta(days=LOOKBACK_DAYS)
-    transactions = _read(spark, tables.silver, window_start, day)
-    labels = _read(spark, tables.silver_labels, window_start, day)
-    if labels is None:
-        chargebacks = spark.createDataFrame([], "merchant_id string, label_timestamp timestamp, is_fraud int")
-    else:
-        # Chargebacks reported in the window refer to transactions up to 30 days older still.
-        merchants = _read(spark, tables.silver, window_start - timedelta(days=LOOKBACK_DAYS), day).select(
-            "transaction_id", "merchant_id"
-        )
-        chargebacks = labels.join(merchants, "transaction_id").select(
-            "merchant_id", "label_timestamp", "is_fraud"
-        )
+    arrivals = state.arrivals_with_silver(tables, window_start, day)
+    records = state.ensure(spark, settings.lake, arrivals)
+    wanted = [day - timedelta(days=k) for k in transforms.ROW_OFFSETS]
+    # Events are accepted up to a day late, so a date's rows may sit in the next arrival too.
+    row_arrivals = [
+        a for a in arrivals if a == day or any(d.isoformat() in records[a]["event_dates"] for d in wanted)
+    ]
+    evts = transforms.events(_read(spark, tables.silver, row_arrivals)).where(
+        F.col("event_date").isin(*wanted)
+    )
+    customer_daily = _or_empty(
+        spark,
+        state.read_table(spark, settings.lake, "customer_daily", arrivals),
+        "customer_id string, event_date date, n long, usd_sum double, usd_sumsq double, foreign_n double, "
+        "last_ms long",
+    )
+    merchant_daily = _or_empty(
+        spark,
+        state.read_table(spark, settings.lake, "merchant_daily", arrivals),
+        "merchant_id string, event_date date, n long, usd_sum double",
+    )
+    chargebacks = _or_empty(
+        spark,
+        state.read_table(spark, settings.lake, "merchant_chargebacks", arrivals),
+        "merchant_id string, label_date date, label_ms long",
+    )
     outputs = {
-        CUSTOMER_TABLE: transforms.customer_features(transactions, day),
-        MERCHANT_TABLE: transforms.merchant_features(transactions, chargebacks, day),
+        CUSTOMER_TABLE: transforms.customer_features(
+            evts, transforms.customer_base(customer_daily, day), day
+        ),
+        MERCHANT_TABLE: transforms.merchant_features(
+            evts, chargebacks, transforms.merchant_base(merchant_daily, chargebacks, day), day
+        ),
     }
-    record = {"event_date": day.isoformat(), "lookback_from": window_start.isoformat()}
+    record = {
+        "event_date": day.isoformat(),
+        "lookback_from": window_start.isoformat(),
+        "silver_arrivals_read": [a.isoformat() for a in row_arrivals],
+    }
     for table, frame in outputs.items():
         root = table_path(settings.lake, table)
         ordered = frame.repartition(1).sortWithinPartitions(*frame.columns[:2])
@@ -86,10 +111,24 @@ def build_gold(settings: Settings, day: date) -> dict:
 
 
 def _stable_file_names(partition: Path) -> None:
-    """Spark names files after a random job id; a snapshot's content hash covers file names, so gold files
-    get names that depend only on their order, and the same data hashes the same way every time."""
+    """Rewrite Spark's files of a gold partition so the same rows give the same bytes and names everywhere.
+
+    Spark names files after a random job id, and parquet-mr writes each column chunk's list of encodings
+    in the order of a hash set keyed by identity hash codes, so two JVMs write the same rows with different
+    bytes (and different DVC hashes). The files are rewritten, batch by batch, with Arrow's deterministic
+    writer (same schema, Spark's schema metadata kept) under names that depend only on their order.
+    """
+    import pyarrow.parquet as pq
+
     for index, path in enumerate(sorted(partition.glob("part-*.parquet"))):
-        path.rename(partition / f"part-{index:05d}.parquet")
+        source = pq.ParquetFile(path)
+        staged = partition / f".rewrite-{index:05d}.parquet"
+        with pq.ParquetWriter(staged, source.schema_arrow, compression="zstd") as writer:
+            for batch in source.iter_batches(batch_size=REWRITE_BATCH_ROWS):
+                writer.write_batch(batch)
+        source.close()
+        path.unlink()
+        os.replace(staged, partition / f"part-{index:05d}.parquet")
     for crc in partition.glob(".part-*.crc"):
         crc.unlink()
 

@@ -1,6 +1,6 @@
 """`dvc repro` runs the pipeline's `mlops` commands (landing -> silver -> gold) from nothing: it reproduces
-the landing hash recorded in dvc.lock, skips every stage the second time, and two reproductions in fresh
-workspaces should give the same gold bytes (they give the same rows; see the xfail).
+the landing and gold hashes recorded in dvc.lock, skips every stage the second time, and two reproductions in
+fresh workspaces give the same gold bytes (gold is rewritten by Arrow after Spark's commit).
 
 Both reproductions run at once, in workspaces holding only what the stages read (dvc.yaml, params.yaml,
 .dvcignore and the code and suites listed as dependencies), so the module costs one reproduction's time.
@@ -112,12 +112,6 @@ def test_two_reproductions_from_the_same_landing_give_the_same_gold_rows(reprodu
         assert pq.read_table(path).equals(pq.read_table(twin)), f"{path.relative_to(first)} differs"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="gold is equal row for row but not byte for byte: parquet-mr writes each column chunk's encodings "
-    "from a HashSet, whose order follows the JVM's identity hash codes and changes from run to run",
-)
 def test_two_reproductions_from_the_same_landing_give_the_same_gold(reproductions):
     first, second = reproductions
     assert _hashes(first / "dvc.lock") == _hashes(second / "dvc.lock") == _hashes(REPO / "dvc.lock")

@@ -1,0 +1,135 @@
+"""Daily totals kept beside silver, so a date's features never re-read their 30-day lookback row by row.
+
+Per silver arrival date X, three small tables under $MLOPS_HOME/lake/state/features:
+
+- customer_daily: per customer and event date, count, USD sum and sum of squares, abroad count, last event ms;
+- merchant_daily: per merchant and event date, count and USD sum;
+- merchant_chargebacks: the fraud chargebacks that arrived on X, with the merchant of their transaction
+  (looked up once, in silver of X-32 .. X, instead of on every date of the next 30).
+
+Each arrival's totals are derived from its silver partitions only and recorded with a signature of those
+files (names, sizes, modification times): when silver of X is rewritten (a rerun of its ingestion), the next
+feature build finds the signature changed and derives X's totals again. Missing or stale arrivals are all
+derived in one Spark job, so the first build on an existing lake costs one pass over its history, and every
+later date only its own arrival.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import date, timedelta
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.features import transforms
+from pipelines.ingest.io import Tables, clear_partitions, overwrite_partitions, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+TABLES = ("customer_daily", "merchant_daily", "merchant_chargebacks")
+CHARGEBACK_REACH_DAYS = 32  # chargebacks are reported up to 30 days after the day of their transaction
+
+
+def state_root(lake: Path) -> Path:
+    return lake / "state" / "features"
+
+
+def _signature_path(lake: Path, arrival: date) -> Path:
+    return state_root(lake) / "_sources" / f"arrival_date={arrival.isoformat()}.json"
+
+
+def _signature(tables: Tables, arrival: date) -> str:
+    digest = hashlib.sha256()
+    for root in (tables.silver, tables.silver_labels):
+        partition = Tables.partition(root, arrival)
+        files = sorted(partition.iterdir()) if partition.is_dir() else []
+        for path in (f for f in files if not f.name.startswith(("_", "."))):  # what Spark reads
+            stat = path.stat()
+            digest.update(f"{root.name}/{path.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def arrivals_with_silver(tables: Tables, first: date, last: date) -> list[date]:
+    days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
+    return [d for d in days if Tables.partition(tables.silver, d).is_dir()]
+
+
+def ensure(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, dict]:
+    """Derive the totals of every arrival in `arrivals` that has none or stale ones; return each arrival's
+    record (signature, event dates and their counts)."""
+    tables = Tables(lake)
+    records: dict[date, dict] = {}
+    stale: list[date] = []
+    for arrival in arrivals:
+        record = read_json(_signature_path(lake, arrival))
+        if record and record.get("signature") == _signature(tables, arrival):
+            records[arrival] = record
+        else:
+            stale.append(arrival)
+    if stale:
+        records |= _derive(spark, lake, stale)
+    return records
+
+
+def forget(lake: Path, arrival: date) -> None:
+    """Drop an arrival's signature: its totals are derived again by the next build that needs them."""
+    _signature_path(lake, arrival).unlink(missing_ok=True)
+
+
+def _read(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:
+    paths = [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
+    return spark.read.option("basePath", str(root)).parquet(*paths) if paths else None
+
+
+def _derive(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, dict]:
+    tables = Tables(lake)
+    signatures = {a: _signature(tables, a) for a in arrivals}  # before reading: a later rewrite is seen
+    silver = _read(spark, tables.silver, arrivals)
+    evts = transforms.events(silver)
+    root = state_root(lake)
+    written = {
+        "customer_daily": transforms.customer_daily(evts),
+        "merchant_daily": transforms.merchant_daily(evts),
+    }
+    labels = _read(spark, tables.silver_labels, arrivals)
+    if labels is not None:
+        reach = arrivals_with_silver(
+            tables, min(arrivals) - timedelta(days=CHARGEBACK_REACH_DAYS), max(arrivals)
+        )
+        merchants = _read(spark, tables.silver, reach).select("transaction_id", "merchant_id")
+        written["merchant_chargebacks"] = transforms.attributed_chargebacks(labels, merchants)
+    for table in TABLES:
+        target = root / table
+        now_empty = tuple(Tables.partition(target, a) for a in arrivals)
+        if table in written:
+            frame = written[table].repartition(1, "arrival_date")
+            overwrite_partitions(frame, target, ["arrival_date"], now_empty=now_empty)
+        else:  # no chargebacks arrived on these dates
+            clear_partitions(target, now_empty)
+    daily = _read(spark, root / "merchant_daily", arrivals)
+    counts = daily.groupBy("arrival_date", "event_date").agg(F.sum("n").alias("n")).collect() if daily else []
+    records = {}
+    for arrival in arrivals:
+        event_dates = {
+            r.event_date.isoformat(): int(r.n)
+            for r in sorted(counts, key=lambda r: r.event_date)
+            if r.arrival_date == arrival
+        }
+        record = {
+            "arrival_date": arrival.isoformat(),
+            "signature": signatures[arrival],
+            "event_dates": event_dates,
+        }
+        write_json(_signature_path(lake, arrival), record)
+        records[arrival] = record
+    log.info(
+        "feature state derived for %d arrival dates: %s .. %s", len(arrivals), min(arrivals), max(arrivals)
+    )
+    return records
+
+
+def read_table(spark: SparkSession, lake: Path, table: str, arrivals: list[date]) -> DataFrame | None:
+    return _read(spark, state_root(lake) / table, arrivals)
