@@ -129,7 +129,11 @@ def track_many(settings: Settings, folders: list[tuple[str, Path]]) -> list[Trac
         out = {"path": os.path.relpath(folder, stage.parent), "hash": "md5"}
         stage.write_text(yaml.safe_dump({"outs": [out]}))
         stages.append(stage)
-    with _repo(settings) as repo:
+    from dvc.repo import lock_repo
+
+    # One hold of the repository's lock for all commits and the push (what each DVC command takes for
+    # itself): no other DVC process comes in between, and DVC's state database is closed (synced) once.
+    with _repo(settings) as repo, lock_repo(repo):
         outs = [repo.commit(str(stage), force=True)[0].outs[0] for stage in stages]
         _push(repo, [out.hash_info for out in outs])
     return [
@@ -145,15 +149,12 @@ def track_many(settings: Settings, folders: list[tuple[str, Path]]) -> list[Trac
 
 def _push(repo: Repo, objects: list) -> None:
     """What `dvc push` does for these objects (directory listings and every file in them, `.dir` last, only
-    what the remote lacks), except that objects may be hard-linked into a remote on the cache's filesystem;
-    `dvc push` only reflinks or copies."""
-    from dvc_data.hashfile.db import get_index
-
+    what the remote lacks), except that objects may be hard-linked into a remote on the cache's filesystem
+    (`dvc push` only reflinks or copies). No remote index: it lists every `.dir` ever pushed and checks each
+    on every push, a cost that grows with the history, to save existence checks of this push's few objects."""
     cache = repo.cache.local
     remote = repo.cloud.get_remote_odb(None, "push")
-    result = repo.cloud.transfer(
-        cache, remote, objects, hardlink=True, shallow=False, dest_index=get_index(remote), cache_odb=cache
-    )
+    result = repo.cloud.transfer(cache, remote, objects, hardlink=True, shallow=False, cache_odb=cache)
     if result.failed:
         raise PipelineError(
             f"{len(result.failed)} objects were not pushed to the DVC remote {remote.path} "
