@@ -146,6 +146,7 @@ def main() -> None:
             "dvc_versioning",
             "gold_lookback",
             "gold_memory",
+            "dag_parse",
         ],
         help="run one benchmark",
     )
@@ -190,6 +191,11 @@ def main() -> None:
 
             results["gold_memory"] = bench_gold_memory(chosen or ROWS_PER_DAY, Path(scratch))
             print_gold_memory(console, results["gold_memory"])
+        if args.only in (None, "dag_parse"):
+            from benchmarks.dag_parse import bench_dag_parse, print_dag_parse
+
+            results["dag_parse"] = bench_dag_parse([], Path(scratch))
+            print_dag_parse(console, results["dag_parse"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
