@@ -118,12 +118,16 @@ def _stable_file_names(partition: Path) -> None:
     bytes (and different DVC hashes). The files are rewritten, batch by batch, with Arrow's deterministic
     writer (same schema, Spark's schema metadata kept) under names that depend only on their order.
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     for index, path in enumerate(sorted(partition.glob("part-*.parquet"))):
         source = pq.ParquetFile(path)
         staged = partition / f".rewrite-{index:05d}.parquet"
-        with pq.ParquetWriter(staged, source.schema_arrow, compression="zstd") as writer:
+        schema = source.schema_arrow
+        # Dictionaries only for the entity keys: on float features they cost more than they save.
+        keys = [f.name for f in schema if pa.types.is_string(f.type)]
+        with pq.ParquetWriter(staged, schema, compression="zstd", use_dictionary=keys) as writer:
             for batch in source.iter_batches(batch_size=REWRITE_BATCH_ROWS):
                 writer.write_batch(batch)
         source.close()
