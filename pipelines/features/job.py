@@ -22,7 +22,7 @@ from pipelines.features.contract import (
     table_path,
     validation_path,
 )
-from pipelines.ingest.io import Tables, overwrite_partitions, write_json
+from pipelines.ingest.io import Tables, overwrite_partitions, read_partitions, write_json
 from pipelines.ingest.validate import validate
 from pipelines.spark import spark_session
 
@@ -32,11 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REWRITE_BATCH_ROWS = 262_144
-
-
-def _read(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:
-    paths = [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
-    return spark.read.option("basePath", str(root)).parquet(*paths) if paths else None
 
 
 def _or_empty(spark: SparkSession, frame: DataFrame | None, schema: str) -> DataFrame:
@@ -61,7 +56,7 @@ def build_gold(settings: Settings, day: date) -> dict:
     row_arrivals = [
         a for a in arrivals if a == day or any(d.isoformat() in records[a]["event_dates"] for d in wanted)
     ]
-    evts = transforms.events(_read(spark, tables.silver, row_arrivals)).where(
+    evts = transforms.events(read_partitions(spark, tables.silver, row_arrivals)).where(
         F.col("event_date").isin(*wanted)
     )
     customer_daily = _or_empty(

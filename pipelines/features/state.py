@@ -25,7 +25,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.features import transforms
-from pipelines.ingest.io import Tables, clear_partitions, overwrite_partitions, read_json, write_json
+from pipelines.ingest.io import (
+    Tables,
+    clear_partitions,
+    overwrite_partitions,
+    read_json,
+    read_partitions,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,37 +86,32 @@ def forget(lake: Path, arrival: date) -> None:
     _signature_path(lake, arrival).unlink(missing_ok=True)
 
 
-def _read(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:
-    paths = [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
-    return spark.read.option("basePath", str(root)).parquet(*paths) if paths else None
-
-
 def _derive(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, dict]:
     tables = Tables(lake)
     signatures = {a: _signature(tables, a) for a in arrivals}  # before reading: a later rewrite is seen
-    silver = _read(spark, tables.silver, arrivals)
+    silver = read_partitions(spark, tables.silver, arrivals)
     evts = transforms.events(silver)
     root = state_root(lake)
     written = {
         "customer_daily": transforms.customer_daily(evts),
         "merchant_daily": transforms.merchant_daily(evts),
     }
-    labels = _read(spark, tables.silver_labels, arrivals)
+    labels = read_partitions(spark, tables.silver_labels, arrivals)
     if labels is not None:
         reach = arrivals_with_silver(
             tables, min(arrivals) - timedelta(days=CHARGEBACK_REACH_DAYS), max(arrivals)
         )
-        merchants = _read(spark, tables.silver, reach).select("transaction_id", "merchant_id")
+        merchants = read_partitions(spark, tables.silver, reach).select("transaction_id", "merchant_id")
         written["merchant_chargebacks"] = transforms.attributed_chargebacks(labels, merchants)
     for table in TABLES:
         target = root / table
         now_empty = tuple(Tables.partition(target, a) for a in arrivals)
         if table in written:
-            frame = written[table].repartition(1, "arrival_date")
+            frame = written[table].repartition("arrival_date")  # one file per arrival
             overwrite_partitions(frame, target, ["arrival_date"], now_empty=now_empty)
         else:  # no chargebacks arrived on these dates
             clear_partitions(target, now_empty)
-    daily = _read(spark, root / "merchant_daily", arrivals)
+    daily = read_partitions(spark, root / "merchant_daily", arrivals)
     counts = daily.groupBy("arrival_date", "event_date").agg(F.sum("n").alias("n")).collect() if daily else []
     records = {}
     for arrival in arrivals:
@@ -132,4 +134,4 @@ def _derive(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date,
 
 
 def read_table(spark: SparkSession, lake: Path, table: str, arrivals: list[date]) -> DataFrame | None:
-    return _read(spark, state_root(lake) / table, arrivals)
+    return read_partitions(spark, state_root(lake) / table, arrivals)

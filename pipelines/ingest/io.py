@@ -251,6 +251,12 @@ def clear_partitions(root: Path, partitions: tuple[Path, ...]) -> None:
                 shutil.rmtree(partition)
 
 
+def read_partitions(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:
+    """The arrival dates of a table that exist among `days` (None if none), `arrival_date` restored."""
+    paths = [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
+    return spark.read.option("basePath", str(root)).parquet(*paths) if paths else None
+
+
 def read_partition(spark: SparkSession, root: Path, day: date) -> DataFrame:
     """One arrival date of a table, with `arrival_date` restored from the path."""
     return spark.read.option("basePath", str(root)).parquet(str(Tables.partition(root, day)))
