@@ -3,6 +3,7 @@
 lookback HOME FIRST LAST REPEATS: warm Spark and GX up (a build of FIRST, unmeasured: JVM start, JIT and
 imports are fixed costs, not the cost of a date), then time build_gold and validate_gold of FIRST and LAST,
 alternated REPEATS times; prints the medians as one JSON line.
+history HOME FIRST LAST [DAY ...]: derive the daily totals of FIRST .. LAST, then forget those of DAY ...
 floor HOME: start the SparkSession the jobs use and run a trivial job (the memory floor).
 """
 
@@ -71,11 +72,30 @@ def floor() -> dict:
     return {"rows": spark.range(1000).count()}
 
 
+def history(first: date, last: date, forget: list[date]) -> dict:
+    """Derive the daily totals of arrivals first .. last, then forget those of `forget` (dates about to be
+    measured derive their own, as in production)."""
+    from mlops.settings import get_settings
+    from pipelines.features import state
+    from pipelines.ingest.io import Tables
+    from pipelines.spark import spark_session
+
+    settings = get_settings()
+    arrivals = state.arrivals_with_silver(Tables(settings.lake), first, last)
+    state.ensure(spark_session(settings), settings.lake, arrivals)
+    for day in forget:
+        state.forget(settings.lake, day)
+    return {"arrivals": len(arrivals)}
+
+
 if __name__ == "__main__":
     mode, home = sys.argv[1], Path(sys.argv[2])
     os.environ["MLOPS_HOME"] = str(home)
     if mode == "lookback":
         first, last = date.fromisoformat(sys.argv[3]), date.fromisoformat(sys.argv[4])
         print(json.dumps(lookback(home, first, last, int(sys.argv[5]))))
+    elif mode == "history":
+        first, last = date.fromisoformat(sys.argv[3]), date.fromisoformat(sys.argv[4])
+        print(json.dumps(history(first, last, [date.fromisoformat(d) for d in sys.argv[5:]])))
     else:
         print(json.dumps(floor()))
