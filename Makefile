@@ -21,7 +21,7 @@ $(STAMP): requirements.lock pyproject.toml scripts/bootstrap.sh
 
 install: $(STAMP) ## create or refresh .venv from requirements.lock
 
-demo: $(STAMP) ## run the main job: the whole loop on the embedded stack
+demo: $(STAMP) ## run the main job through Airflow on the embedded stack (left up: make down)
 	$(BIN)/mlops demo
 
 up: $(STAMP) ## start Airflow and the MLflow UI in the background; prints URLs and login

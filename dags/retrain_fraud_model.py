@@ -7,6 +7,9 @@ manual run, or the day before a scheduled run.
 
 - **training_set**: labeled transactions (labels as known at the end of the as-of date) joined point in
   time with the `fraud_model_v1` features, split by event time, versioned with DVC (the revision travels on).
+  When there is nothing to train on yet (no silver transactions in the window, or none older than the label
+  maturity: the first days of a feed) the task and everything after it are skipped, not failed; the reason
+  is in the task's log and its `skipped` XCom.
 - **train**: `python -m training train --training-set-rev ...`. Cluster profile: a KubernetesPodOperator on a
   GPU node (restricted pod, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
   deferrable, reattaches after a scheduler restart, pod deleted at the end); the MLflow run id comes back
@@ -67,14 +70,27 @@ with DAG(
             return max(dates)
         return (logical_date - timedelta(days=1)).date().isoformat()
 
-    @task(doc_md="Point-in-time training set from Feast, split by event time, versioned with DVC.")
-    def training_set(as_of: str) -> dict:
+    @task(
+        doc_md="Point-in-time training set from Feast, split by event time, versioned with DVC. Skipped "
+        "(with the whole run) when there is nothing to train on yet."
+    )
+    def training_set(as_of: str, ti=None) -> dict:
         from datetime import date
+
+        from airflow.sdk.exceptions import AirflowSkipException
 
         from mlops.settings import get_settings
         from training import steps
+        from training.dataset import NothingToTrainError
 
-        return fail_fast_on_bad_data(lambda: steps.dataset(get_settings(), date.fromisoformat(as_of)))
+        def build() -> dict:
+            try:
+                return steps.dataset(get_settings(), date.fromisoformat(as_of))
+            except NothingToTrainError as exc:
+                ti.xcom_push(key="skipped", value=str(exc))  # the reason, for the UI and `mlops demo`
+                raise AirflowSkipException(str(exc)) from exc
+
+        return fail_fast_on_bad_data(build)
 
     if os.environ.get("MLOPS_PROFILE", "local") == "cluster":
         from mlops.settings import get_settings

@@ -25,6 +25,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
+# `mlops demo` defaults: a few minutes on 2 cores through Airflow (see the README for the measured times).
+DEMO_DAYS, DEMO_ROWS_PER_DAY, DEMO_EPOCHS = 5, 3000, 8
 
 
 class Format(StrEnum):
@@ -337,31 +339,59 @@ def demo(
     ),
     days: Annotated[
         int, typer.Option(min=2, help="arrival dates; the last one arrives after a model exists")
-    ] = 7,
-    rows_per_day: Annotated[int, typer.Option(min=0, help="transactions per day, weekly average")] = 3000,
+    ] = DEMO_DAYS,
+    rows_per_day: Annotated[
+        int, typer.Option(min=0, help="transactions per day, weekly average")
+    ] = DEMO_ROWS_PER_DAY,
     seed: Annotated[int, typer.Option(help="random seed of the synthetic feed")] = 7,
-    epochs: Annotated[int, typer.Option(min=1, help="training epochs per model")] = 8,
+    epochs: Annotated[int, typer.Option(min=1, help="training epochs per model")] = DEMO_EPOCHS,
+    in_process: Annotated[
+        bool, typer.Option("--in-process", help="run the stages in this process, without Airflow")
+    ] = False,
+    down: Annotated[
+        bool, typer.Option("--down", help="stop the stack at the end (default: leave it up to look around)")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(min=60, help="seconds to wait for the DAG runs before giving up")
+    ] = 3600.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """The whole loop on the embedded stack: land a synthetic feed, ingest each date to silver, build,
-    version and materialize features, train and gate a champion; then one more day arrives and a
-    challenger goes through the gate."""
-    from mlops.demo import run_demo
+    """The whole loop on the embedded stack, through Airflow: start the stack (scripts/up.sh), land a
+    synthetic feed and replay it through the DAGs (ingest -> features -> retrain, chained by their assets);
+    then one more day arrives and a challenger goes through the gate. The stack stays up unless --down."""
+    from mlops.airflow_api import AirflowAPIError
+    from mlops.demo import DemoError, run_in_process, run_through_airflow
+    from mlops.stack import StackError
 
-    summary = _run_training(
-        "demo",
-        # wide enough for the summary tables when stderr is not a terminal (rich assumes 80 columns)
-        lambda: run_demo(
-            get_settings(),
-            _date(start),
-            days,
-            rows_per_day,
-            seed,
-            epochs,
-            Console(stderr=True, width=max(err.width, 120)),
-        ),
-        as_json,
-    )
+    # wide enough for the summary tables when stderr is not a terminal (rich assumes 80 columns)
+    console = Console(stderr=True, width=max(err.width, 120))
+    settings = get_settings()
+    if in_process:
+        summary = _run_training(
+            "demo",
+            lambda: run_in_process(settings, _date(start), days, rows_per_day, seed, epochs, console),
+            as_json,
+        )
+        _emit(summary, as_json)
+        return
+
+    def through_airflow() -> dict:
+        try:
+            return run_through_airflow(
+                settings, _date(start), days, rows_per_day, seed, epochs, console, stop=down, timeout=timeout
+            )
+        except (DemoError, StackError, AirflowAPIError, TimeoutError) as exc:
+            err.print(
+                f"[red]demo failed:[/] {exc}\n"
+                "The stack is left as it is for a look (logs: $MLOPS_HOME/run/*.log); `make down` stops it."
+            )
+            _emit(
+                {"status": "failed", "command": "demo", "error": type(exc).__name__, "message": str(exc)},
+                as_json,
+            )
+            raise typer.Exit(code=1) from None
+
+    summary = _run_training("demo", through_airflow, as_json)
     _emit(summary, as_json)
 
 

@@ -1,8 +1,18 @@
 """The main job on the embedded stack: land a synthetic feed, ingest and build features day by day, train
 and gate a model, then land one more day and run the chain again so the gate decides on a challenger.
 
-Every stage calls the same functions the DAG tasks call (mlops.jobs, training.steps). Progress goes to a
-rich console; the summary dictionary is what `mlops demo --json` prints.
+Two ways to run it, with the same summary (the dictionary `mlops demo --json` prints):
+
+- through Airflow (`mlops demo`, the default): scripts/up.sh starts the stack (api-server, scheduler,
+  dag-processor, triggerer, MLflow) under $MLOPS_HOME; the demo unpauses the fraud DAGs, lands the feed's
+  history and replays it as a backfill of `ingest_transactions` (one run per arrival date, in order); each
+  run's `silver_transactions` event schedules `build_features`, whose `fraud_features` event schedules
+  `retrain_fraud_model`. The last date's run waits (deferred) until that day lands; then the chain runs
+  again and the gate decides. The demo follows the chain through the REST API (asset events name the runs
+  they started) and reads rows, revisions, versions and decisions from the tasks' XComs and the time per
+  stage from their task instances.
+- in one process (`mlops demo --in-process`): every stage calls the same functions the DAG tasks call
+  (mlops.jobs, training.steps), in order, without Airflow.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import date, timedelta
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -17,6 +28,17 @@ from rich.table import Table
 from mlops.settings import Settings
 
 DEMO_FAULTS = "duplicates=0.01,malformed=0.002,nulls=0.002"
+INGEST, FEATURES, RETRAIN = "ingest_transactions", "build_features", "retrain_fraud_model"
+DAG_IDS = ("synthetic_landing", INGEST, FEATURES, RETRAIN)
+# Consumers first: Airflow queues an asset event only for the DAGs that are unpaused when it is emitted.
+# synthetic_landing stays paused: the demo lands the feed itself, for its own dates.
+UNPAUSE_ORDER = (RETRAIN, FEATURES, INGEST)
+SENSOR_TASK = "wait_for_arrival"
+STAGE_OF = {INGEST: "ingest", FEATURES: "features", RETRAIN: "retrain"}
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on; the message says which run or task and where to look."""
 
 
 class StageClock:
@@ -25,24 +47,29 @@ class StageClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
-    def run(self, stage: str, step: Callable[[], dict]) -> dict:
+    def run(self, stage: str, step: Callable[[], Any]) -> Any:
         started = time.perf_counter()
         result = step()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
         return result
 
 
-def run_demo(
-    settings: Settings, start: date, days: int, rows_per_day: int, seed: int, epochs: int, console: Console
-) -> dict:
-    from mlops.jobs import features_step, ingest_step, land_synthetic
-    from training import steps
-    from training.cli import train_config
-
+def _check_days(days: int) -> None:
     if days < 2:
         raise ValueError(
             "the demo needs at least 2 days: one to train the champion, one more for a challenger"
         )
+
+
+def run_in_process(
+    settings: Settings, start: date, days: int, rows_per_day: int, seed: int, epochs: int, console: Console
+) -> dict:
+    """The whole loop in this process, stage after stage (no Airflow)."""
+    from mlops.jobs import features_step, ingest_step, land_synthetic
+    from training import steps
+    from training.cli import train_config
+
+    _check_days(days)
     settings.ensure_dirs()
     clock = StageClock()
     started = time.perf_counter()
@@ -81,9 +108,15 @@ def run_demo(
     through_features(dates[-1])
     retrain(dates[-1])
 
-    _print_tables(console, daily, retrains, clock, settings)
+    _print_tables(console, daily, retrains, _stage_table(clock.seconds))
+    console.print(
+        "Look further: `mlops history` (every gate decision), `mlops rollback`, "
+        f"`mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}`, or `make up` and `mlops demo` to "
+        "watch the same loop in Airflow"
+    )
     return {
         "status": "ok",
+        "mode": "in-process",
         "landing": str(settings.landing),
         "dates": [m["arrival_date"] for m in manifests],
         "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
@@ -121,9 +154,7 @@ def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def _print_tables(
-    console: Console, daily: list[dict], retrains: list[dict], clock: StageClock, settings
-) -> None:
+def _print_tables(console: Console, daily: list[dict], retrains: list[dict], stages: Table) -> None:
     columns = ("rows_in", "rows_quarantined", "rows_silver", "rows_gold", "dataset_rev", "rows_materialized")
     table = Table(
         "date", "rows in", "quarantined", "silver", "gold rows", "dataset rev (DVC)", "online rows",
@@ -143,14 +174,326 @@ def _print_tables(
         table.add_row(*(_fmt(row[k]) for k in columns))
     console.print(table)
     for record in retrains:
-        console.print(
-            f"gate, model {record.get('model_version')}: {record.get('decision')}: {record.get('reason')}"
+        what = (
+            f"model {record['model_version']}" if record.get("model_version") else f"as of {record['as_of']}"
         )
+        console.print(f"gate, {what}: {record.get('decision')}: {record.get('reason')}")
+    console.print(stages)
+
+
+def _stage_table(seconds: dict[str, float]) -> Table:
     table = Table("stage", "seconds", title="time per stage")
-    for stage, seconds in clock.seconds.items():
-        table.add_row(stage, f"{seconds:.1f}")
-    console.print(table)
+    for stage, value in seconds.items():
+        table.add_row(stage, f"{value:.1f}")
+    return table
+
+
+# --- through Airflow ---------------------------------------------------------------------------------------
+
+
+def run_through_airflow(
+    settings: Settings,
+    start: date,
+    days: int,
+    rows_per_day: int,
+    seed: int,
+    epochs: int,
+    console: Console,
+    stop: bool = False,
+    timeout: float = 3600.0,
+) -> dict:
+    """Start the stack, replay `days` arrival dates through the DAGs and follow their asset chain."""
+    from mlops import stack as embedded
+    from mlops.airflow_api import AirflowAPI
+    from mlops.jobs import land_synthetic
+
+    _check_days(days)
+    settings.ensure_dirs()
+    dates = [start + timedelta(days=i) for i in range(days)]
+    history, last = dates[:-1], dates[-1]
+    clock = StageClock()
+    started = time.perf_counter()
+    deadline = time.monotonic() + timeout
+
+    def echo(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def land(first: date, count: int) -> list[dict]:
+        return land_synthetic(
+            start=first,
+            days=count,
+            rows_per_day=rows_per_day,
+            seed=seed,
+            faults=DEMO_FAULTS,
+            feed_start=start,
+        )
+
+    console.rule("the stack: scripts/up.sh")
+    # Task processes inherit the scheduler's environment: that is how the epochs reach the train task.
+    stack = clock.run("stack", lambda: embedded.up(settings, {"MLOPS_TRAINING__EPOCHS": str(epochs)}, echo))
+    if stack.already_running:
+        console.print(
+            "[yellow]The stack was already running: its components keep the settings they started with "
+            "(MLOPS_TRAINING__*, ...); `make down` first for --epochs to apply.[/]"
+        )
+    api = AirflowAPI(stack.airflow_url, stack.username, stack.password)
+    try:
+        _wait_for_dags(api, deadline, console)
+        _refuse_replay(api, settings, dates)
+        for dag_id in UNPAUSE_ORDER:
+            api.unpause(dag_id)
+        console.print(
+            f"unpaused {', '.join(UNPAUSE_ORDER)} ({DAG_IDS[0]} stays paused: the demo lands the feed)"
+        )
+
+        manifests = clock.run("land", lambda: land(start, len(history)))
+        console.print(
+            f"landed {len(history)} arrival dates, {history[0]} .. {history[-1]}, in {settings.landing}"
+        )
+        api.backfill(INGEST, dates[0], last)
+        ingest_runs = _backfill_runs(api, dates, deadline)
+        console.print(
+            f"backfill of {INGEST}: one run per arrival date, oldest first; the run of {last} waits for its "
+            "arrival (deferred sensor)"
+        )
+        console.rule(f"history: {history[0]} .. {history[-1]}")
+        first = _follow_chain(api, [ingest_runs[d] for d in history], deadline, console)
+        console.rule(f"one more day arrives: {last}")
+        manifests += clock.run("land", lambda: land(last, 1))
+        console.print(f"landed {last}; the waiting {INGEST} run picks it up")
+        second = _follow_chain(api, [ingest_runs[last]], deadline, console)
+
+        runs = {
+            INGEST: [ingest_runs[d] for d in dates],
+            FEATURES: first[FEATURES] + second[FEATURES],
+            RETRAIN: first[RETRAIN] + second[RETRAIN],
+        }
+        daily = _daily_rows(api, runs)
+        retrains = [_retrain_record(api, run_id) for run_id in runs[RETRAIN]]
+        timings = {dag_id: _run_timings(api, dag_id, run_ids) for dag_id, run_ids in runs.items()}
+        others = _other_runs(api, runs)
+    finally:
+        api.close()
+
+    seconds = {**clock.seconds, **{STAGE_OF[d]: t["task_seconds"] for d, t in timings.items()}}
+    _print_tables(console, daily, retrains, _airflow_stage_table(clock.seconds, timings))
+    for line in others:
+        console.print(f"[dim]{line}[/]")
+    trained = [r for r in retrains if r["decision"] != "skipped"]
+    if stop:
+        console.rule("stopping the stack: scripts/down.sh")
+        embedded.down(echo=echo)
     console.print(
-        "Look further: `mlops history` (every gate decision), `mlops rollback`, "
-        f"`mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}`"
+        f"Airflow UI: {stack.airflow_url}  (login: {stack.username} / {stack.password})\n"
+        f"MLflow UI:  {stack.mlflow_url}  (model fraud-detector, alias champion)\n"
+        + (
+            "The stack is stopped; `make up` starts it again on the same MLOPS_HOME."
+            if stop
+            else "The stack stays up: `make down` stops it (`mlops demo --down` stops it at the end)."
+        )
+        + "\nMore: `mlops history` (every gate decision), `mlops rollback`, `mlops retrain --date ...`"
     )
+    return {
+        "status": "ok",
+        "mode": "airflow",
+        "landing": str(settings.landing),
+        "dates": [m["arrival_date"] for m in manifests],
+        "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
+        "rows_silver": sum(d["rows_silver"] for d in daily),
+        "rows_quarantined": sum(d["rows_quarantined"] for d in daily),
+        "dataset_revs": [d["dataset_rev"] for d in daily],
+        "rows_materialized": sum(d["rows_materialized"] for d in daily),
+        "retrains": [{**_retrain_row(r), "dag_run_id": r["dag_run_id"]} for r in retrains],
+        "champion_version": trained[-1].get("champion_version") if trained else None,
+        "dag_runs": runs,
+        "phases": {"history": first, "one_more_day": second},
+        "seconds_per_stage": seconds,
+        "run_seconds_per_stage": {STAGE_OF[d]: t["run_seconds"] for d, t in timings.items()},
+        "seconds": time.perf_counter() - started,
+        "airflow_url": stack.airflow_url,
+        "mlflow_url": stack.mlflow_url,
+        "stack": "stopped" if stop else "up",
+    }
+
+
+def _wait_for_dags(api, deadline: float, console: Console) -> None:
+    """The dag-processor has parsed every DAG file (asset schedules are known only then), without errors."""
+    from mlops.airflow_api import wait_until
+
+    def parsed() -> bool:
+        errors = api.import_errors()
+        if errors:
+            details = "\n".join(f"{e['filename']}:\n{e['stack_trace'][-1500:]}" for e in errors)
+            raise DemoError(f"Airflow cannot import these DAG files; fix them and run again:\n{details}")
+        return set(DAG_IDS) <= set(api.dags())
+
+    console.print("waiting for the dag-processor to parse dags/ ...")
+    wait_until(parsed, deadline, f"the DAGs {', '.join(DAG_IDS)} to be parsed")
+
+
+def _refuse_replay(api, settings: Settings, dates: list[date]) -> None:
+    from mlops.airflow_api import _midnight
+
+    existing = api.dag_runs(
+        INGEST, logical_date_gte=_midnight(dates[0]), logical_date_lte=_midnight(dates[-1])
+    )
+    if existing:
+        taken = sorted({run["logical_date"][:10] for run in existing})
+        raise DemoError(
+            f"MLOPS_HOME={settings.home} already has {INGEST} runs for {', '.join(taken)}; the demo replays "
+            "its dates from the start. Use a fresh home (`make down`, then `rm -rf var` or set MLOPS_HOME "
+            "to an empty folder) or later dates (--start)."
+        )
+
+
+def _backfill_runs(api, dates: list[date], deadline: float) -> dict[date, str]:
+    """The backfill's run of each date (the API creates them with the backfill; read them back)."""
+    from mlops.airflow_api import _midnight, wait_until
+
+    def created() -> dict[date, str] | None:
+        runs = api.dag_runs(
+            INGEST,
+            run_type="backfill",
+            logical_date_gte=_midnight(dates[0]),
+            logical_date_lte=_midnight(dates[-1]),
+        )
+        by_date = {date.fromisoformat(run["logical_date"][:10]): run["dag_run_id"] for run in runs}
+        return by_date if set(by_date) >= set(dates) else None
+
+    return wait_until(created, deadline, f"the backfill of {INGEST} to create its runs")
+
+
+def _follow_chain(api, ingest_run_ids: list[str], deadline: float, console: Console) -> dict[str, list[str]]:
+    """Wait for the ingest runs, the features runs their silver events started, and the retrain runs the
+    features events started; every run must succeed. Returns the run ids per DAG, oldest first."""
+    features: list[str] = []
+    retrain: list[str] = []
+    for run_id in ingest_run_ids:
+        run = _finished_ok(api, INGEST, run_id, deadline)
+        arrived = api.task_instances(INGEST, run_id)[SENSOR_TASK]["end_date"]
+        seconds = _seconds_between(arrived, run["end_date"])
+        console.print(f"{INGEST} {run['logical_date'][:10]}: {run['state']} {seconds:.0f}s after the arrival")
+        for created in api.wait_for_created_runs(INGEST, run_id, "silver_transactions", deadline):
+            if created["run_id"] not in features:
+                features.append(created["run_id"])
+    for run_id in features:
+        run = _finished_ok(api, FEATURES, run_id, deadline)
+        dates = api.xcom(FEATURES, run_id, "dates_to_compute")
+        console.print(f"{FEATURES} {', '.join(dates)}: {run['state']} in {run['duration']:.0f}s")
+        for created in api.wait_for_created_runs(FEATURES, run_id, "fraud_features", deadline):
+            if created["run_id"] not in retrain:
+                retrain.append(created["run_id"])
+    for run_id in retrain:
+        run = _finished_ok(api, RETRAIN, run_id, deadline)
+        record = _retrain_record(api, run_id)
+        outcome = record["decision"] if record["decision"] == "skipped" else (
+            f"model {record['model_version']} {record['decision']}"
+        )  # fmt: skip
+        console.print(f"{RETRAIN} as of {record['as_of']}: {outcome} in {run['duration']:.0f}s")
+    return {FEATURES: features, RETRAIN: retrain}
+
+
+def _seconds_between(first: str, last: str) -> float:
+    from datetime import datetime
+
+    return (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
+
+
+def _finished_ok(api, dag_id: str, run_id: str, deadline: float) -> dict:
+    run = api.wait_for_run(dag_id, run_id, deadline)
+    if run["state"] != "success":
+        failed = [t for t, ti in api.task_instances(dag_id, run_id).items() if ti["state"] == "failed"]
+        where = f"task {', '.join(failed)}" if failed else "a task"
+        raise DemoError(
+            f"{dag_id} run {run_id} {run['state']} at {where}; read its log in the Airflow UI "
+            f"({api.base_url}/dags/{dag_id}) or under $MLOPS_HOME/airflow/logs/dag_id={dag_id}/"
+        )
+    return run
+
+
+def _daily_rows(api, runs: dict[str, list[str]]) -> list[dict]:
+    """One row per arrival date: the ingest run's counts and the features run's gold, revision and rows."""
+    built: dict[str, dict] = {}
+    for run_id in runs[FEATURES]:
+        parts = [api.xcom(FEATURES, run_id, task) for task in ("build_gold", "version_gold", "materialize")]
+        for day, gold, version, online in zip(
+            api.xcom(FEATURES, run_id, "dates_to_compute"), *parts, strict=True
+        ):
+            built[day] = {**gold, **version, **online}
+    daily = []
+    for run_id in runs[INGEST]:
+        silver = api.xcom(INGEST, run_id, "build_silver")
+        day = silver["arrival_date"]
+        gold = built[day]
+        gold["rows_gold"] = gold["rows_customer_features"] + gold["rows_merchant_features"]
+        daily.append({"date": day, **_day_row(silver, gold)})
+    return daily
+
+
+def _retrain_record(api, run_id: str) -> dict:
+    """What a retrain run decided, from its XComs; a run with nothing to train on says why it skipped."""
+    instances = api.task_instances(RETRAIN, run_id)
+    as_of = api.xcom(RETRAIN, run_id, "as_of_date")
+    if instances["training_set"]["state"] == "skipped":
+        reason = api.xcom(RETRAIN, run_id, "training_set", key="skipped")
+        return {
+            "as_of": as_of,
+            "decision": "skipped",
+            "reason": reason,
+            "status": "skipped",
+            "dag_run_id": run_id,
+        }
+    built = api.xcom(RETRAIN, run_id, "training_set")
+    trained = api.xcom(RETRAIN, run_id, "train")
+    decision = api.xcom(RETRAIN, run_id, "promote")
+    return {
+        "as_of": as_of,
+        "training_set_rev": built["training_set_rev"],
+        "run_id": trained["run_id"],
+        **decision,
+        "status": "ok",
+        "dag_run_id": run_id,
+    }
+
+
+def _run_timings(api, dag_id: str, run_ids: list[str]) -> dict:
+    """Seconds of task work (the arrival sensor's wait left out) and of whole runs, summed over the runs."""
+    task_seconds = run_seconds = 0.0
+    for run_id in run_ids:
+        run_seconds += api.dag_run(dag_id, run_id)["duration"] or 0.0
+        for task_id, ti in api.task_instances(dag_id, run_id).items():
+            if task_id != SENSOR_TASK:
+                task_seconds += ti["duration"] or 0.0
+    return {"runs": len(run_ids), "task_seconds": task_seconds, "run_seconds": run_seconds}
+
+
+def _airflow_stage_table(local: dict[str, float], timings: dict[str, dict]) -> Table:
+    table = Table(
+        "stage", "runs", "task seconds", "run seconds",
+        title="time per stage (task seconds: sum of task durations; run seconds: sum of DAG run durations)",
+    )  # fmt: skip
+    for stage, seconds in local.items():
+        table.add_row(f"{stage} (this process)", "-", f"{seconds:.1f}", "-")
+    for dag_id, timing in timings.items():
+        table.add_row(
+            f"{STAGE_OF[dag_id]} ({dag_id})",
+            str(timing["runs"]),
+            f"{timing['task_seconds']:.1f}",
+            f"{timing['run_seconds']:.1f}",
+        )
+    return table
+
+
+def _other_runs(api, runs: dict[str, list[str]]) -> list[str]:
+    """Runs the DAGs' own schedules made meanwhile (a daily ingest for yesterday, the weekly retrain):
+    named, so that they are not mistaken for the demo's."""
+    ours = {run_id for run_ids in runs.values() for run_id in run_ids}
+    lines = []
+    for dag_id in (INGEST, RETRAIN):
+        for run in api.dag_runs(dag_id, run_type="scheduled"):
+            if run["dag_run_id"] not in ours:
+                lines.append(
+                    f"not the demo's: {dag_id} run {run['dag_run_id']} ({run['state']}), made by the DAG's "
+                    "own schedule for the current date rather than the demo's"
+                )
+    return lines

@@ -95,6 +95,10 @@ export AIRFLOW__API__PORT="$AIRFLOW_PORT"
 # The LocalExecutor forks `parallelism` workers up front (default 32); the Spark and training tasks use
 # every core anyway, and each DAG runs one date at a time.
 export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-4}
+# SQLite has one writer at a time: wait up to 30 s for the lock instead of 5 (mlops/airflow_db.py says why).
+if [[ $AIRFLOW_SQL_CONN == sqlite* ]]; then
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS=${AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS:-mlops.airflow_db.SQLITE_CONNECT_ARGS}
+fi
 # MLflow's server runs GenAI jobs (scorers, optimizers) in seven consumer processes; this loop has none.
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
 

@@ -62,6 +62,11 @@ class TrainingSetError(PipelineError):
     """The training set cannot be built or read; the message says what is missing and what to run."""
 
 
+class NothingToTrainError(TrainingSetError):
+    """No transaction to learn from as of the date yet: none arrived in the window, or none is old enough
+    for its chargebacks to have come in. The normal state of a young feed; the retrain DAG skips on it."""
+
+
 @dataclass(frozen=True)
 class SplitFractions:
     train: float = 0.7
@@ -104,9 +109,14 @@ def labeled_transactions(
 
     tables = Tables(settings.lake)
     first = day - timedelta(days=window_days - 1)
+    if not tables.silver.is_dir():
+        raise NothingToTrainError(
+            f"no silver transactions yet (no table at {tables.silver}); run `mlops ingest --date {day}` "
+            "(and the dates before it) first"
+        )
     transactions = _read_partitions(tables.silver, first, day, list(TRANSACTION_COLUMNS))
     if transactions.empty:
-        raise TrainingSetError(
+        raise NothingToTrainError(
             f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
             f"run `mlops ingest --date {day}` first or widen --window-days"
         )
@@ -124,7 +134,7 @@ def labeled_transactions(
     transactions[LABEL] = transactions["transaction_id"].map(fraud).fillna(0).astype("int8")
     mature = transactions["event_timestamp"] < cutoff(day) - timedelta(days=label_maturity_days)
     if not mature.any():
-        raise TrainingSetError(
+        raise NothingToTrainError(
             f"none of the {len(transactions)} transactions that arrived between {first} and {day} is "
             f"older than the label maturity of {label_maturity_days} days; land and ingest more days or "
             "lower MLOPS_TRAINING__LABEL_MATURITY_DAYS"

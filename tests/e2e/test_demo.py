@@ -1,39 +1,73 @@
-"""`mlops demo`, the README's main job, on a small feed: lands, ingests, builds features, trains and gates a
-champion, then a day more and a challenger through the gate."""
+"""`mlops demo`, the README's main job, through Airflow on a small feed (the shared `demo_stack`): the
+history is backfilled through `ingest_transactions`, each silver event schedules `build_features`, each
+features event schedules `retrain_fraud_model`; then a day more arrives, the waiting ingest run picks it up
+and the chain runs again up to the gate. Everything is read back from the JSON summary and Airflow's API."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+import httpx
+
+from tests.e2e.conftest import DEMO_DATES
+
+INGEST, FEATURES, RETRAIN = "ingest_transactions", "build_features", "retrain_fraud_model"
 
 
-def test_the_demo_runs_the_loop_and_reports_one_json_line(tmp_path):
-    mlops = str(Path(sys.executable).with_name("mlops"))
-    home = tmp_path / "home"
-    done = subprocess.run(
-        [mlops, "demo", "--days", "3", "--rows-per-day", "1500", "--epochs", "3", "--json"],
-        capture_output=True,
-        text=True,
-        # three days of data: keep the transactions of all but the last day
-        env={**os.environ, "MLOPS_HOME": str(home), "MLOPS_TRAINING__LABEL_MATURITY_DAYS": "1"},
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["status"] == "ok" and summary["dates"] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_stack):
+    summary = demo_stack.summary
+    days = [d.isoformat() for d in DEMO_DATES]
+    assert summary["status"] == "ok" and summary["mode"] == "airflow" and summary["stack"] == "up"
+    assert summary["dates"] == days
     assert 0 < summary["rows_silver"] < summary["rows_written"]  # duplicates and broken rows are removed
     assert summary["rows_quarantined"] > 0 and summary["rows_materialized"] > 0
     assert len(set(summary["dataset_revs"])) == 3
-    first, second = summary["retrains"]
-    assert (first["as_of"], second["as_of"]) == ("2026-01-02", "2026-01-03")
+
+    # Retrain runs that came before the labels matured skip; then one champion and one challenger.
+    trained = [r for r in summary["retrains"] if r["decision"] != "skipped"]
+    skipped = [r for r in summary["retrains"] if r["decision"] == "skipped"]
+    assert [r["as_of"] for r in trained] == days[1:]
+    assert all(r["as_of"] < days[1] and "label maturity" in r["reason"] for r in skipped), skipped
+    first, second = trained
     assert first["previous_champion"] is None
     assert (first["model_version"], second["model_version"]) == ("1", "2")
-    # the challenger was judged against whatever the first run left as champion
-    assert second["previous_champion"] == first["champion_version"]
+    assert second["previous_champion"] == first["champion_version"]  # judged against the first run's outcome
     assert summary["champion_version"] == second["champion_version"]
-    for retrain in (first, second):
+    for retrain in trained:
         assert retrain["decision"] in {"promoted", "rejected"} and retrain["reason"]
-    assert set(summary["seconds_per_stage"]) == {"land", "ingest", "features", "retrain"}
+        assert retrain["training_set_rev"] and retrain["run_id"]
+
+    # The day that arrived last went through the chain on its own: one run of each DAG.
+    last = summary["phases"]["one_more_day"]
+    assert len(last[FEATURES]) == 1 and len(last[RETRAIN]) == 1
+    assert last[RETRAIN][0] == trained[-1]["dag_run_id"]
+    assert len(summary["dag_runs"][INGEST]) == 3
+    assert set(summary["seconds_per_stage"]) == {"stack", "land", "ingest", "features", "retrain"}
+    assert all(seconds > 0 for seconds in summary["seconds_per_stage"].values())
+    # the human summary went to stderr
+    assert "time per stage" in demo_stack.stderr and "make down" in demo_stack.stderr
+
+
+def test_airflow_recorded_the_chain_as_asset_triggered_runs(demo_stack):
+    """Read back from the API: the features and retrain runs were started by asset events, not by hand,
+    and each consumed the event of the run before it."""
+    client = httpx.Client(
+        base_url=f"{demo_stack.airflow_url}/api/v2",
+        headers={"Authorization": f"Bearer {demo_stack.token()}"},
+        timeout=30,
+    )
+    runs = demo_stack.summary["dag_runs"]
+    with client:
+        for run_id in runs[INGEST]:
+            run = client.get(f"/dags/{INGEST}/dagRuns/{run_id}").json()
+            assert (run["run_type"], run["state"]) == ("backfill", "success")
+        for dag_id, source, asset in (
+            (FEATURES, INGEST, "silver_transactions"),
+            (RETRAIN, FEATURES, "fraud_features"),
+        ):
+            for run_id in runs[dag_id]:
+                run = client.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()
+                assert (run["run_type"], run["state"]) == ("asset_triggered", "success")
+                events = client.get(f"/dags/{dag_id}/dagRuns/{run_id}/upstreamAssetEvents").json()[
+                    "asset_events"
+                ]
+                assert events and {(e["name"], e["source_dag_id"]) for e in events} == {(asset, source)}
+                assert {e["source_run_id"] for e in events} <= set(runs[source])

@@ -139,3 +139,35 @@ def test_cli_retrain_history_and_rollback(home):
         assert code == 1 and rolled["status"] == "failed" and "no previous champion" in rolled["message"]
         code, again = _mlops("history")
         assert again["champion_version"] == champion
+
+
+def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):
+    """A young installation (no silver yet, as when the weekly schedule fires before the first arrival):
+    the run skips the training set and everything after it instead of failing, and says why."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    dag = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
+    run = dag.test(run_conf={"as_of": LAST.isoformat()})
+    with create_session() as session:
+        states = {
+            ti.task_id: str(ti.state)
+            for ti in session.query(TaskInstance).filter(
+                TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "retrain_fraud_model"
+            )
+        }
+        reason = (
+            session.query(XComModel.value)
+            .filter(
+                XComModel.run_id == run.run_id,
+                XComModel.task_id == "training_set",
+                XComModel.key == "skipped",
+            )
+            .scalar()
+        )
+    after = ("training_set", "train", "evaluate", "register", "promote", "export")
+    assert states == {"as_of_date": "success", **{task: "skipped" for task in after}}
+    assert str(run.state) == "success"
+    assert "no silver transactions yet" in str(reason)

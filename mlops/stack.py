@@ -1,0 +1,90 @@
+"""The embedded stack of `make up` / `make down` seen from Python: start and stop it with the same scripts
+(scripts/up.sh, scripts/down.sh), and find its URLs and login.
+
+The scripts are the one place that knows how each component starts; this module only runs them, streams
+their output and reads what they print and write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlops.settings import REPO_ROOT, Settings
+
+UP = REPO_ROOT / "scripts" / "up.sh"
+DOWN = REPO_ROOT / "scripts" / "down.sh"
+PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
+
+
+class StackError(RuntimeError):
+    """The stack could not be started, stopped or logged into; the message says where to look."""
+
+
+@dataclass(frozen=True)
+class Stack:
+    airflow_url: str
+    mlflow_url: str
+    username: str
+    password: str
+    password_file: Path
+    already_running: bool  # every component was up before: the stack's settings are the ones it started with
+
+
+def _run_script(script: Path, env: dict[str, str], echo: Callable[[str], None]) -> tuple[int, str]:
+    """Run a stack script, passing each line of its output to `echo`; return its exit code and output."""
+    lines: list[str] = []
+    with subprocess.Popen(
+        ["bash", str(script)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line.rstrip("\n"))
+            echo(lines[-1])
+    return process.returncode, "\n".join(lines)
+
+
+def up(settings: Settings, env: dict[str, str] | None = None, echo: Callable[[str], None] = print) -> Stack:
+    """scripts/up.sh (idempotent), then the URLs it printed and the Airflow login it wrote."""
+    env = {**os.environ, **(env or {})}
+    code, output = _run_script(UP, env, echo)
+    if code:
+        raise StackError(f"scripts/up.sh exited {code}; its output is above (logs: {settings.home / 'run'})")
+    airflow = re.search(r"^Airflow:\s+(\S+)", output, re.MULTILINE)
+    mlflow = re.search(r"^MLflow:\s+(\S+)", output, re.MULTILINE)
+    if not airflow or not mlflow:
+        raise StackError(f"scripts/up.sh printed no 'Airflow:' and 'MLflow:' lines:\n{output[-2000:]}")
+    username = env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin").split(",")[0].split(":")[0]
+    password_file = settings.airflow_home / PASSWORD_FILE
+    try:
+        password = json.loads(password_file.read_text())[username]
+    except (OSError, ValueError, KeyError) as exc:
+        raise StackError(
+            f"no password for Airflow user {username!r} in {password_file} ({exc}); the api-server writes it "
+            f"when it starts: read {settings.home / 'run' / 'api-server.log'}"
+        ) from exc
+    return Stack(
+        airflow_url=airflow.group(1),
+        mlflow_url=mlflow.group(1),
+        username=username,
+        password=password,
+        password_file=password_file,
+        already_running=not re.search(r"^up: started ", output, re.MULTILINE),
+    )
+
+
+def down(env: dict[str, str] | None = None, echo: Callable[[str], None] = print) -> None:
+    """scripts/down.sh: stop what up.sh started."""
+    code, _ = _run_script(DOWN, {**os.environ, **(env or {})}, echo)
+    if code:
+        raise StackError(f"scripts/down.sh exited {code}; its output is above")

@@ -1,0 +1,171 @@
+"""One embedded stack for the e2e tests that need it: `mlops demo` starts it (scripts/up.sh) on a fresh
+MLOPS_HOME and free ports, and runs the whole chain through Airflow once on a small feed; the demo, REST
+API and browser tests then look at that installation. scripts/down.sh stops it at the end of the session,
+and the teardown fails if it leaves a process behind.
+
+Screenshots and other artifacts go to $MLOPS_TEST_ARTIFACTS (default: test-artifacts/ at the repository
+root, git-ignored), so CI can keep them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "mlflow")
+DAG_IDS = {"synthetic_landing", "ingest_transactions", "build_features", "retrain_fraud_model"}
+# Three days of 1500 rows: the first two build the champion, the third a challenger. Labels are taken as
+# known after one day (the default of three would leave nothing to train on), and the first model needs no
+# minimum AUC-PR: a feed this small holds a handful of frauds, and these tests check the plumbing (runs,
+# registry, alias, UIs), not the model's quality (tests/model and tests/data do).
+DEMO_ARGS = ("--days", "3", "--rows-per-day", "1500", "--epochs", "3")
+DEMO_DATES = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
+DEMO_TIMEOUT = 3000  # seconds; about 12 minutes on a 2-core machine shared with other Spark work
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The first test to use `demo_stack` pays for the demo in its setup: give those tests the time."""
+    for item in items:
+        if "demo_stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT + 600))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stack_env(home: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without the test session's own Airflow settings (conftest.py sets an
+    AIRFLOW_HOME for in-process DAG tests), pointed at `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.pop("MLOPS_PROFILE", None)
+    env.update(MLOPS_HOME=str(home), **extra)
+    return env
+
+
+def run_script(name: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / name)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def logs(home: Path) -> str:
+    return "\n".join(
+        f"--- {log.name}\n{log.read_text(errors='replace')[-1500:]}"
+        for log in sorted((home / "run").glob("*.log"))
+    )
+
+
+def survivors(groups: set[int]) -> list[str]:
+    """Processes still running (zombies aside) in the process groups up.sh started."""
+    found = []
+    for process in psutil.process_iter(["pid", "status", "cmdline"]):
+        try:
+            if os.getpgid(process.pid) in groups and process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:120]}")
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+@dataclass(frozen=True)
+class DemoStack:
+    home: Path
+    env: dict[str, str]
+    summary: dict
+    stdout: str
+    stderr: str
+    airflow_url: str
+    mlflow_url: str
+    username: str
+    password: str
+    seconds: float
+
+    def token(self) -> str:
+        """A JWT for Airflow's REST API (the simple auth manager's POST /auth/token)."""
+        import httpx
+
+        answer = httpx.post(
+            f"{self.airflow_url}/auth/token", json={"username": self.username, "password": self.password}
+        )
+        assert answer.status_code == 201, answer.text
+        return answer.json()["access_token"]
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    folder = Path(os.environ.get("MLOPS_TEST_ARTIFACTS", REPO / "test-artifacts")).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\ntest artifacts (screenshots): {folder}")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def demo_stack(tmp_path_factory) -> DemoStack:
+    home = tmp_path_factory.mktemp("demo-stack") / "home"
+    env = stack_env(
+        home,
+        MLOPS_AIRFLOW_PORT=str(free_port()),
+        MLOPS_MLFLOW_PORT=str(free_port()),
+        MLOPS_UP_TIMEOUT="240",
+        MLOPS_TRAINING__LABEL_MATURITY_DAYS="1",
+        MLOPS_GATE__FLOOR="0",
+    )
+    mlops = str(Path(sys.executable).with_name("mlops"))
+    groups: set[int] = set()
+    try:
+        started = time.monotonic()
+        done = subprocess.run(
+            [mlops, "demo", *DEMO_ARGS, "--timeout", str(DEMO_TIMEOUT - 300), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEMO_TIMEOUT,
+        )
+        seconds = time.monotonic() - started
+        print(f"\nmlops demo {' '.join(DEMO_ARGS)} through Airflow: {seconds:.0f}s")
+        groups = {int(p.read_text()) for p in (home / "run").glob("*.pid")}
+        assert done.returncode == 0, f"{done.stderr[-6000:]}\n{logs(home)}"
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        password_file = home / "airflow" / "simple_auth_manager_passwords.json.generated"
+        yield DemoStack(
+            home=home,
+            env=env,
+            summary=summary,
+            stdout=done.stdout,
+            stderr=done.stderr,
+            airflow_url=summary["airflow_url"],
+            mlflow_url=summary["mlflow_url"],
+            username="admin",
+            password=json.loads(password_file.read_text())["admin"],
+            seconds=seconds,
+        )
+    finally:
+        # `make down`: every component stopped, no process of theirs left, and a second call is a no-op.
+        groups |= {int(p.read_text()) for p in (home / "run").glob("*.pid")}
+        down = run_script("down.sh", env, timeout=180)
+        assert down.returncode == 0, down.stderr
+        if groups:
+            for name in COMPONENTS:
+                assert f"down: stopped {name}" in down.stdout, down.stdout
+        assert not list((home / "run").glob("*.pid")), down.stdout
+        assert survivors(groups) == [], down.stdout
+        assert run_script("down.sh", env, timeout=60).stdout.startswith("down: nothing to stop")
