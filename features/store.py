@@ -8,8 +8,10 @@ Materialization does not use Feast's engine: the local engine reads the whole wi
 before writing (`retrieval_job.to_arrow()`), so memory grows with the window. Here a window is read from
 the gold Parquet in batches, twice: the first pass keeps, per entity, only the key and timestamps of its
 latest row (event time, then created time); the second reads the feature columns batch by batch, keeps
-the rows that are some entity's latest and writes them through the online store's `online_write_batch`.
-Memory is bounded by the number of entities in the window plus one batch, not by the number of rows.
+the rows that are some entity's latest and writes them in Feast's online layout, `WRITE_ROWS` entities per
+transaction or pipelines of `ENCODE_ROWS` (features/online_store.py: the bytes Feast's `online_write_batch`
+would store, without its per-value protobuf objects and statements). Memory is bounded by the number of
+entities in the window plus one batch, not by the number of rows.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from features.definitions import (
     FraudFeatureDefinitions,
     build_definitions,
 )
+from features.online_store import open_writer
 from mlops.settings import Profile, Settings
 from pipelines.errors import PipelineError
 from pipelines.features.contract import (
@@ -51,7 +54,8 @@ DEFAULT_PROJECT = "fraud"
 # The step that writes gold, named in errors when a gold table is missing.
 GOLD_COMMAND = "mlops features --date YYYY-MM-DD --step build_gold"
 SCAN_ROWS = 250_000  # rows per Parquet batch
-WRITE_ROWS = 20_000  # rows per online_write_batch call
+GUARD_ROWS = 10_000  # entities per read of stored event times (re-materializing an older window)
+WRITE_ROWS = 100_000  # entities per write: one transaction (SQLite), sorted by key
 _TABLE_OF_VIEW = {"customer_stats_fv": CUSTOMER_TABLE, "merchant_stats_fv": MERCHANT_TABLE}
 _KEY_OF_VIEW = {"customer_stats_fv": CUSTOMER_JOIN_KEY, "merchant_stats_fv": MERCHANT_JOIN_KEY}
 
@@ -239,9 +243,18 @@ def _window_filter(start: datetime, end: datetime):
 
 
 def _scan(dataset, columns: list[str], window, batch_rows: int):
-    # Read-ahead is kept small: each batch in flight is memory.
+    import pyarrow.dataset as ds
+
+    # Read-ahead is kept small: each batch in flight is memory. Pre-buffering (Arrow's default) reads a
+    # whole row group's column chunks ahead, which pays on object storage; gold is on a local disk, where
+    # it only doubles the memory of a scan (241 vs 138 MiB peak over 1M rows of 25 columns, no slower).
     return dataset.to_batches(
-        columns=columns, filter=window, batch_size=batch_rows, batch_readahead=1, fragment_readahead=1
+        columns=columns,
+        filter=window,
+        batch_size=batch_rows,
+        batch_readahead=1,
+        fragment_readahead=1,
+        fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False),
     )
 
 
@@ -311,36 +324,26 @@ def _entity_keys(view: FeatureView, keys: list[str]):
 
 def _drop_stale(store: FeatureStore, view: FeatureView, rows: pa.Table, key: str) -> pa.Table:
     """Rows whose entity holds a value from a later event in the online store are left out, so that
-    re-materializing an older window (late data) never moves an entity back in time."""
+    re-materializing an older window (late data) never moves an entity back in time. The stored times
+    are read `GUARD_ROWS` entities at a time (Feast's SQLite read binds one parameter per entity, and
+    SQLite takes at most 32,766)."""
     import pyarrow as pa
 
     provider = store._get_provider()
-    keys = rows[key].to_pylist()
-    stored = provider.online_read(
-        config=store.config,
-        table=view,
-        entity_keys=_entity_keys(view, keys),
-        requested_features=[view.features[0].name],
-    )
-    new_events = rows[EVENT_TIMESTAMP].to_pylist()
-    keep = [
-        stored_ts is None or stored_ts.replace(tzinfo=stored_ts.tzinfo or UTC) <= new_ts
-        for (stored_ts, _), new_ts in zip(stored, new_events, strict=True)
-    ]
+    keep: list[bool] = []
+    for offset in range(0, rows.num_rows, GUARD_ROWS):
+        part = rows.slice(offset, GUARD_ROWS)
+        stored = provider.online_read(
+            config=store.config,
+            table=view,
+            entity_keys=_entity_keys(view, part[key].to_pylist()),
+            requested_features=[view.features[0].name],
+        )
+        keep += [
+            stored_ts is None or stored_ts.replace(tzinfo=stored_ts.tzinfo or UTC) <= new_ts
+            for (stored_ts, _), new_ts in zip(stored, part[EVENT_TIMESTAMP].to_pylist(), strict=True)
+        ]
     return rows.filter(pa.array(keep, type=pa.bool_()))
-
-
-def _write(store: FeatureStore, view: FeatureView, rows: pa.Table, key: str, write_rows: int) -> None:
-    """Feast's serialization and keys, `write_rows` entities at a time: the protobuf values of a chunk
-    (one per entity and feature) are the largest objects of a materialization."""
-    from feast.utils import _convert_arrow_to_proto
-    from feast.value_type import ValueType
-
-    provider = store._get_provider()
-    for offset in range(0, rows.num_rows, write_rows):
-        chunk = rows.slice(offset, write_rows).combine_chunks().to_batches()[0]
-        data = _convert_arrow_to_proto(chunk, view, {key: ValueType.STRING})
-        provider.online_write_batch(config=store.config, table=view, data=data, progress=None)
 
 
 def _materialize_view(
@@ -363,6 +366,7 @@ def _materialize_view(
     # A later window already materialized may hold newer values for some of these entities.
     guard = any(interval[1] > end for interval in _materialized_intervals(view))
     columns = [key, EVENT_TIMESTAMP, CREATED_TIMESTAMP, *(f.name for f in view.features)]
+    writer = open_writer(store, view)
     written = kept_newer = 0
     pending: list[pa.Table] = []
     pending_rows = 0
@@ -375,29 +379,33 @@ def _materialize_view(
             fresh = _drop_stale(store, view, rows, key)
             kept_newer += rows.num_rows - fresh.num_rows
             rows = fresh
-        _write(store, view, rows, key, write_rows)
+        for offset in range(0, rows.num_rows, write_rows):
+            writer.write(rows.slice(offset, write_rows))
         written += rows.num_rows
 
-    if winners.num_rows:
-        for batch in _scan(dataset, columns, window, scan_rows):
-            if batch.num_rows == 0:
-                continue
-            table = _normalise_timestamps(pa.Table.from_batches([batch]))
-            latest = table.join(
-                winners, keys=[key, EVENT_TIMESTAMP, CREATED_TIMESTAMP], join_type="left semi"
-            )
-            # Exact duplicate rows in gold would both match: keep one per entity.
-            if latest.num_rows and pc.count_distinct(latest[key]).as_py() < latest.num_rows:
-                latest = latest.group_by(key, use_threads=False).aggregate(
-                    [(name, "first") for name in columns if name != key]
+    try:
+        if winners.num_rows:
+            for batch in _scan(dataset, columns, window, scan_rows):
+                if batch.num_rows == 0:
+                    continue
+                table = _normalise_timestamps(pa.Table.from_batches([batch]))
+                latest = table.join(
+                    winners, keys=[key, EVENT_TIMESTAMP, CREATED_TIMESTAMP], join_type="left semi"
                 )
-                latest = latest.rename_columns([*(n for n in columns if n != key), key])
-            pending.append(latest)
-            pending_rows += latest.num_rows
-            if pending_rows >= write_rows:
+                # Exact duplicate rows in gold would both match: keep one per entity.
+                if latest.num_rows and pc.count_distinct(latest[key]).as_py() < latest.num_rows:
+                    latest = latest.group_by(key, use_threads=False).aggregate(
+                        [(name, "first") for name in columns if name != key]
+                    )
+                    latest = latest.rename_columns([*(n for n in columns if n != key), key])
+                pending.append(latest)
+                pending_rows += latest.num_rows
+                if pending_rows >= write_rows:
+                    flush()
+            if pending_rows:
                 flush()
-        if pending_rows:
-            flush()
+    finally:
+        writer.close()
     store.registry.apply_materialization(view, store.project, start, end, commit=True)
     return ViewMaterialization(
         feature_view=view.name,
