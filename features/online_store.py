@@ -44,6 +44,7 @@ _INT64_TAG = 0x20  # Value.int64_val: field 4, wire type 0 (varint)
 _U32 = struct.Struct("<I")
 # Entities whose values are encoded at once (Python objects: about 4 KiB per entity for SQLite).
 ENCODE_ROWS = 10_000
+READ_KEYS = 10_000  # entity keys per SQLite query of the reader
 # SQLite page cache of the writing connection: the two indexes Feast keeps on its table stay in memory.
 SQLITE_CACHE_KIB = 64 * 1024
 
@@ -330,3 +331,169 @@ class RedisWriter:
 
     def close(self) -> None:
         pass
+
+
+class OnlineReader:
+    """Reads a feature service's values for entity rows straight from the layout the writers above
+    produce (Feast's), returning what `FeatureStore.get_online_features(service, rows).to_dict()`
+    returns: the rows' join keys as strings, then every feature of every view in the service's order,
+    None where the store holds nothing. No registry lookup, request context or response proto per call:
+    the views, table names, hash fields and key prefixes are resolved once, here.
+
+    A `double_val` or `int64_val` in its canonical encoding (the only one Feast and these writers
+    produce) is decoded directly; anything else goes through Feast's own proto conversion."""
+
+    def __init__(self, store: FeatureStore, service) -> None:
+        from feast.value_type import ValueType
+
+        config = store.config
+        self.store = store
+        self.views = []
+        for projection in service.feature_view_projections:
+            view = store.get_feature_view(projection.name)
+            names = [f.name for f in projection.features]
+            integer = [f.dtype.to_value_type() is ValueType.INT64 for f in projection.features]
+            head = _entity_key_head(view, config.entity_key_serialization_version)
+            self.views.append((view, view.entity_columns[0].name, names, integer, head))
+        self.join_keys = list(dict.fromkeys(join_key for _, join_key, *_ in self.views))
+
+    @staticmethod
+    def supports(store: FeatureStore, service) -> bool:
+        config = store.config
+        online = config.online_store
+        layout = (online.type == "sqlite" and not online.vector_enabled) or (
+            online.type == "redis" and online.redis_type == "redis"
+        )
+        return (
+            layout
+            and config.entity_key_serialization_version >= 3
+            and not config.registry.enable_online_feature_view_versioning
+            and all(
+                _plain_numeric_view(store.get_feature_view(p.name)) and not p.name_alias
+                for p in service.feature_view_projections
+            )
+        )
+
+    def read(self, entity_rows: list[dict]) -> dict[str, list]:
+        """Raises KeyError naming a join key that an entity row lacks."""
+        if not entity_rows:
+            return {}
+        missing = [k for k in self.join_keys if k not in entity_rows[0]]
+        if missing:
+            raise KeyError(f"entity rows lack the join keys {missing}; each row needs {self.join_keys}")
+        try:
+            # Feast converts entity values to its STRING type with str().
+            result: dict[str, list] = {
+                k: [str(row[k]) for row in entity_rows] for k in entity_rows[0] if k in self.join_keys
+            }
+        except KeyError as error:
+            raise KeyError(
+                f"an entity row lacks the join key {error}; each row needs {self.join_keys}"
+            ) from None
+        requests = [
+            (
+                view,
+                names,
+                [head + _U32.pack(len(b)) + b for b in (e.encode("utf-8") for e in result[join_key])],
+            )
+            for view, join_key, names, _, head in self.views
+        ]
+        for (_, _, names, integer, _), per_entity in zip(self.views, self._fetch(requests), strict=True):
+            for j, (name, is_int) in enumerate(zip(names, integer, strict=True)):
+                decode = _decode_int64 if is_int else _decode_double
+                result[name] = [decode(values[j]) for values in per_entity]
+        return result
+
+    def _fetch(self, requests) -> list[list[list[bytes | None]]]:
+        raise NotImplementedError
+
+
+_DOUBLE = struct.Struct("<d")
+
+
+def _decode_double(raw: bytes | None):
+    if raw is not None and len(raw) == 9 and raw[0] == _DOUBLE_TAG:
+        return _DOUBLE.unpack_from(raw, 1)[0]
+    return _decode_value(raw)
+
+
+def _decode_int64(raw: bytes | None):
+    if raw is not None and len(raw) == 2 and raw[0] == _INT64_TAG and raw[1] < 0x80:
+        return raw[1]
+    return _decode_value(raw)
+
+
+def _decode_value(raw: bytes | None):
+    from feast.protos.feast.types.Value_pb2 import Value
+    from feast.type_map import feast_value_type_to_python_type
+
+    if not raw:
+        return None
+    return feast_value_type_to_python_type(Value.FromString(raw))
+
+
+class SqliteReader(OnlineReader):
+    def __init__(self, store: FeatureStore, service) -> None:
+        from feast.infra.online_stores.helpers import compute_table_id
+        from feast.infra.online_stores.sqlite import SqliteOnlineStore
+
+        super().__init__(store, service)
+        path = SqliteOnlineStore._get_db_path(store.config)
+        self.conn = sqlite3.connect(path, check_same_thread=False)
+        self.tables = {
+            view.name: '"' + compute_table_id(store.config.project, view, False).replace('"', '""') + '"'
+            for view, *_ in self.views
+        }
+
+    def _fetch(self, requests):
+        out = []
+        for view, names, keys in requests:
+            unique = list(dict.fromkeys(keys))
+            found: dict[bytes, dict[str, bytes]] = {}
+            for offset in range(0, len(unique), READ_KEYS):  # SQLite binds at most 32,766 parameters
+                part = unique[offset : offset + READ_KEYS]
+                sql = (
+                    f"SELECT entity_key, feature_name, value FROM {self.tables[view.name]} "
+                    f"WHERE entity_key IN ({','.join('?' * len(part))})"
+                )
+                for key, name, value in self.conn.execute(sql, part):
+                    found.setdefault(key, {})[name] = value
+            empty: dict[str, bytes] = {}
+            out.append([[found.get(k, empty).get(n) for n in names] for k in keys])
+        return out
+
+
+class RedisReader(OnlineReader):
+    def __init__(self, store: FeatureStore, service) -> None:
+        from feast.infra.online_stores.helpers import _mmh3
+
+        super().__init__(store, service)
+        self.project = store.config.project.encode("utf-8")
+        self.fields = {
+            view.name: [_mmh3(f"{view.name}:{name}") for name in names] for view, _, names, *_ in self.views
+        }
+        self.client = store._get_provider().online_store._get_client(store.config.online_store)
+
+    def _fetch(self, requests):
+        with self.client.pipeline(transaction=False) as pipe:
+            for view, _, keys in requests:
+                fields = self.fields[view.name]
+                for key in keys:
+                    pipe.execute_command("HMGET", key + self.project, *fields)
+            replies = pipe.execute()
+        out, offset = [], 0
+        for _, _, keys in requests:
+            out.append(replies[offset : offset + len(keys)])
+            offset += len(keys)
+        return out
+
+
+def open_reader(store: FeatureStore, service) -> OnlineReader | None:
+    """A direct reader of the service for this store, or None where Feast's own path must serve."""
+    if not OnlineReader.supports(store, service):
+        return None
+    return (
+        SqliteReader(store, service)
+        if store.config.online_store.type == "sqlite"
+        else RedisReader(store, service)
+    )

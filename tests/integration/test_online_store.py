@@ -1,8 +1,9 @@
-"""The fast online writers against Feast's own, on the real SQLite and the Redis on this machine.
+"""The fast online writers and reader against Feast's own, on the real SQLite and the Redis on this machine.
 
 The same rows are written by `features.online_store`'s writer into one Feast project and by Feast's
-`online_write_batch` into another; the stored bytes must be the same (SQLite rows, Redis hashes). Every
-test has its own projects; their Redis keys are removed and checked gone afterwards.
+`online_write_batch` into another; the stored bytes must be the same (SQLite rows, Redis hashes), and the
+direct reader must return what Feast's `get_online_features` returns. Every test has its own projects;
+their Redis keys are removed and checked gone afterwards.
 """
 
 from __future__ import annotations
@@ -95,6 +96,18 @@ def stored(settings: Settings, project: str, view, keys: list[str]) -> dict:
     return out
 
 
+def same(left: dict, right: dict) -> bool:
+    """Equal dicts of lists, NaN equal to NaN."""
+    if left.keys() != right.keys():
+        return False
+    for name in left:
+        for a, b in zip(left[name], right[name], strict=True):
+            both_nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+            if not (both_nan or (a == b and type(a) is type(b))):
+                return False
+    return True
+
+
 def test_fast_writers_store_exactly_what_feast_stores(profile, projects):
     settings = Settings()
     ours, feasts = projects
@@ -116,6 +129,38 @@ def test_fast_writers_store_exactly_what_feast_stores(profile, projects):
             mine, theirs = (stored(settings, name, views[name], keys) for name in projects)
             assert len(mine) == len(keys) * (len(views[ours].features) if profile == "local" else 1)
             assert mine == theirs, f"{view_name}, round {round_}"
+        requests = [
+            {"customer_id": c, "merchant_id": m, "amount": 1.0}
+            for c, m in zip(
+                [*customers, "c-unknown", "c1"], [*merchants, *merchants, "m-unknown", "m1"], strict=True
+            )
+        ]
+        served = {name: feature_store.OnlineFeatures(stores[name]) for name in projects}
+        assert served[ours]._reader is not None
+        direct = served[ours].get(requests)
+        assert same(direct, served[ours].feast_get(requests))
+        assert same(direct, served[feasts].feast_get(requests))
+        assert direct["customer_id"][-2:] == ["c-unknown", "c1"]
+        assert all(direct[f.name][-2] is None for f in views[ours].features if view_name == MERCHANT_VIEW)
+
+
+def test_direct_reads_equal_feasts_for_sampled_entities_after_materialize(profile, projects):
+    settings = Settings()
+    project = projects[0]
+    write_gold_day(settings.lake, 20_000, seed=3)  # 2,000 customers, 20 merchants
+    feature_store.apply(settings, project)
+    reports = feature_store.materialize(settings, DAY, DAY + timedelta(days=1), project, write_rows=700)
+    assert sum(r.rows_written for r in reports) == 2_020
+    served = feature_store.open_online(settings, project)
+    rng = random.Random(11)
+    rows = [
+        {"customer_id": f"c{rng.randrange(2_100)}", "merchant_id": f"m{rng.randrange(22)}"}
+        for _ in range(300)
+    ]
+    assert same(served.get(rows), served.feast_get(rows))
+    for row in rows[:40]:
+        assert same(served.get([row]), served.feast_get([row]))
+    assert sum(v is not None for v in served.get(rows)["customer_txn_count_1h"]) > 200
 
 
 def test_the_sqlite_online_store_is_in_wal_mode_after_materialize(monkeypatch):
@@ -128,3 +173,28 @@ def test_the_sqlite_online_store_is_in_wal_mode_after_materialize(monkeypatch):
     conn = sqlite3.connect(settings.feast_dir / "online.db")
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()
+
+
+def test_a_request_without_a_join_key_is_refused_naming_it(profile, projects):
+    settings = Settings()
+    feature_store.apply(settings, projects[0])
+    served = feature_store.open_online(settings, projects[0])
+    with pytest.raises(feature_store.FeatureStoreError, match="merchant_id"):
+        served.get([{"customer_id": "c1"}])
+    with pytest.raises(feature_store.FeatureStoreError, match="merchant_id"):
+        served.get([{"customer_id": "c1", "merchant_id": "m1"}, {"customer_id": "c2"}])
+
+
+def test_a_large_read_is_split_under_sqlites_parameter_limit(monkeypatch):
+    monkeypatch.setenv("MLOPS_PROFILE", "local")
+    monkeypatch.setattr(online_store, "READ_KEYS", 7)
+    settings = Settings()
+    project = f"t_{uuid.uuid4().hex[:10]}"
+    write_gold_day(settings.lake, 2_000)  # 200 customers, 2 merchants
+    feature_store.apply(settings, project)
+    feature_store.materialize(settings, DAY, DAY + timedelta(days=1), project)
+    served = feature_store.open_online(settings, project)
+    rows = [{"customer_id": f"c{i}", "merchant_id": f"m{i % 3}"} for i in range(60)]
+    got = served.get(rows)
+    assert same(got, served.feast_get(rows))
+    assert got["merchant_txn_count_24h"][2] is None and got["customer_txn_count_1h"].count(None) < 10

@@ -1,13 +1,16 @@
-"""The online writers' column-wise encoding of feature values is byte for byte Feast's protobuf `Value`."""
+"""The online writers' column-wise encoding of feature values is byte for byte Feast's protobuf `Value`,
+and the reader's direct decoding gives back what Feast's own conversion gives."""
 
 from __future__ import annotations
 
 import math
 
 import pyarrow as pa
+import pytest
 from feast.protos.feast.types.Value_pb2 import Value
+from feast.type_map import feast_value_type_to_python_type
 
-from features.online_store import encode_double, encode_int64
+from features.online_store import _decode_double, _decode_int64, encode_double, encode_int64
 
 DOUBLES = [
     1.5,
@@ -53,3 +56,17 @@ def test_a_chunked_column_of_another_width_is_cast_first():
     column = pa.chunked_array([pa.array([1, 2], pa.int32()), pa.array([None, 400], pa.int32())])
     encoded, _, _ = encode_int64(column.combine_chunks())
     assert encoded == feast_bytes([1, 2, None, 400], "int64_val")
+
+
+@pytest.mark.parametrize(
+    ("decode", "values", "field"),
+    [(_decode_double, DOUBLES, "double_val"), (_decode_int64, INTEGERS, "int64_val")],
+)
+def test_direct_decoding_matches_feasts_conversion(decode, values, field):
+    for raw in [*feast_bytes(values, field), None, Value(string_val="x").SerializeToString()]:
+        expected = None if raw is None else feast_value_type_to_python_type(Value.FromString(raw))
+        got = decode(raw)
+        if isinstance(expected, float) and math.isnan(expected):
+            assert math.isnan(got)
+        else:
+            assert got == expected and type(got) is type(expected), (raw, got, expected)
