@@ -8,6 +8,7 @@ every Redis key Feast writes; the Redis keys of the project are removed and chec
 from __future__ import annotations
 
 import math
+import random
 import subprocess
 import sys
 import uuid
@@ -303,6 +304,42 @@ def test_rematerializing_a_window_after_late_data_updates_online_values(profile,
     assert c("c2") == 23.0
     assert report.rows_kept_newer >= 1
     assert c("c6") == 60.0  # c6 has no day-two row: day one's value stays
+
+
+def test_each_entity_gets_its_latest_row_across_scan_batches_ties_to_the_later_created(profile, project):
+    """Many rows per customer on few distinct event times (ties) and created times, read in batches of
+    97 rows and written 13 entities at a time: online holds, per customer, the row a brute-force sort by
+    (event time, created time) puts last."""
+    settings = Settings()
+    rng = random.Random(5)
+    rows, seen = [], set()
+    while len(rows) < 3_000:
+        entity = f"c{rng.randrange(60)}"
+        hours, created = rng.choice([1, 2.5, 7, 20, 30, 41]), rng.randrange(48, 60)
+        if (entity, hours, created) not in seen:  # gold has one row per entity, event and created time
+            seen.add((entity, hours, created))
+            rows.append(gold_row("customer_id", entity, hours, len(rows), created_hours=created))
+    write_gold(settings.lake, CUSTOMER_TABLE, rows)
+    write_gold(settings.lake, MERCHANT_TABLE, merchant_rows())
+    feature_store.apply(settings, project)
+    report = feature_store.materialize(
+        settings,
+        T0,
+        T0 + timedelta(days=2),
+        project,
+        views=["customer_stats_fv"],
+        scan_rows=97,
+        write_rows=13,
+    )[0]
+    expected = {}
+    for row in sorted(rows, key=lambda r: (r["event_timestamp"], r["created_timestamp"])):
+        expected[row["customer_id"]] = float(row["value"])
+    assert (report.rows_scanned, report.entities, report.rows_written) == (3_000, 60, 60)
+    customers = sorted(expected)
+    online = feature_store.online_features(
+        settings, [{"customer_id": c, "merchant_id": "m0"} for c in customers], project
+    )
+    assert online["customer_amount_sum_1h"] == [expected[c] for c in customers]
 
 
 def test_the_cluster_profile_serves_from_redis_not_sqlite(monkeypatch, gold):
