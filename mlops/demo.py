@@ -228,6 +228,13 @@ def run_through_airflow(
             feed_start=start,
         )
 
+    maturity = settings.training.label_maturity_days
+    if days < maturity + 2:
+        console.print(
+            f"[yellow]Labels count as known after {maturity} days (MLOPS_TRAINING__LABEL_MATURITY_DAYS): "
+            f"with {days} days the history trains no champion, so no challenger meets the gate; use --days "
+            f"{maturity + 2} or more.[/]"
+        )
     console.rule("the stack: scripts/up.sh")
     # Task processes inherit the scheduler's environment: that is how the epochs reach the train task.
     stack = clock.run("stack", lambda: embedded.up(settings, {"MLOPS_TRAINING__EPOCHS": str(epochs)}, echo))
@@ -372,7 +379,10 @@ def _follow_chain(api, ingest_run_ids: list[str], deadline: float, console: Cons
         run = _finished_ok(api, INGEST, run_id, deadline)
         arrived = api.task_instances(INGEST, run_id)[SENSOR_TASK]["end_date"]
         seconds = _seconds_between(arrived, run["end_date"])
-        console.print(f"{INGEST} {run['logical_date'][:10]}: {run['state']} {seconds:.0f}s after the arrival")
+        console.print(
+            f"{INGEST} {run['logical_date'][:10]}: {run['state']} in {seconds:.0f}s "
+            "(from its sensor seeing the arrival)"
+        )
         for created in api.wait_for_created_runs(INGEST, run_id, "silver_transactions", deadline):
             if created["run_id"] not in features:
                 features.append(created["run_id"])
