@@ -117,13 +117,7 @@ def run_in_process(
     return {
         "status": "ok",
         "mode": "in-process",
-        "landing": str(settings.landing),
-        "dates": [m["arrival_date"] for m in manifests],
-        "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
-        "rows_silver": sum(d["rows_silver"] for d in daily),
-        "rows_quarantined": sum(d["rows_quarantined"] for d in daily),
-        "dataset_revs": [d["dataset_rev"] for d in daily],
-        "rows_materialized": sum(d["rows_materialized"] for d in daily),
+        **_data_summary(settings, manifests, daily),
         "retrains": [_retrain_row(r) for r in retrains],
         "champion_version": retrains[-1].get("champion_version"),
         "seconds_per_stage": clock.seconds,
@@ -303,13 +297,7 @@ def run_through_airflow(
     return {
         "status": "ok",
         "mode": "airflow",
-        "landing": str(settings.landing),
-        "dates": [m["arrival_date"] for m in manifests],
-        "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
-        "rows_silver": sum(d["rows_silver"] for d in daily),
-        "rows_quarantined": sum(d["rows_quarantined"] for d in daily),
-        "dataset_revs": [d["dataset_rev"] for d in daily],
-        "rows_materialized": sum(d["rows_materialized"] for d in daily),
+        **_data_summary(settings, manifests, daily),
         "retrains": [{**_retrain_row(r), "dag_run_id": r["dag_run_id"]} for r in retrains],
         "champion_version": trained[-1].get("champion_version") if trained else None,
         "dag_runs": runs,
@@ -507,3 +495,16 @@ def _other_runs(api, runs: dict[str, list[str]]) -> list[str]:
                     "own schedule for the current date rather than the demo's"
                 )
     return lines
+
+
+def _data_summary(settings: Settings, manifests: list[dict], daily: list[dict]) -> dict:
+    """What both demo modes report of the data: landed, ingested, versioned and materialized rows."""
+    return {
+        "landing": str(settings.landing),
+        "dates": [m["arrival_date"] for m in manifests],
+        "rows_written": sum(m["transactions"]["rows_written"] for m in manifests),
+        "rows_silver": sum(d["rows_silver"] for d in daily),
+        "rows_quarantined": sum(d["rows_quarantined"] for d in daily),
+        "dataset_revs": [d["dataset_rev"] for d in daily],
+        "rows_materialized": sum(d["rows_materialized"] for d in daily),
+    }
