@@ -9,7 +9,6 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import PipelineError
@@ -34,10 +33,6 @@ log = logging.getLogger(__name__)
 REWRITE_BATCH_ROWS = 262_144
 
 
-def _or_empty(spark: SparkSession, frame: DataFrame | None, schema: str) -> DataFrame:
-    return frame if frame is not None else spark.createDataFrame([], schema)
-
-
 def build_gold(settings: Settings, day: date) -> dict:
     """Customer and merchant features for the transactions of `day`: silver rows of event dates D, D-1,
     D-7 and D-30, plus the daily totals of D-30 .. D-1 (state.py), never the whole lookback row by row."""
@@ -59,22 +54,9 @@ def build_gold(settings: Settings, day: date) -> dict:
     evts = transforms.events(read_partitions(spark, tables.silver, row_arrivals)).where(
         F.col("event_date").isin(*wanted)
     )
-    customer_daily = _or_empty(
-        spark,
-        state.read_table(spark, settings.lake, "customer_daily", arrivals),
-        "customer_id string, event_date date, n long, usd_sum double, usd_sumsq double, foreign_n double, "
-        "last_ms long",
-    )
-    merchant_daily = _or_empty(
-        spark,
-        state.read_table(spark, settings.lake, "merchant_daily", arrivals),
-        "merchant_id string, event_date date, n long, usd_sum double",
-    )
-    chargebacks = _or_empty(
-        spark,
-        state.read_table(spark, settings.lake, "merchant_chargebacks", arrivals),
-        "merchant_id string, label_date date, label_ms long",
-    )
+    customer_daily = state.read_table(spark, settings.lake, "customer_daily", arrivals)
+    merchant_daily = state.read_table(spark, settings.lake, "merchant_daily", arrivals)
+    chargebacks = state.read_table(spark, settings.lake, "merchant_chargebacks", arrivals)
     outputs = {
         CUSTOMER_TABLE: transforms.customer_features(
             evts, transforms.customer_base(customer_daily, day), day

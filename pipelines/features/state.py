@@ -36,7 +36,14 @@ from pipelines.ingest.io import (
 
 log = logging.getLogger(__name__)
 
-TABLES = ("customer_daily", "merchant_daily", "merchant_chargebacks")
+# Each table's columns, besides arrival_date (the schema of an empty read).
+SCHEMAS = {
+    "customer_daily": "customer_id string, event_date date, n long, usd_sum double, usd_sumsq double, "
+    "foreign_n double, last_ms long",
+    "merchant_daily": "merchant_id string, event_date date, n long, usd_sum double",
+    "merchant_chargebacks": "merchant_id string, label_date date, label_ms long",
+}
+TABLES = tuple(SCHEMAS)
 CHARGEBACK_REACH_DAYS = 32  # chargebacks are reported up to 30 days after the day of their transaction
 
 
@@ -69,13 +76,14 @@ def ensure(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, 
     record (signature, event dates and their counts)."""
     tables = Tables(lake)
     records: dict[date, dict] = {}
-    stale: list[date] = []
+    stale: dict[date, str] = {}
     for arrival in arrivals:
         record = read_json(_signature_path(lake, arrival))
-        if record and record.get("signature") == _signature(tables, arrival):
+        signature = _signature(tables, arrival)  # before any read: a later rewrite is seen next time
+        if record and record.get("signature") == signature:
             records[arrival] = record
         else:
-            stale.append(arrival)
+            stale[arrival] = signature
     if stale:
         records |= _derive(spark, lake, stale)
     return records
@@ -86,9 +94,9 @@ def forget(lake: Path, arrival: date) -> None:
     _signature_path(lake, arrival).unlink(missing_ok=True)
 
 
-def _derive(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, dict]:
+def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dict[date, dict]:
     tables = Tables(lake)
-    signatures = {a: _signature(tables, a) for a in arrivals}  # before reading: a later rewrite is seen
+    arrivals = sorted(signatures)
     silver = read_partitions(spark, tables.silver, arrivals)
     evts = transforms.events(silver)
     root = state_root(lake)
@@ -133,5 +141,7 @@ def _derive(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date,
     return records
 
 
-def read_table(spark: SparkSession, lake: Path, table: str, arrivals: list[date]) -> DataFrame | None:
-    return read_partitions(spark, state_root(lake) / table, arrivals)
+def read_table(spark: SparkSession, lake: Path, table: str, arrivals: list[date]) -> DataFrame:
+    """A state table over `arrivals` (empty, with its columns, when none of them has rows)."""
+    frame = read_partitions(spark, state_root(lake) / table, arrivals)
+    return frame if frame is not None else spark.createDataFrame([], SCHEMAS[table])
