@@ -13,7 +13,7 @@ manual run, or the day before a scheduled run.
 - **train**: `python -m training train --training-set-rev ...`. Cluster profile: a KubernetesPodOperator on a
   GPU node (restricted pod, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
   deferrable, reattaches after a scheduler restart, pod deleted at the end); the MLflow run id comes back
-  through XCom. Local profile: the same command as a child process.
+  through XCom. Local profile (or `MLOPS_TRAINING__RUNNER=local`): the same command as a child process.
 - **evaluate**: holdout metrics and PR/ROC/confusion/calibration pictures into the MLflow run.
 - **register**: a new version of `fraud-detector`.
 - **promote**: the gate scores challenger and champion on the same holdout and moves the `champion` alias
@@ -24,7 +24,6 @@ manual run, or the day before a scheduled run.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pendulum
@@ -34,6 +33,7 @@ from airflow.timetables.trigger import CronTriggerTimetable
 
 from mlops.assets import FRAUD_FEATURES, FRAUD_MODEL
 from mlops.orchestration import fail_fast_on_bad_data
+from mlops.settings import get_settings
 from mlops.training_task import TRAIN_TASK_ID, run_training_process, train_arguments, training_pod_operator
 
 DEFAULT_ARGS = {
@@ -92,9 +92,7 @@ with DAG(
 
         return fail_fast_on_bad_data(build)
 
-    if os.environ.get("MLOPS_PROFILE", "local") == "cluster":
-        from mlops.settings import get_settings
-
+    if get_settings().training_runner == "kubernetes":
         train_pod = training_pod_operator(get_settings(), TRAINING_SET_REV, retries=2)
         trained = train_pod.output
     else:

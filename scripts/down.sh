@@ -9,8 +9,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 PY="$REPO/${VENV:-.venv}/bin/python"
 GRACE=${MLOPS_DOWN_GRACE:-30}
-# Stop the API last: task processes report their final state to it.
-COMPONENTS=(scheduler triggerer dag-processor mlflow api-server)
+# Stop the API and the Spark Connect server last: task processes report their final state to the API
+# and may still be finishing a Spark job.
+COMPONENTS=(scheduler triggerer dag-processor mlflow api-server spark-connect)
 
 [ -x "$PY" ] || { echo "down: $PY not found: run 'make install' first" >&2; exit 1; }
 home=$("$PY" -c 'from mlops.settings import get_settings; print(get_settings().home)') \
@@ -29,6 +30,7 @@ ours() {
   args=$(ps -o args= -p "$2" 2>/dev/null) || return 1
   case $1 in
     mlflow) [[ $args == *mlflow* ]] ;;
+    spark-connect) [[ $args == *SparkConnectServer* ]] ;;
     *) [[ $args == *airflow* ]] ;;
   esac
 }

@@ -18,6 +18,7 @@ cd "$REPO"
 BIN="$REPO/${VENV:-.venv}/bin"
 PY="$BIN/python"
 AIRFLOW_PORT=${MLOPS_AIRFLOW_PORT:-8080}
+SPARK_CONNECT_PORT=${MLOPS_SPARK_CONNECT_PORT:-15002}
 TIMEOUT=${MLOPS_UP_TIMEOUT:-180}
 
 die() {
@@ -33,8 +34,13 @@ import shlex
 from urllib.parse import urlsplit, urlunsplit
 
 from mlops.settings import Profile, get_settings
+from pipelines.spark import CONNECT_SERVER_CLASS, driver_conf
 
 s = get_settings()
+# The Spark Connect server is the driver of every task: it gets the driver's static settings.
+spark_args = ["--class", CONNECT_SERVER_CLASS, "--name", "mlops-spark-connect", "--master", s.spark_master]
+for key, value in driver_conf(s).items():
+    spark_args += ["--conf", f"{key}={value}"]
 tracking = urlsplit(s.mlflow_tracking_uri)
 local_artifacts = (s.mlflow_dir / "artifacts").as_uri()
 if s.profile is Profile.LOCAL:
@@ -68,9 +74,11 @@ values = {
     "MLFLOW_ARTIFACT_ROOT": artifact_root,
     "MLFLOW_ARTIFACTS_DESTINATION": artifacts_destination,
     "PROFILE_MLFLOW_PORT": mlflow_port,
+    "SPARK_MASTER": s.spark_master,
 }
 for name, value in values.items():
     print(f"{name}={shlex.quote(str(value))}")
+print(f"SPARK_CONNECT_ARGS=({shlex.join(spark_args)})")
 EOF
 ) || die "could not read the settings (mlops/settings.py); the error is above"
 eval "$resolved"
@@ -99,6 +107,12 @@ export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-4}
 if [[ $AIRFLOW_SQL_CONN == sqlite* ]]; then
   export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS=${AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS:-mlops.airflow_db.SQLITE_CONNECT_ARGS}
 fi
+# Every task's Spark work goes to the Connect server (pipelines/spark.py), unless one is given.
+MANAGE_SPARK=0
+if [ -z "${MLOPS_SPARK_REMOTE:-}" ]; then
+  MANAGE_SPARK=1
+  export MLOPS_SPARK_REMOTE="sc://127.0.0.1:$SPARK_CONNECT_PORT"
+fi
 # MLflow's server runs GenAI jobs (scorers, optimizers) in seven consumer processes; this loop has none.
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
 
@@ -114,6 +128,7 @@ running() {
   args=$(ps -o args= -p "$pid" 2>/dev/null) || return 1
   case $1 in
     mlflow) [[ $args == *mlflow* ]] ;;
+    spark-connect) [[ $args == *SparkConnectServer* ]] ;;
     *) [[ $args == *airflow* ]] ;;
   esac
 }
@@ -141,7 +156,9 @@ fi
 
 mkdir -p "$RUN" "$AIRFLOW_HOME" "$MLFLOW_DIR/artifacts"
 
-wanted=(api-server scheduler dag-processor triggerer)
+wanted=()
+[ "$MANAGE_SPARK" = 1 ] && wanted+=(spark-connect)
+wanted+=(api-server scheduler dag-processor triggerer)
 [ "$MANAGE_MLFLOW" = 1 ] && wanted+=(mlflow)
 missing=()
 for name in "${wanted[@]}"; do
@@ -158,6 +175,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     port=
     case $name in
       api-server) port=$AIRFLOW_PORT var=MLOPS_AIRFLOW_PORT ;;
+      spark-connect) port=$SPARK_CONNECT_PORT var=MLOPS_SPARK_CONNECT_PORT ;;
       mlflow) port=$MLFLOW_PORT var=MLOPS_MLFLOW_PORT ;;
     esac
     if [ -n "$port" ] && port_in_use "$port"; then
@@ -172,6 +190,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 
   for name in "${missing[@]}"; do
     case $name in
+      # PYSPARK_PYTHON: Python workers (none today: the jobs use no Python UDFs) run in this environment.
+      spark-connect) start spark-connect env PYSPARK_PYTHON="$PY" SPARK_LOCAL_IP=127.0.0.1 "$BIN/spark-submit" \
+        "${SPARK_CONNECT_ARGS[@]}" --conf spark.connect.grpc.binding.address=127.0.0.1 \
+        --conf "spark.connect.grpc.binding.port=$SPARK_CONNECT_PORT" ;;
       api-server) start api-server "$BIN/airflow" api-server --host 127.0.0.1 --port "$AIRFLOW_PORT" \
         --workers "${MLOPS_AIRFLOW_API_WORKERS:-1}" ;;
       scheduler | dag-processor | triggerer) start "$name" "$BIN/airflow" "$name" ;;
@@ -189,9 +211,11 @@ if [ "$MANAGE_MLFLOW" = 1 ]; then MLFLOW_URL="http://127.0.0.1:$MLFLOW_PORT"; el
 # Ready means: Airflow's health endpoint reports the database, scheduler, dag-processor and triggerer
 # healthy (they heartbeat into the metadata database), and MLflow's /health answers OK. A component that
 # exits while we wait fails at once, naming its log.
-"$PY" - "$TIMEOUT" "$RUN" "$AIRFLOW_URL" "$MLFLOW_URL" "${wanted[@]}" <<'EOF' || exit 1
+SPARK_CONNECT_PORT=$SPARK_CONNECT_PORT "$PY" - "$TIMEOUT" "$RUN" "$AIRFLOW_URL" "$MLFLOW_URL" "${wanted[@]}" <<'EOF' \
+  || exit 1
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -224,6 +248,14 @@ def mlflow_unready() -> list[str]:
     return [] if body is not None and body.strip() == b"OK" else [f"mlflow ({mlflow_url}/health)"]
 
 
+def spark_unready() -> list[str]:
+    try:
+        socket.create_connection(("127.0.0.1", int(os.environ["SPARK_CONNECT_PORT"])), timeout=2).close()
+        return []
+    except OSError:
+        return ["spark-connect"]
+
+
 def exited(name: str) -> bool:
     pid = int((run / f"{name}.pid").read_text())
     try:
@@ -241,6 +273,7 @@ while time.monotonic() < deadline:
         if exited(name):
             sys.exit(f"up: {name} exited while starting; read {run / (name + '.log')}")
     waiting = airflow_unready() + (mlflow_unready() if "mlflow" in components else [])
+    waiting += spark_unready() if "spark-connect" in components else []
     if not waiting:
         sys.exit(0)
     time.sleep(1)
@@ -258,5 +291,7 @@ fi
 echo
 echo "Airflow:  $AIRFLOW_URL   (login: $login; password file $PASSWORD_FILE)"
 echo "MLflow:   $MLFLOW_URL$([ "$MANAGE_MLFLOW" = 1 ] || echo '   (not managed here: the profile points at it)')"
+echo "Spark:    $MLOPS_SPARK_REMOTE   (Spark Connect on $SPARK_MASTER$([ "$MANAGE_SPARK" = 1 ] || echo ', not managed here'); \
+MLOPS_SPARK_REMOTE=$MLOPS_SPARK_REMOTE sends 'mlops' commands to it too)"
 echo "Logs:     $RUN/*.log      Stop: make down"
 echo "DAGs are paused when first parsed: unpause them in the UI or with '$BIN/airflow dags unpause <dag_id>'."

@@ -6,10 +6,16 @@ test module imports it. Every test session gets its own AIRFLOW_HOME and MLOPS_H
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -71,3 +77,91 @@ def spark():
     session = spark_session(Settings(spark_driver_memory="1g", spark_shuffle_partitions=2))
     yield session
     session.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"gave up after {timeout:.0f}s waiting for {what}")
+
+
+SPARK_WORKERS = 2
+
+
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory):
+    """A Spark standalone cluster on loopback: a Master and two Workers (one core, 1 GiB each), started with
+    the pyspark package's own spark-class, stopped at the end of the session. Yields the master URL; the
+    Master's JSON status is at `spark_standalone_status(url)`."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).parent
+    spark_class = str(spark_home / "bin" / "spark-class")
+    work = tmp_path_factory.mktemp("spark-standalone")
+    port, ui = free_port(), free_port()
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(spark_home),
+        "SPARK_LOG_DIR": str(work / "logs"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    url = f"spark://127.0.0.1:{port}"
+    commands = {
+        "master": ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                   "--webui-port", str(ui)],
+        **{
+            f"worker-{n}": ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                            "--memory", "1g", "--webui-port", str(free_port()), "--work-dir",
+                            str(work / f"worker-{n}"), url]
+            for n in range(1, SPARK_WORKERS + 1)
+        },
+    }  # fmt: skip
+    processes = []
+    logs = []
+    for name, arguments in commands.items():
+        logs.append((work / f"{name}.log").open("w"))
+        processes.append(
+            subprocess.Popen(
+                [spark_class, *arguments],
+                env=env,
+                stdout=logs[-1],
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    _STANDALONE_UI[url] = f"http://127.0.0.1:{ui}/json/"
+
+    def workers_alive() -> bool:
+        status = spark_standalone_status(url)
+        return status is not None and status.get("aliveworkers", 0) >= SPARK_WORKERS
+
+    try:
+        wait_for(workers_alive, 120, f"{SPARK_WORKERS} Spark workers to register with {url} (logs in {work})")
+        yield url
+    finally:
+        for process in reversed(processes):
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+        for handle in logs:
+            handle.close()
+
+
+_STANDALONE_UI: dict[str, str] = {}
+
+
+def spark_standalone_status(url: str) -> dict | None:
+    """The Master's JSON status (workers, active and completed applications), None while it is not up."""
+    try:
+        with urllib.request.urlopen(_STANDALONE_UI[url], timeout=2) as response:
+            return json.load(response)
+    except (OSError, ValueError):  # not up yet, or the UI answers before its JSON endpoint is ready
+        return None

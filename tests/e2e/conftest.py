@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,8 +21,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "mlflow")
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "mlflow", "spark-connect")
 DAG_IDS = {"synthetic_landing", "ingest_transactions", "build_features", "retrain_fraud_model"}
 # Three days of 1500 rows: the first two build the champion, the third a challenger. Labels are taken as
 # known after one day (the default of three would leave nothing to train on), and the first model needs no
@@ -41,17 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT + 600))
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def stack_env(home: Path, **extra: str) -> dict[str, str]:
     """This process's environment without the test session's own Airflow settings (conftest.py sets an
     AIRFLOW_HOME for in-process DAG tests), pointed at `home`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.pop("MLOPS_PROFILE", None)
+    env.pop("MLOPS_SPARK_REMOTE", None)  # the stack starts its own Spark Connect server
     env.update(MLOPS_HOME=str(home), **extra)
     return env
 
@@ -125,6 +121,7 @@ def demo_stack(tmp_path_factory) -> DemoStack:
         home,
         MLOPS_AIRFLOW_PORT=str(free_port()),
         MLOPS_MLFLOW_PORT=str(free_port()),
+        MLOPS_SPARK_CONNECT_PORT=str(free_port()),
         MLOPS_UP_TIMEOUT="240",
         MLOPS_TRAINING__LABEL_MATURITY_DAYS="1",
         MLOPS_GATE__FLOOR="0",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.conftest import COMPONENTS, free_port, run_script, stack_env
+from tests.conftest import free_port
+from tests.e2e.conftest import COMPONENTS, run_script, stack_env
 
 
 def test_up_again_starts_nothing_and_prints_the_same_urls_and_login(demo_stack):
@@ -39,7 +40,12 @@ def test_up_refuses_a_port_another_program_holds_and_starts_nothing(tmp_path: Pa
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        env = stack_env(home, MLOPS_AIRFLOW_PORT=str(port), MLOPS_MLFLOW_PORT=str(free_port()))
+        env = stack_env(
+            home,
+            MLOPS_AIRFLOW_PORT=str(port),
+            MLOPS_MLFLOW_PORT=str(free_port()),
+            MLOPS_SPARK_CONNECT_PORT=str(free_port()),
+        )
         up = run_script("up.sh", env, timeout=120)
     assert up.returncode == 1
     assert f"port {port} (for api-server) is taken by another program" in up.stderr

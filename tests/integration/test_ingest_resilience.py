@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from pipelines.ingest.io import Tables, read_partition
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
-from tests.integration.conftest import wait_for
+from tests.conftest import wait_for
 
 MLOPS = str(Path(sys.executable).with_name("mlops"))
 DAY = date(2026, 1, 5)

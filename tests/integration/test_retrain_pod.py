@@ -145,6 +145,22 @@ def test_the_local_profile_runs_train_as_a_python_task_instead(monkeypatch):
     assert not isinstance(bag.dags[DAG_ID].get_task("train"), KubernetesPodOperator)
 
 
+def test_the_cluster_profile_trains_in_a_local_process_where_told_to(monkeypatch):
+    """MLOPS_TRAINING__RUNNER=local: the cluster profile's services, training as a child process (a machine
+    with no Kubernetes, like the cluster-profile chain test's)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_TRAINING__RUNNER", "local")
+    get_settings.cache_clear()
+    bag = DagBag(dag_folder=str(DAG_FILE))
+    assert bag.import_errors == {}
+    train = bag.dags[DAG_ID].get_task("train")
+    assert not isinstance(train, KubernetesPodOperator)
+    assert train.upstream_task_ids == {"training_set"}
+
+
 # --- what the API server checks ---------------------------------------------------------------------------
 
 

@@ -36,6 +36,38 @@ def test_cluster_profile_points_at_services_and_accepts_nested_overrides(monkeyp
     assert settings.mlflow_tracking_uri == "http://127.0.0.1:5000"
 
 
+@pytest.mark.parametrize(
+    ("profile", "runner", "expected"),
+    [("local", None, "local"), ("cluster", None, "kubernetes"), ("cluster", "local", "local"),
+     ("local", "kubernetes", "kubernetes")],
+)  # fmt: skip
+def test_training_runs_on_kubernetes_in_the_cluster_profile_unless_told_otherwise(
+    monkeypatch, profile, runner, expected
+):
+    monkeypatch.setenv("MLOPS_PROFILE", profile)
+    if runner:
+        monkeypatch.setenv("MLOPS_TRAINING__RUNNER", runner)
+    assert Settings().training_runner == expected
+
+
+def test_an_unknown_training_runner_is_rejected(monkeypatch):
+    monkeypatch.setenv("MLOPS_TRAINING__RUNNER", "slurm")
+    with pytest.raises(ValidationError, match="kubernetes"):
+        Settings()
+
+
+def test_spark_runs_in_process_unless_a_connect_server_is_named(monkeypatch):
+    from pipelines.spark import driver_conf, session_conf
+
+    assert Settings().spark_remote is None
+    monkeypatch.setenv("MLOPS_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    settings = Settings()
+    assert settings.spark_remote == "sc://127.0.0.1:15002"
+    # SQL settings go to each session (a Connect client may set them); static ones only to a driver.
+    assert all(key.startswith("spark.sql.") for key in session_conf(settings))
+    assert not any(key.startswith("spark.sql.") for key in driver_conf(settings))
+
+
 def test_landing_can_be_moved_out_of_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MLOPS_LANDING_DIR", str(tmp_path / "elsewhere"))
     assert Settings().landing == tmp_path / "elsewhere"
