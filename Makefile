@@ -8,8 +8,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: help install demo up down test test-fast lint format bench lock doctor clean
+.PHONY: help install demo up down test test-fast lint format bench bench-e2e lock doctor clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,6 +47,9 @@ format: $(STAMP) ## apply ruff's fixes and formatting
 
 bench: $(STAMP) ## benchmarks: ratios against baselines measured in the same run
 	$(BIN)/python -m benchmarks
+
+bench-e2e: $(STAMP) ## arrival -> gate decision through Airflow at 1M rows/day x 30 days (hours of set-up)
+	$(BIN)/python -m benchmarks --only end_to_end $(BENCH_ARGS)
 
 doctor: $(STAMP) ## check Java, Spark and the active profile's services
 	$(BIN)/mlops doctor

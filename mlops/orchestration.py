@@ -24,7 +24,9 @@ class ArrivalSensor(BaseSensorOperator):
     template_fields = ("arrival_date",)
 
     def __init__(self, *, arrival_date: str, **kwargs: Any) -> None:
-        kwargs.setdefault("poke_interval", 30.0)
+        # The trigger stats one file in the triggerer's event loop: cheap enough to look every 5 s, and
+        # a date's arrival is seen 2.5 s later on average (30 s made it most of the chain's scheduling delay).
+        kwargs.setdefault("poke_interval", 5.0)
         kwargs.setdefault("timeout", timedelta(days=1).total_seconds())
         super().__init__(**kwargs)
         self.arrival_date = arrival_date

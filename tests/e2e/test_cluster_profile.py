@@ -25,6 +25,8 @@ from tests.conftest import free_port, spark_standalone_status
 from tests.e2e.conftest import logs, run_script, stack_env
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432"
+# SQLAlchemy engines name the driver we install (its default for postgresql:// is another one).
+ENGINE = "postgresql+psycopg2://postgres@127.0.0.1:5432"
 REDIS = "redis://127.0.0.1:6379"
 REDIS_DB = 11  # this test's database index; emptied of the chain's keys afterwards
 ARGS = ("--days", "3", "--rows-per-day", "1500", "--epochs", "3")
@@ -38,7 +40,7 @@ pytestmark = pytest.mark.timeout(TIMEOUT + 300)
 def _admin():
     import sqlalchemy as sa
 
-    return sa.create_engine(f"{POSTGRES}/postgres", isolation_level="AUTOCOMMIT")
+    return sa.create_engine(f"{ENGINE}/postgres", isolation_level="AUTOCOMMIT")
 
 
 @pytest.fixture
@@ -73,7 +75,7 @@ def redis_db():
 def _query(database: str, sql: str) -> list[tuple]:
     import sqlalchemy as sa
 
-    engine = sa.create_engine(f"{POSTGRES}/{database}")
+    engine = sa.create_engine(f"{ENGINE}/{database}")
     try:
         with engine.connect() as conn:
             return [tuple(row) for row in conn.exec_driver_sql(sql)]
@@ -90,7 +92,7 @@ def test_the_chain_runs_in_the_cluster_profile_on_postgres_redis_and_a_spark_clu
         home,
         MLOPS_PROFILE="cluster",
         MLOPS_CLUSTER__POSTGRES_DSN=f"{POSTGRES}/{databases['airflow']}",
-        MLOPS_MLFLOW_BACKEND_STORE_URI=f"postgresql+psycopg2://postgres@127.0.0.1:5432/{databases['mlflow']}",
+        MLOPS_MLFLOW_BACKEND_STORE_URI=f"{ENGINE}/{databases['mlflow']}",
         MLOPS_CLUSTER__MLFLOW_TRACKING_URI=f"http://127.0.0.1:{mlflow_port}",
         MLOPS_CLUSTER__REDIS_URL=f"{REDIS}/{REDIS_DB}",
         MLOPS_CLUSTER__SPARK_MASTER=spark_standalone,

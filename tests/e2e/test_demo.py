@@ -6,6 +6,7 @@ and the chain runs again up to the gate. Everything is read back from the JSON s
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import DEMO_DATES
 
@@ -42,6 +43,13 @@ def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_
     assert len(summary["dag_runs"][INGEST]) == 3
     assert set(summary["seconds_per_stage"]) == {"stack", "land", "ingest", "features", "retrain"}
     assert all(seconds > 0 for seconds in summary["seconds_per_stage"].values())
+    # From the last day's arrival to the gate: the chain's task time and Airflow's overhead around it.
+    arrival = summary["arrival_to_model"]
+    assert 0 < arrival["busy_seconds"] <= arrival["seconds"]
+    assert arrival["overhead_seconds"] == pytest.approx(arrival["seconds"] - arrival["busy_seconds"])
+    assert set(arrival["task_seconds_per_stage"]) == {"ingest", "features", "retrain"}
+    # Stages run one after another, tasks inside a stage partly in parallel: the union is at most the sum.
+    assert arrival["busy_seconds"] <= sum(arrival["task_seconds_per_stage"].values()) + 1e-6
     # the human summary went to stderr
     assert "time per stage" in demo_stack.stderr and "make down" in demo_stack.stderr
 
