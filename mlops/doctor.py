@@ -98,6 +98,8 @@ def _home(settings: Settings) -> Check:
 
 
 def _spark(settings: Settings) -> Check:
+    if settings.spark_remote:
+        return _spark_connect(settings.spark_remote)
     master = settings.spark_master
     if master.startswith("spark://"):
         host, port = _host_port(master, 7077)
@@ -133,6 +135,27 @@ def _spark(settings: Settings) -> Check:
     if counted != 1000:
         return Check("spark", Status.FAIL, f"Spark counted {counted} rows of 1000 on {master}")
     return Check("spark", Status.OK, f"Spark {version} ran a job on {master}")
+
+
+def _spark_connect(remote: str) -> Check:
+    """MLOPS_SPARK_REMOTE names a Spark Connect server (the stack's, or one of yours): run a job on it."""
+    host, port = _host_port(remote, 15002)
+    fix = "start the stack (`make up` starts a Spark Connect server) or unset MLOPS_SPARK_REMOTE"
+    if not _port_open(host, port):
+        return Check("spark", Status.FAIL, f"no Spark Connect server answers at {remote}", fix)
+    from pyspark.sql import SparkSession  # heavy: only when the check runs
+
+    try:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        try:
+            counted, version = spark.range(1000).count(), spark.version
+        finally:
+            spark.stop()
+    except Exception as exc:  # the check reports any failure; it never hides it
+        return Check("spark", Status.FAIL, f"Spark Connect at {remote}: {exc}".splitlines()[0], fix)
+    if counted != 1000:
+        return Check("spark", Status.FAIL, f"Spark counted {counted} rows of 1000 on {remote}")
+    return Check("spark", Status.OK, f"Spark {version} ran a job on the Spark Connect server {remote}")
 
 
 def _sqlite(settings: Settings) -> Check:

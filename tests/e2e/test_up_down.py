@@ -5,8 +5,11 @@ prints the same URLs and login, MLflow answers, and a port held by another progr
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -32,6 +35,21 @@ def test_up_again_starts_nothing_and_prints_the_same_urls_and_login(demo_stack):
     )
     health = httpx.get(f"{demo_stack.mlflow_url}/health")
     assert (health.status_code, health.text) == (200, "OK")
+
+
+def test_the_doctor_runs_a_spark_job_on_the_stacks_spark_connect_server(demo_stack):
+    """The tasks' Spark goes to the stack's Spark Connect server; `mlops doctor` checks it the same way."""
+    remote = f"sc://127.0.0.1:{demo_stack.env['MLOPS_SPARK_CONNECT_PORT']}"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("mlops")), "doctor", "--json"],
+        env={**demo_stack.env, "MLOPS_SPARK_REMOTE": remote},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    checks = {c["name"]: c for c in json.loads(done.stdout.strip().splitlines()[-1])["checks"]}
+    assert checks["spark"]["status"] == "ok", checks["spark"]
+    assert f"Spark Connect server {remote}" in checks["spark"]["detail"]
 
 
 def test_up_refuses_a_port_another_program_holds_and_starts_nothing(tmp_path: Path):

@@ -76,3 +76,11 @@ def test_a_wrong_redis_address_is_reported_not_hidden(tmp_path):
     redis = _by_name(report)["redis"]
     assert redis["status"] == "fail" and str(port) in redis["detail"]
     assert "MLOPS_CLUSTER__REDIS_URL" in redis["fix"]
+
+
+def test_a_spark_connect_server_that_is_not_there_is_named_with_a_fix(tmp_path):
+    port = _closed_port()
+    code, report = _doctor(tmp_path, MLOPS_SPARK_REMOTE=f"sc://127.0.0.1:{port}")
+    spark = _by_name(report)["spark"]
+    assert code == 1 and spark["status"] == "fail"
+    assert f"sc://127.0.0.1:{port}" in spark["detail"] and "MLOPS_SPARK_REMOTE" in spark["fix"]
