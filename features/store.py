@@ -411,12 +411,15 @@ def _materialize_view(
         nonlocal written, kept_newer, pending, pending_rows
         rows = pa.Table.from_batches(pending).combine_chunks()
         pending, pending_rows = [], 0
-        # Exact duplicate rows in gold would both match: keep one per entity.
+        # Two gold rows of one entity at the same latest event and created time (two transactions of a
+        # customer in the same millisecond) both match: keep one, as Feast's own join keeps one of such
+        # ties. Columns are picked by name: Arrow's output order of keys and aggregates (keys first since
+        # pyarrow 25, last before) is not something to rely on.
         if pc.count_distinct(rows[key]).as_py() < rows.num_rows:
-            rows = rows.group_by(key, use_threads=False).aggregate(
+            grouped = rows.group_by(key, use_threads=False).aggregate(
                 [(name, "first") for name in columns if name != key]
             )
-            rows = rows.rename_columns([*(n for n in columns if n != key), key]).select(columns)
+            rows = pa.table({name: grouped[name if name == key else f"{name}_first"] for name in columns})
         if guard:
             fresh = _drop_stale(store, view, rows, key)
             kept_newer += rows.num_rows - fresh.num_rows

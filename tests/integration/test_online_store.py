@@ -198,3 +198,33 @@ def test_a_large_read_is_split_under_sqlites_parameter_limit(monkeypatch):
     got = served.get(rows)
     assert same(got, served.feast_get(rows))
     assert got["merchant_txn_count_24h"][2] is None and got["customer_txn_count_1h"].count(None) < 10
+
+
+def test_two_gold_rows_of_an_entity_at_the_same_latest_time_materialize_one_of_them(monkeypatch):
+    """Two transactions of a customer in the same millisecond give two gold rows with the same event and
+    created time: materialization keeps one of them (as Feast's join does) instead of failing."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from pipelines.features.contract import CUSTOMER_TABLE, table_path
+
+    monkeypatch.setenv("MLOPS_PROFILE", "local")
+    settings = Settings()
+    project = f"t_{uuid.uuid4().hex[:10]}"
+    write_gold_day(settings.lake, 2_000)
+    folder = table_path(settings.lake, CUSTOMER_TABLE) / f"event_date={DAY.date().isoformat()}"
+    gold = pq.read_table(folder)
+    latest = gold.filter(pc.equal(gold[EVENT_TIMESTAMP], pc.max(gold[EVENT_TIMESTAMP]))).slice(0, 1)
+    customer = latest["customer_id"][0].as_py()
+    twin = latest.set_column(
+        latest.schema.get_field_index("customer_txn_count_1h"),
+        "customer_txn_count_1h",
+        pc.add(latest["customer_txn_count_1h"], 1),
+    )
+    pq.write_table(twin, folder / "twin.parquet")
+    feature_store.apply(settings, project)
+    reports = feature_store.materialize(settings, DAY, DAY + timedelta(days=1), project)
+    assert sum(r.rows_written for r in reports) == 200 + 2  # one row per entity: 200 customers, 2 merchants
+    served = feature_store.open_online(settings, project)
+    value = served.get([{"customer_id": customer, "merchant_id": "m0"}])["customer_txn_count_1h"][0]
+    assert value in {latest["customer_txn_count_1h"][0].as_py(), twin["customer_txn_count_1h"][0].as_py()}
