@@ -4,13 +4,13 @@ and gate a model, then land one more day and run the chain again so the gate dec
 Two ways to run it, with the same summary (the dictionary `mlops demo --json` prints):
 
 - through Airflow (`mlops demo`, the default): scripts/up.sh starts the stack (api-server, scheduler,
-  dag-processor, triggerer, MLflow) under $MLOPS_HOME; the demo unpauses the fraud DAGs, lands the feed's
-  history and replays it as a backfill of `ingest_transactions` (one run per arrival date, in order); each
+  dag-processor, triggerer, Spark Connect, MLflow) under $MLOPS_HOME; the demo unpauses the fraud DAGs and
+  starts a backfill of `ingest_transactions` (one run per arrival date, in order, each waiting for its date's
+  arrival); the history lands a day at a time, each once the day before has reached the retrain DAG; each
   run's `silver_transactions` event schedules `build_features`, whose `fraud_features` event schedules
-  `retrain_fraud_model`. The last date's run waits (deferred) until that day lands; then the chain runs
-  again and the gate decides. The demo follows the chain through the REST API (asset events name the runs
-  they started) and reads rows, revisions, versions and decisions from the tasks' XComs and the time per
-  stage from their task instances.
+  `retrain_fraud_model`. Then the last day lands, the chain runs again and the gate decides. The demo
+  follows the chain through the REST API (asset events name the runs they started) and reads rows,
+  revisions, versions and decisions from the tasks' XComs and the time per stage from their task instances.
 - in one process (`mlops demo --in-process`): every stage calls the same functions the DAG tasks call
   (mlops.jobs, training.steps), in order, without Airflow.
 """
@@ -256,18 +256,27 @@ def run_through_airflow(
             f"unpaused {', '.join(UNPAUSE_ORDER)} ({DAG_IDS[0]} stays paused: the demo lands the feed)"
         )
 
-        manifests = clock.run("land", lambda: land(start, len(history)))
-        console.print(
-            f"landed {len(history)} arrival dates, {history[0]} .. {history[-1]}, in {settings.landing}"
-        )
+        manifests = clock.run("land", lambda: land(start, 1))
+        console.print(f"landed {start} in {settings.landing}")
         api.backfill(INGEST, dates[0], last)
         ingest_runs = _backfill_runs(api, dates, deadline)
         console.print(
-            f"backfill of {INGEST}: one run per arrival date, oldest first; the run of {last} waits for its "
+            f"backfill of {INGEST}: one run per arrival date, oldest first; each waits for its date's "
             "arrival (deferred sensor)"
         )
+
+        def next_arrival(index: int) -> None:
+            # The history arrives a day at a time, each once the day before has reached the retrain DAG:
+            # Airflow 3.3 consumes only the first of several asset events queued for a DAG at
+            # max_active_runs and keeps the rest until a later event (apache/airflow#56050), which would
+            # stall a chain fed faster than its consumers run.
+            if index + 1 < len(history):
+                day = history[index + 1]
+                manifests.extend(clock.run("land", lambda: land(day, 1)))
+                console.print(f"landed {day}")
+
         console.rule(f"history: {history[0]} .. {history[-1]}")
-        first = _follow_chain(api, [ingest_runs[d] for d in history], deadline, console)
+        first = _follow_chain(api, [ingest_runs[d] for d in history], deadline, console, next_arrival)
         console.rule(f"one more day arrives: {last}")
         manifests += clock.run("land", lambda: land(last, 1))
         arrived = datetime.now(UTC)  # the producer's _SUCCESS marker is written last
@@ -375,12 +384,19 @@ def _backfill_runs(api, dates: list[date], deadline: float) -> dict[date, str]:
     return wait_until(created, deadline, f"the backfill of {INGEST} to create its runs")
 
 
-def _follow_chain(api, ingest_run_ids: list[str], deadline: float, console: Console) -> dict[str, list[str]]:
-    """Wait for the ingest runs, the features runs their silver events started, and the retrain runs the
-    features events started; every run must succeed. Returns the run ids per DAG, oldest first."""
+def _follow_chain(
+    api,
+    ingest_run_ids: list[str],
+    deadline: float,
+    console: Console,
+    after_date: Callable[[int], None] | None = None,
+) -> dict[str, list[str]]:
+    """Wait for each ingest run, the features runs its silver event started and the retrain runs their
+    events started (created: the scheduler consumed the event); then `after_date(index)`, then the next
+    ingest run. Every run must succeed. Returns the run ids per DAG, oldest first."""
     features: list[str] = []
     retrain: list[str] = []
-    for run_id in ingest_run_ids:
+    for index, run_id in enumerate(ingest_run_ids):
         run = _finished_ok(api, INGEST, run_id, deadline)
         arrived = api.task_instances(INGEST, run_id)[SENSOR_TASK]["end_date"]
         seconds = _seconds_between(arrived, run["end_date"])
@@ -388,16 +404,19 @@ def _follow_chain(api, ingest_run_ids: list[str], deadline: float, console: Cons
             f"{INGEST} {run['logical_date'][:10]}: {run['state']} in {seconds:.0f}s "
             "(from its sensor seeing the arrival)"
         )
-        for created in api.wait_for_created_runs(INGEST, run_id, "silver_transactions", deadline):
-            if created["run_id"] not in features:
-                features.append(created["run_id"])
-    for run_id in features:
-        run = _finished_ok(api, FEATURES, run_id, deadline)
-        dates = api.xcom(FEATURES, run_id, "dates_to_compute")
-        console.print(f"{FEATURES} {', '.join(dates)}: {run['state']} in {run['duration']:.0f}s")
-        for created in api.wait_for_created_runs(FEATURES, run_id, "fraud_features", deadline):
-            if created["run_id"] not in retrain:
-                retrain.append(created["run_id"])
+        started = [
+            r["run_id"] for r in api.wait_for_created_runs(INGEST, run_id, "silver_transactions", deadline)
+        ]
+        for features_run in (r for r in dict.fromkeys(started) if r not in features):
+            features.append(features_run)
+            run = _finished_ok(api, FEATURES, features_run, deadline)
+            dates = api.xcom(FEATURES, features_run, "dates_to_compute")
+            console.print(f"{FEATURES} {', '.join(dates)}: {run['state']} in {run['duration']:.0f}s")
+            for created in api.wait_for_created_runs(FEATURES, features_run, "fraud_features", deadline):
+                if created["run_id"] not in retrain:
+                    retrain.append(created["run_id"])
+        if after_date:
+            after_date(index)
     for run_id in retrain:
         run = _finished_ok(api, RETRAIN, run_id, deadline)
         record = _retrain_record(api, run_id)
