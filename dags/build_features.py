@@ -11,6 +11,11 @@ after an event's time enters its features; merchant fraud counts use only charge
 the gold GX suites, a DVC snapshot of the date's gold (content hash, pushed to the remote; the revision is
 returned for the model to record), then `feast apply` (idempotent) and materialization of the date's
 explicit interval into the online store. Emits the `fraud_features` asset for the retrain DAG.
+
+**Catching up on Airflow 3.3.** While a run is active (`max_active_runs=1`), further silver events queue;
+Airflow 3.3 starts the next run on the first of them and keeps the others until a later event arrives
+(apache/airflow#56050). When ingest runs many dates faster than this DAG (a backfill), run it by hand with
+the `arrival_date` param for a date that waits, or let the next arrival pick the queued events up.
 """
 
 from __future__ import annotations
