@@ -154,6 +154,11 @@ def main() -> None:
     parser.add_argument(
         "--history-days", type=int, help="end_to_end: days of history before the measured day (default 30)"
     )
+    parser.add_argument(
+        "--setup-dir",
+        type=Path,
+        help="end_to_end: keep the bulk history here and reuse it later (default: a temporary folder)",
+    )
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
     args = parser.parse_args()
     chosen = [int(s) for s in args.sizes.split(",")] if args.sizes else None
@@ -205,7 +210,7 @@ def main() -> None:
             from benchmarks.end_to_end import DEFAULT_SIZES as E2E_ROWS
 
             results["end_to_end"] = bench_end_to_end(
-                chosen or E2E_ROWS, Path(scratch), args.history_days or DEFAULT_HISTORY_DAYS
+                chosen or E2E_ROWS, Path(scratch), args.history_days or DEFAULT_HISTORY_DAYS, args.setup_dir
             )
             print_end_to_end(console, results["end_to_end"])
     args.out.mkdir(parents=True, exist_ok=True)

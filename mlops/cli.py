@@ -351,6 +351,14 @@ def demo(
     down: Annotated[
         bool, typer.Option("--down", help="stop the stack at the end (default: leave it up to look around)")
     ] = False,
+    next_day: Annotated[
+        bool,
+        typer.Option(
+            "--continue",
+            help="land only the next day of the feed already under MLOPS_HOME (a demo's or the end-to-end "
+            "benchmark's) and run it through the chain; --start and --days are ignored",
+        ),
+    ] = False,
     timeout: Annotated[
         float, typer.Option(min=60, help="seconds to wait for the DAG runs before giving up")
     ] = 3600.0,
@@ -360,16 +368,26 @@ def demo(
     synthetic feed and replay it through the DAGs (ingest -> features -> retrain, chained by their assets);
     then one more day arrives and a challenger goes through the gate. The stack stays up unless --down."""
     from mlops.airflow_api import AirflowAPIError
-    from mlops.demo import DemoError, run_in_process, run_through_airflow
+    from mlops.demo import DemoError, next_arrival, run_in_process, run_through_airflow
     from mlops.stack import StackError
 
     # wide enough for the summary tables when stderr is not a terminal (rich assumes 80 columns)
     console = Console(stderr=True, width=max(err.width, 120))
     settings = get_settings()
+    first, feed_start = _date(start), None
+    if next_day:
+        try:
+            feed_start, first = next_arrival(settings)
+        except DemoError as exc:
+            err.print(f"[red]demo failed:[/] {exc}")
+            raise typer.Exit(code=1) from None
+        days = 1
     if in_process:
         summary = _run_training(
             "demo",
-            lambda: run_in_process(settings, _date(start), days, rows_per_day, seed, epochs, console),
+            lambda: run_in_process(
+                settings, first, days, rows_per_day, seed, epochs, console, feed_start=feed_start
+            ),
             as_json,
         )
         _emit(summary, as_json)
@@ -378,7 +396,16 @@ def demo(
     def through_airflow() -> dict:
         try:
             return run_through_airflow(
-                settings, _date(start), days, rows_per_day, seed, epochs, console, stop=down, timeout=timeout
+                settings,
+                first,
+                days,
+                rows_per_day,
+                seed,
+                epochs,
+                console,
+                stop=down,
+                timeout=timeout,
+                feed_start=feed_start,
             )
         except (DemoError, StackError, AirflowAPIError, TimeoutError) as exc:
             err.print(

@@ -13,6 +13,9 @@ Two ways to run it, with the same summary (the dictionary `mlops demo --json` pr
   revisions, versions and decisions from the tasks' XComs and the time per stage from their task instances.
 - in one process (`mlops demo --in-process`): every stage calls the same functions the DAG tasks call
   (mlops.jobs, training.steps), in order, without Airflow.
+
+`mlops demo --continue` lands only the next day of the feed already under $MLOPS_HOME's landing zone (a
+demo's, or the end-to-end benchmark's bulk history) and runs it through the chain, either way.
 """
 
 from __future__ import annotations
@@ -54,22 +57,48 @@ class StageClock:
         return result
 
 
-def _check_days(days: int) -> None:
-    if days < 2:
+def _check_days(days: int, feed_start: date | None) -> None:
+    if days < 2 and feed_start is None:
         raise ValueError(
             "the demo needs at least 2 days: one to train the champion, one more for a challenger"
         )
 
 
+def next_arrival(settings: Settings) -> tuple[date, date]:
+    """(first arrival date, the day after the last one) of the feed landed under settings.landing: what
+    `mlops demo --continue` lands next."""
+    folders = settings.landing.iterdir() if settings.landing.is_dir() else []
+    landed = []
+    for folder in folders:
+        try:
+            landed.append(date.fromisoformat(folder.name))
+        except ValueError:
+            continue
+    if not landed:
+        raise DemoError(
+            f"nothing landed under {settings.landing} to continue from; run `mlops demo` (or the end-to-end "
+            "benchmark's set-up) on this MLOPS_HOME first"
+        )
+    return min(landed), max(landed) + timedelta(days=1)
+
+
 def run_in_process(
-    settings: Settings, start: date, days: int, rows_per_day: int, seed: int, epochs: int, console: Console
+    settings: Settings,
+    start: date,
+    days: int,
+    rows_per_day: int,
+    seed: int,
+    epochs: int,
+    console: Console,
+    feed_start: date | None = None,
 ) -> dict:
-    """The whole loop in this process, stage after stage (no Airflow)."""
+    """The whole loop in this process, stage after stage (no Airflow). With `feed_start` (continuing a
+    feed that began then), `days` from `start` go through the chain on what is already there."""
     from mlops.jobs import features_step, ingest_step, land_synthetic
     from training import steps
     from training.cli import train_config
 
-    _check_days(days)
+    _check_days(days, feed_start)
     settings.ensure_dirs()
     clock = StageClock()
     started = time.perf_counter()
@@ -77,7 +106,12 @@ def run_in_process(
         "land",
         lambda: {
             "manifests": land_synthetic(
-                start=start, days=days, rows_per_day=rows_per_day, seed=seed, faults=DEMO_FAULTS
+                start=start,
+                days=days,
+                rows_per_day=rows_per_day,
+                seed=seed,
+                faults=DEMO_FAULTS,
+                feed_start=feed_start,
             )
         },
     )["manifests"]
@@ -103,7 +137,8 @@ def run_in_process(
     dates = [start + timedelta(days=i) for i in range(days)]
     for day in dates[:-1]:
         through_features(day)
-    retrain(dates[-2])
+    if len(dates) > 1:
+        retrain(dates[-2])
     console.print(f"one more day arrives: {dates[-1]}")
     before, arrived = dict(clock.seconds), time.perf_counter()
     through_features(dates[-1])
@@ -204,13 +239,15 @@ def run_through_airflow(
     console: Console,
     stop: bool = False,
     timeout: float = 3600.0,
+    feed_start: date | None = None,
 ) -> dict:
-    """Start the stack, replay `days` arrival dates through the DAGs and follow their asset chain."""
+    """Start the stack, replay `days` arrival dates through the DAGs and follow their asset chain. With
+    `feed_start` (continuing a feed that began then), the dates continue what is already there."""
     from mlops import stack as embedded
     from mlops.airflow_api import AirflowAPI
     from mlops.jobs import land_synthetic
 
-    _check_days(days)
+    _check_days(days, feed_start)
     settings.ensure_dirs()
     dates = [start + timedelta(days=i) for i in range(days)]
     history, last = dates[:-1], dates[-1]
@@ -228,11 +265,11 @@ def run_through_airflow(
             rows_per_day=rows_per_day,
             seed=seed,
             faults=DEMO_FAULTS,
-            feed_start=start,
+            feed_start=feed_start or start,
         )
 
     maturity = settings.training.label_maturity_days
-    if days < maturity + 2:
+    if feed_start is None and days < maturity + 2:
         console.print(
             f"[yellow]Labels count as known after {maturity} days (MLOPS_TRAINING__LABEL_MATURITY_DAYS): "
             f"with {days} days the history trains no champion, so no challenger meets the gate; use --days "
@@ -256,8 +293,9 @@ def run_through_airflow(
             f"unpaused {', '.join(UNPAUSE_ORDER)} ({DAG_IDS[0]} stays paused: the demo lands the feed)"
         )
 
-        manifests = clock.run("land", lambda: land(start, 1))
-        console.print(f"landed {start} in {settings.landing}")
+        manifests = clock.run("land", lambda: land(start, 1)) if history else []
+        if history:
+            console.print(f"landed {start} in {settings.landing}")
         api.backfill(INGEST, dates[0], last)
         ingest_runs = _backfill_runs(api, dates, deadline)
         console.print(
@@ -275,8 +313,10 @@ def run_through_airflow(
                 manifests.extend(clock.run("land", lambda: land(day, 1)))
                 console.print(f"landed {day}")
 
-        console.rule(f"history: {history[0]} .. {history[-1]}")
-        first = _follow_chain(api, [ingest_runs[d] for d in history], deadline, console, next_arrival)
+        first: dict[str, list[str]] = {FEATURES: [], RETRAIN: []}
+        if history:
+            console.rule(f"history: {history[0]} .. {history[-1]}")
+            first = _follow_chain(api, [ingest_runs[d] for d in history], deadline, console, next_arrival)
         console.rule(f"one more day arrives: {last}")
         manifests += clock.run("land", lambda: land(last, 1))
         arrived = datetime.now(UTC)  # the producer's _SUCCESS marker is written last

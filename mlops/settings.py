@@ -58,6 +58,9 @@ class TrainingSettings(BaseModel):
     window_days: int = Field(default=30, ge=1, description="transactions that arrived in the last N days")
     # Chargebacks come a median 2.5 days after the transaction: younger ones are mostly unlabeled fraud.
     label_maturity_days: int = Field(default=3, ge=0, description="leave out the last N days' transactions")
+    # Train + validation rows at most: above it, legitimate transactions are sampled by a hash of their id
+    # (every fraud kept; the holdout never sampled). 30 days of 1M transactions are ~23M such rows.
+    max_fit_rows: int | None = Field(default=2_000_000, ge=1, description="None: no sampling")
     epochs: int = Field(default=15, ge=1)
     batch_size: int = Field(default=512, ge=1)
     learning_rate: float = Field(default=2e-3, gt=0)

@@ -9,6 +9,13 @@ with each entity's feature state just before the transaction (event time - 1 ms,
 pipelines/features/contract.py), plus the transaction's own columns. Rows are split by event time into
 train, validation and holdout, sorted and written as one Parquet file, so the same inputs always give the
 same bytes and the same DVC version.
+
+At scale (a 30-day window of 1M transactions a day is ~27M rows, ~0.8% of them fraud) the train and
+validation splits keep at most `max_fit_rows` rows: every fraud, and the legitimate transactions whose id
+hashes below a rate (the same transaction is kept or left out whatever the as-of date, and the same inputs
+still give the same bytes). The holdout is never sampled, so the gate's metrics are the population's. The
+rate is recorded with the set. The loss's class weight follows the sampled split (training/loop.py), so
+scores rank as before but are not calibrated probabilities of the population.
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ from pipelines.errors import PipelineError
 from pipelines.features.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
+    import pyarrow as pa
 
     from mlops.settings import Settings
 
@@ -82,7 +91,7 @@ def cutoff(day: date) -> datetime:
     return datetime.combine(day + timedelta(days=1), time.min, tzinfo=UTC)
 
 
-def _read_partitions(root: Path, first: date, last: date, columns: list[str]) -> pd.DataFrame:
+def _read_partitions(root: Path, first: date, last: date, columns: list[str]) -> pa.Table:
     import pyarrow.dataset as ds
 
     if not root.is_dir():
@@ -91,10 +100,22 @@ def _read_partitions(root: Path, first: date, last: date, columns: list[str]) ->
         )
     dataset = ds.dataset(root, format="parquet", partitioning="hive")
     arrival = ds.field("arrival_date").cast("string")
-    table = dataset.to_table(
+    return dataset.to_table(
         columns=columns, filter=(arrival >= first.isoformat()) & (arrival <= last.isoformat())
     )
-    return table.to_pandas()
+
+
+def _utc(table: pa.Table, column: str) -> pa.Table:
+    """`column` as microsecond UTC timestamps, however the writer stored it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = table[column]
+    if values.type.tz is None:  # a writer without a zone: the contract's times are UTC
+        values = pc.assume_timezone(values, "UTC")
+    return table.set_column(
+        table.schema.get_field_index(column), column, values.cast(pa.timestamp("us", tz="UTC"))
+    )
 
 
 def labeled_transactions(
@@ -103,7 +124,20 @@ def labeled_transactions(
     """Silver transactions that arrived in (day - window_days, day], labeled as known at the cutoff, less
     those made in the last `label_maturity_days` before it: most of their chargebacks have not arrived
     (the median report delay is days), so they would teach and test the model that fraud is legitimate."""
-    import pandas as pd
+    return _pandas(_labeled_table(settings, day, window_days, label_maturity_days))
+
+
+def _pandas(table: pa.Table) -> pd.DataFrame:
+    frame = table.to_pandas()
+    frame["event_timestamp"] = frame["event_timestamp"].astype("datetime64[ns, UTC]")
+    return frame
+
+
+def _labeled_table(settings: Settings, day: date, window_days: int, label_maturity_days: int) -> pa.Table:
+    """labeled_transactions as an Arrow table (a 30-day window of 1M rows a day fits in memory as Arrow,
+    not as pandas objects)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     from pipelines.ingest.io import Tables
 
@@ -115,31 +149,39 @@ def labeled_transactions(
             "(and the dates before it) first"
         )
     transactions = _read_partitions(tables.silver, first, day, list(TRANSACTION_COLUMNS))
-    if transactions.empty:
+    if transactions.num_rows == 0:
         raise NothingToTrainError(
             f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
             f"run `mlops ingest --date {day}` first or widen --window-days"
         )
-    transactions["event_timestamp"] = pd.to_datetime(transactions["event_timestamp"], utc=True)
+    transactions = _utc(transactions, "event_timestamp")
     # Labels can arrive up to 30 days after the transaction (and from before the window).
-    labels = _read_partitions(
-        tables.silver_labels,
-        first - timedelta(days=60),
-        day,
-        ["transaction_id", "is_fraud", "label_timestamp"],
+    labels = _utc(
+        _read_partitions(
+            tables.silver_labels,
+            first - timedelta(days=60),
+            day,
+            ["transaction_id", "is_fraud", "label_timestamp"],
+        ),
+        "label_timestamp",
     )
-    labels["label_timestamp"] = pd.to_datetime(labels["label_timestamp"], utc=True)
-    known = labels[labels["label_timestamp"] < cutoff(day)]
-    fraud = known.groupby("transaction_id")["is_fraud"].max().astype("int8")
-    transactions[LABEL] = transactions["transaction_id"].map(fraud).fillna(0).astype("int8")
-    mature = transactions["event_timestamp"] < cutoff(day) - timedelta(days=label_maturity_days)
-    if not mature.any():
+    stamp = pa.timestamp("us", tz="UTC")
+    known = pc.and_(
+        pc.less(labels["label_timestamp"], pa.scalar(cutoff(day), stamp)),
+        pc.cast(labels["is_fraud"], pa.bool_()),
+    )
+    fraud = pc.unique(labels["transaction_id"].filter(known))
+    label = pc.cast(pc.is_in(transactions["transaction_id"], value_set=fraud), pa.int8())
+    transactions = transactions.append_column(LABEL, label)
+    mature_before = cutoff(day) - timedelta(days=label_maturity_days)
+    mature = transactions.filter(pc.less(transactions["event_timestamp"], pa.scalar(mature_before, stamp)))
+    if mature.num_rows == 0:
         raise NothingToTrainError(
-            f"none of the {len(transactions)} transactions that arrived between {first} and {day} is "
+            f"none of the {transactions.num_rows} transactions that arrived between {first} and {day} is "
             f"older than the label maturity of {label_maturity_days} days; land and ingest more days or "
             "lower MLOPS_TRAINING__LABEL_MATURITY_DAYS"
         )
-    return transactions[mature].reset_index(drop=True)
+    return mature
 
 
 def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
@@ -164,16 +206,94 @@ def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
 
 def time_splits(event_time: pd.Series, fractions: SplitFractions) -> pd.Series:
     """train / validation / holdout by event time: the holdout is the most recent slice, as in production."""
-    import numpy as np
     import pandas as pd
 
-    ranks = event_time.rank(method="first").to_numpy() / len(event_time)
-    labels = np.where(
-        ranks <= fractions.train,
+    ranks = event_time.rank(method="first").to_numpy()
+    return pd.Series(_splits_of_ranks(ranks, fractions), index=event_time.index, name=SPLIT)
+
+
+def _splits_of_ranks(ranks: np.ndarray, fractions: SplitFractions) -> np.ndarray:
+    """Ranks 1..n in event-time order -> split names."""
+    import numpy as np
+
+    share = ranks / len(ranks)
+    return np.where(
+        share <= fractions.train,
         "train",
-        np.where(ranks <= fractions.train + fractions.validation, "validation", "holdout"),
+        np.where(share <= fractions.train + fractions.validation, "validation", "holdout"),
     )
-    return pd.Series(labels, index=event_time.index, name=SPLIT)
+
+
+def unit_hash(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A number in [0, 1) per string, from its bytes alone (vectorised; the same on every machine): a
+    polynomial hash of the UTF-8 bytes, mixed by splitmix64's finaliser."""
+    import numpy as np
+    import pyarrow as pa
+
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
+    out = []
+    powers = np.cumprod(np.full(256, 0x100000001B3, dtype=np.uint64), dtype=np.uint64)  # wraps mod 2**64
+    for chunk in chunks:
+        chunk = chunk.cast(pa.large_string())
+        for start in range(0, len(chunk), 1_000_000):
+            part = chunk.slice(start, 1_000_000)
+            if part.null_count:
+                raise TrainingSetError("transaction_id has nulls; silver should never hold them")
+            offsets = np.frombuffer(part.buffers()[1], dtype=np.int64)[
+                part.offset : part.offset + len(part) + 1
+            ]
+            data = np.frombuffer(part.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+            starts, lengths = offsets[:-1] - offsets[0], np.diff(offsets)
+            if lengths.max(initial=0) > len(powers):
+                powers = np.cumprod(
+                    np.full(int(lengths.max()), 0x100000001B3, dtype=np.uint64), dtype=np.uint64
+                )
+            position = np.arange(len(data)) - np.repeat(starts, lengths)
+            with np.errstate(over="ignore"):
+                terms = (data.astype(np.uint64) + np.uint64(1)) * powers[position]
+                sums = np.zeros(len(part), dtype=np.uint64)
+                filled = lengths > 0
+                sums[filled] = np.add.reduceat(terms, starts[filled]) if filled.any() else sums[filled]
+                x = sums ^ (sums >> np.uint64(30))
+                x = x * np.uint64(0xBF58476D1CE4E5B9)
+                x = x ^ (x >> np.uint64(27))
+                x = x * np.uint64(0x94D049BB133111EB)
+                x = x ^ (x >> np.uint64(31))
+            out.append((x >> np.uint64(11)).astype(np.float64) / float(1 << 53))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _split_and_sample(
+    table: pa.Table, fractions: SplitFractions, max_fit_rows: int | None
+) -> tuple[pa.Table, dict]:
+    """Sort by (event time, id), split by position, and sample the legitimate transactions of the train and
+    validation splits down to `max_fit_rows` rows in both (see the module docstring)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(
+        table, sort_keys=[("event_timestamp", "ascending"), ("transaction_id", "ascending")]
+    )
+    table = table.take(order)
+    splits = _splits_of_ranks(np.arange(1, table.num_rows + 1), fractions)
+    fit = splits != "holdout"
+    fraud = table[LABEL].to_numpy() == 1
+    fit_rows, fit_fraud = int(fit.sum()), int((fit & fraud).sum())
+    rate = 1.0
+    if max_fit_rows is not None and fit_rows > max_fit_rows:
+        negatives = fit_rows - fit_fraud
+        # Every fraud stays; if frauds alone exceed the cap, as many legitimate rows as frauds.
+        rate = min(1.0, max(max_fit_rows - fit_fraud, fit_fraud) / negatives)
+        keep = ~fit | fraud | (unit_hash(table["transaction_id"]) < rate)
+        table, splits = table.filter(pa.array(keep)), splits[keep]
+    table = table.append_column(SPLIT, pa.array(splits, pa.string()))
+    sampling = {
+        "negative_sample_rate": rate,
+        "fit_rows_before_sampling": fit_rows,
+        "max_fit_rows": max_fit_rows,
+    }
+    return table, sampling
 
 
 def build_training_frame(
@@ -182,20 +302,25 @@ def build_training_frame(
     window_days: int = 30,
     label_maturity_days: int = 0,
     fractions: SplitFractions = SplitFractions(),
+    max_fit_rows: int | None = None,
 ) -> pd.DataFrame:
-    """The training set as of `day` as a DataFrame (see the module docstring)."""
+    """The training set as of `day` as a DataFrame (see the module docstring); its `attrs` say how the
+    train and validation splits were sampled."""
     from features import store
 
-    transactions = labeled_transactions(settings, day, window_days, label_maturity_days)
-    transactions = transactions.sort_values(["event_timestamp", "transaction_id"], kind="stable")
-    transactions = transactions.reset_index(drop=True)
+    table, sampling = _split_and_sample(
+        _labeled_table(settings, day, window_days, label_maturity_days), fractions, max_fit_rows
+    )
+    transactions = _pandas(table)
+    del table
     entity_df = transactions[["customer_id", "merchant_id"]].copy()
     entity_df["event_timestamp"] = transactions["event_timestamp"] - FEATURE_LAG
     joined = store.historical_features(settings, entity_df)
     features = joined[list(SERVICE_FEATURES)].astype("float64").reset_index(drop=True)
     frame = transactions[["transaction_id", "customer_id", "merchant_id", "event_timestamp", LABEL]].copy()
     frame = frame.join(transaction_columns(transactions)).join(features)
-    frame[SPLIT] = time_splits(frame["event_timestamp"], fractions)
+    frame[SPLIT] = transactions[SPLIT]
+    frame.attrs.update(sampling)
     if frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
         raise TrainingSetError(
             f"the training set as of {day} has no known fraud in its train split "
@@ -210,7 +335,11 @@ def dataset_folder(settings: Settings, day: date) -> Path:
 
 
 def write_training_set(
-    settings: Settings, day: date, window_days: int = 30, label_maturity_days: int = 0
+    settings: Settings,
+    day: date,
+    window_days: int = 30,
+    label_maturity_days: int = 0,
+    max_fit_rows: int | None = None,
 ) -> dict:
     """Build, write and version the training set as of `day`; returns its DVC revision and counts."""
     import pyarrow as pa
@@ -218,7 +347,8 @@ def write_training_set(
 
     from pipelines.versioning import record_revision, track
 
-    frame = build_training_frame(settings, day, window_days, label_maturity_days)
+    frame = build_training_frame(settings, day, window_days, label_maturity_days, max_fit_rows=max_fit_rows)
+    sampling = dict(frame.attrs)
     folder = dataset_folder(settings, day)
     folder.mkdir(parents=True, exist_ok=True)
     # Files are replaced, never rewritten in place: a versioned file is a hard link to its DVC cache object.
@@ -229,6 +359,7 @@ def write_training_set(
         "as_of": day.isoformat(),
         "window_days": window_days,
         "label_maturity_days": label_maturity_days,
+        **sampling,
     }
     staging = folder / f".{METADATA_FILE}.tmp"
     staging.write_text(json.dumps(metadata, sort_keys=True) + "\n")
@@ -244,6 +375,7 @@ def write_training_set(
             s: {"rows": int(counts.loc[s, "size"]), "positives": int(counts.loc[s, "sum"])} for s in SPLITS
         },
         "path": str((folder / DATASET_FILE).relative_to(settings.home)),
+        **sampling,
     }
 
 

@@ -51,7 +51,11 @@ def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
 def dataset(settings: Settings, day: date, window_days: int | None = None) -> dict:
     """Build and version the training set as of `day`."""
     record = write_training_set(
-        settings, day, window_days or settings.training.window_days, settings.training.label_maturity_days
+        settings,
+        day,
+        window_days or settings.training.window_days,
+        settings.training.label_maturity_days,
+        max_fit_rows=settings.training.max_fit_rows,
     )
     record["as_of"] = day.isoformat()
     return record
@@ -124,6 +128,8 @@ def train(
                 "data.rows_train": len(train_data),
                 "data.rows_validation": len(validation),
                 "data.positives_train": int(train_data.y.sum()),
+                # legitimate train/validation rows kept (training/dataset.py); 1.0: none left out
+                "data.negative_sample_rate": frame.attrs.get("negative_sample_rate", 1.0),
             }
         )
         metrics = MetricBuffer(client, run_id)
@@ -330,6 +336,7 @@ def retrain(
         training_set_rev = built["training_set_rev"]
         record["rows"] = built["rows"]
         record["splits"] = built["splits"]
+        record["negative_sample_rate"] = built.get("negative_sample_rate", 1.0)
     record["training_set_rev"] = training_set_rev
     trained = train(settings, training_set_rev, config, dag_id=dag_id, dag_run_id=dag_run_id)
     if trained["status"] != "trained":

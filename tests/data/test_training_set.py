@@ -14,11 +14,14 @@ from mlops.settings import Settings
 from pipelines.ingest.io import Tables
 from training.dataset import (
     LABEL,
+    SPLIT,
     SplitFractions,
     TrainingSetError,
+    _split_and_sample,
     labeled_transactions,
     time_splits,
     transaction_columns,
+    unit_hash,
 )
 
 DAY = date(2026, 1, 10)
@@ -107,3 +110,49 @@ def test_transaction_columns_flag_foreign_cards_and_code_unknown_categories_as_z
     assert columns["is_weekend"].tolist() == [1.0, 1.0, 1.0]  # 2026-01-10 is a Saturday
     assert columns["hour_cos"].iloc[0] == pytest.approx(1.0)
     assert columns["log_amount_usd"].iloc[0] == pytest.approx(math.log1p(10 / 0.92))
+
+
+def _labeled(rows: int, fraud_every: int) -> pa.Table:
+    times = pd.date_range("2026-01-01", periods=rows, freq="s", tz="UTC")
+    return pa.table(
+        {
+            "transaction_id": [f"tx{i:016x}" for i in range(rows)],
+            "event_timestamp": pa.array(times.to_pydatetime(), pa.timestamp("us", tz="UTC")),
+            LABEL: pa.array([1 if i % fraud_every == 0 else 0 for i in range(rows)], pa.int8()),
+        }
+    )
+
+
+def test_sampling_keeps_every_fraud_and_the_whole_holdout_and_caps_the_fit_rows():
+    table = _labeled(20_000, fraud_every=50)
+    fractions = SplitFractions()
+    full, unsampled = _split_and_sample(table, fractions, max_fit_rows=None)
+    assert unsampled["negative_sample_rate"] == 1.0 and full.num_rows == 20_000
+    sampled, sampling = _split_and_sample(
+        table.take(list(range(19_999, -1, -1))), fractions, max_fit_rows=3_000
+    )
+    frame, whole = sampled.to_pandas(), full.to_pandas()
+    fit, whole_fit = frame[frame[SPLIT] != "holdout"], whole[whole[SPLIT] != "holdout"]
+    assert sampling["fit_rows_before_sampling"] == len(whole_fit) == 17_000
+    assert 0.159 < sampling["negative_sample_rate"] < 0.160  # (3000 - 340 frauds) / 16660 legitimate
+    assert abs(len(fit) - 3_000) < 200  # a hash, not an exact count
+    assert fit[LABEL].sum() == whole_fit[LABEL].sum()  # every fraud stays
+    # the holdout is the population's, row for row, and the splits did not move
+    assert frame.loc[frame[SPLIT] == "holdout", "transaction_id"].tolist() == (
+        whole.loc[whole[SPLIT] == "holdout", "transaction_id"].tolist()
+    )
+    assert set(fit["transaction_id"]) <= set(whole_fit["transaction_id"])
+    assert (frame["event_timestamp"].diff().dropna() >= pd.Timedelta(0)).all()  # sorted by event time
+    again, _ = _split_and_sample(table, fractions, max_fit_rows=3_000)
+    assert again.equals(sampled)  # the same inputs in any order give the same rows
+
+
+def test_unit_hash_depends_on_the_bytes_only():
+    ids = pa.array([f"tx{i:016x}" for i in range(100_000)])
+    values = unit_hash(ids)
+    assert ((values >= 0) & (values < 1)).all()
+    assert abs(values.mean() - 0.5) < 0.01 and len(set(values.tolist())) == len(values)
+    sliced = unit_hash(pa.chunked_array([ids.slice(0, 7), ids.slice(7)]))
+    assert (sliced == values).all()  # chunks and offsets do not matter
+    assert unit_hash(pa.array(["tx0000000000000005"]))[0] == values[5]
+    assert unit_hash(pa.array(["", "a"])).tolist()[0] != unit_hash(pa.array(["a"])).tolist()[0]
