@@ -338,8 +338,13 @@ def demo(
         2026, 1, 1
     ),
     days: Annotated[
-        int, typer.Option(min=2, help="arrival dates; the last one arrives after a model exists")
-    ] = DEMO_DAYS,
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"arrival dates; the last one arrives after a model exists (default {DEMO_DAYS}; with "
+            "--continue 1)",
+        ),
+    ] = None,
     rows_per_day: Annotated[
         int, typer.Option(min=0, help="transactions per day, weekly average")
     ] = DEMO_ROWS_PER_DAY,
@@ -355,8 +360,8 @@ def demo(
         bool,
         typer.Option(
             "--continue",
-            help="land only the next day of the feed already under MLOPS_HOME (a demo's or the end-to-end "
-            "benchmark's) and run it through the chain; --start and --days are ignored",
+            help="land the next days of the feed already under MLOPS_HOME (a demo's or the end-to-end "
+            "benchmark's) and run them through the chain; --start is ignored",
         ),
     ] = False,
     timeout: Annotated[
@@ -381,7 +386,11 @@ def demo(
         except DemoError as exc:
             err.print(f"[red]demo failed:[/] {exc}")
             raise typer.Exit(code=1) from None
-        days = 1
+    days = days or (1 if next_day else DEMO_DAYS)
+    if days < 2 and not next_day:
+        err.print("[red]demo failed:[/] --days must be at least 2: one to train the champion, one more for a "
+                  "challenger (or --continue on a home that has a champion)")  # fmt: skip
+        raise typer.Exit(code=2)
     if in_process:
         summary = _run_training(
             "demo",

@@ -5,6 +5,12 @@ and the chain runs again up to the gate. Everything is read back from the JSON s
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -79,3 +85,27 @@ def test_airflow_recorded_the_chain_as_asset_triggered_runs(demo_stack):
                 ]
                 assert events and {(e["name"], e["source_dag_id"]) for e in events} == {(asset, source)}
                 assert {e["source_run_id"] for e in events} <= set(runs[source])
+
+
+def test_continue_lands_the_next_day_on_the_running_stack_and_the_gate_decides(demo_stack):
+    """`mlops demo --continue`: the day after the demo's last one, through the same stack (already up),
+    judged against the demo's champion."""
+    mlops = str(Path(sys.executable).with_name("mlops"))
+    done = subprocess.run(
+        [mlops, "demo", "--continue", "--rows-per-day", "1500", "--epochs", "3", "--json"],
+        env=demo_stack.env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    next_day = (DEMO_DATES[-1] + timedelta(days=1)).isoformat()
+    assert summary["status"] == "ok" and summary["mode"] == "airflow" and summary["dates"] == [next_day]
+    assert "already running" in done.stderr  # it did not start a second stack
+    assert len(summary["dag_runs"][INGEST]) == 1 and summary["phases"]["history"][FEATURES] == []
+    (retrain,) = summary["retrains"]
+    assert retrain["as_of"] == next_day and retrain["decision"] in {"promoted", "rejected"}
+    assert retrain["previous_champion"] == demo_stack.summary["champion_version"]
+    assert int(retrain["model_version"]) == 3
+    assert summary["arrival_to_model"]["busy_seconds"] > 0
