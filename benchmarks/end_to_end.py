@@ -129,6 +129,7 @@ def bench_end_to_end(
                 "overhead_seconds": arrival["overhead_seconds"],
                 "overhead_share": arrival["overhead_share"],
                 "stage_seconds": arrival["task_seconds_per_stage"],
+                "task_seconds": arrival["seconds_per_task"],
                 "baseline_seconds": body["seconds"],
                 "baseline_stage_seconds": body["task_seconds_per_stage"],
                 "time_ratio": arrival["seconds"] / body["seconds"],

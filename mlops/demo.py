@@ -548,6 +548,7 @@ def _arrival_to_model(api, runs: dict[str, list[str]], arrived: datetime) -> dic
     task start-up outside the tasks' own time). Stage seconds are the sums of task durations per DAG."""
     intervals: list[tuple[datetime, datetime]] = []
     stages: dict[str, float] = {}
+    tasks: dict[str, float] = {}
     ends: list[datetime] = []
     for dag_id, run_ids in runs.items():
         for run_id in run_ids:
@@ -558,6 +559,9 @@ def _arrival_to_model(api, runs: dict[str, list[str]], arrived: datetime) -> dic
                 start, end = datetime.fromisoformat(ti["start_date"]), datetime.fromisoformat(ti["end_date"])
                 intervals.append((start, end))
                 stages[STAGE_OF[dag_id]] = stages.get(STAGE_OF[dag_id], 0.0) + (end - start).total_seconds()
+                tasks[f"{dag_id}.{task_id}"] = (
+                    tasks.get(f"{dag_id}.{task_id}", 0.0) + (end - start).total_seconds()
+                )
     busy = 0.0
     reach: datetime | None = None
     for start, end in sorted(intervals):
@@ -574,6 +578,7 @@ def _arrival_to_model(api, runs: dict[str, list[str]], arrived: datetime) -> dic
         "overhead_seconds": wall - busy,
         "overhead_share": (wall - busy) / wall if wall > 0 else 0.0,
         "task_seconds_per_stage": stages,
+        "seconds_per_task": tasks,
     }
 
 
