@@ -13,9 +13,11 @@ same bytes and the same DVC version.
 At scale (a 30-day window of 1M transactions a day is ~27M rows, ~0.8% of them fraud) the train and
 validation splits keep at most `max_fit_rows` rows: every fraud, and the legitimate transactions whose id
 hashes below a rate (the same transaction is kept or left out whatever the as-of date, and the same inputs
-still give the same bytes). The holdout is never sampled, so the gate's metrics are the population's. The
-rate is recorded with the set. The loss's class weight follows the sampled split (training/loop.py), so
-scores rank as before but are not calibrated probabilities of the population.
+still give the same bytes). The holdout keeps every fraud and its legitimate rows at the same rate, each
+with a `weight` of 1 / rate (frauds 1), and the holdout metrics weigh rows by it (training/metrics.py): the
+gate's figures estimate the population's, on a twelfth of the rows. The rate is recorded with the set. The
+loss's class weight follows the sampled split (training/loop.py), so scores rank as before but are not
+calibrated probabilities of the population.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 LABEL = "label"
 SPLIT = "split"
+WEIGHT = "weight"  # how many transactions of the window a row stands for (1 / sampling rate, frauds 1)
 SPLITS = ("train", "validation", "holdout")
 DATASET_FILE = "training_set.parquet"
 METADATA_FILE = "training_set.json"  # as-of date and window, versioned with the data
@@ -266,8 +269,9 @@ def unit_hash(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def _split_and_sample(
     table: pa.Table, fractions: SplitFractions, max_fit_rows: int | None
 ) -> tuple[pa.Table, dict]:
-    """Sort by (event time, id), split by position, and sample the legitimate transactions of the train and
-    validation splits down to `max_fit_rows` rows in both (see the module docstring)."""
+    """Sort by (event time, id), split by position, and sample the legitimate transactions at the rate that
+    leaves the train and validation splits `max_fit_rows` rows in both; the holdout at the same rate, with
+    weights (see the module docstring)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -281,13 +285,16 @@ def _split_and_sample(
     fraud = table[LABEL].to_numpy() == 1
     fit_rows, fit_fraud = int(fit.sum()), int((fit & fraud).sum())
     rate = 1.0
+    weights = np.ones(table.num_rows)
     if max_fit_rows is not None and fit_rows > max_fit_rows:
         negatives = fit_rows - fit_fraud
         # Every fraud stays; if frauds alone exceed the cap, as many legitimate rows as frauds.
         rate = min(1.0, max(max_fit_rows - fit_fraud, fit_fraud) / negatives)
-        keep = ~fit | fraud | (unit_hash(table["transaction_id"]) < rate)
+        keep = fraud | (unit_hash(table["transaction_id"]) < rate)
+        weights = np.where(fraud, 1.0, 1.0 / rate)[keep]
         table, splits = table.filter(pa.array(keep)), splits[keep]
     table = table.append_column(SPLIT, pa.array(splits, pa.string()))
+    table = table.append_column(WEIGHT, pa.array(weights, pa.float64()))
     sampling = {
         "negative_sample_rate": rate,
         "fit_rows_before_sampling": fit_rows,
@@ -320,6 +327,7 @@ def build_training_frame(
     frame = transactions[["transaction_id", "customer_id", "merchant_id", "event_timestamp", LABEL]].copy()
     frame = frame.join(transaction_columns(transactions)).join(features)
     frame[SPLIT] = transactions[SPLIT]
+    frame[WEIGHT] = transactions[WEIGHT]
     frame.attrs.update(sampling)
     if frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
         raise TrainingSetError(

@@ -168,12 +168,14 @@ def promote_with_gate(
     training_set_rev: str | None = None,
     dag_id: str | None = None,
     run_id: str | None = None,
+    holdout_weights: np.ndarray | None = None,
 ) -> Decision:
-    """Decide candidate vs champion on the same holdout, move the alias if it wins, record the decision."""
+    """Decide candidate vs champion on the same holdout (rows weighted by `holdout_weights`, if given), move
+    the alias if it wins, record the decision."""
     with ledger.exclusive(registry.name) as conn:
         champion = registry.champion()
         candidate_model = registry.load(candidate_version)
-        candidate_metrics = evaluate(holdout_y, _score(candidate_model, holdout_x))
+        candidate_metrics = evaluate(holdout_y, _score(candidate_model, holdout_x), weights=holdout_weights)
         latency = scoring_latency_ms(candidate_model, holdout_x[:1])
         candidate_metrics["latency_ms_p50"] = latency
         champion_metrics: dict[str, float] | None = None
@@ -194,7 +196,9 @@ def promote_with_gate(
                     ),
                 )
             else:
-                champion_metrics = evaluate(holdout_y, _score(champion_model, holdout_x))
+                champion_metrics = evaluate(
+                    holdout_y, _score(champion_model, holdout_x), weights=holdout_weights
+                )
                 promoted, reason = gate_decision(candidate_metrics, champion_metrics, latency, policy)
         else:
             promoted, reason = gate_decision(candidate_metrics, None, latency, policy)

@@ -20,6 +20,7 @@ from training.dataset import (
     MODEL_INPUTS,
     NUMERIC_FEATURES,
     SPLIT,
+    WEIGHT,
     read_training_set,
     write_training_set,
 )
@@ -27,6 +28,7 @@ from training.registry import GatePolicy, ModelRegistry
 from training.tracking import EXPERIMENT, Lineage, MetricBuffer, configure, git_commit
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
     from training.loop import Tensors, TrainConfig
@@ -179,13 +181,17 @@ def train(
     }
 
 
-def _holdout(settings: Settings, run_id: str) -> tuple[str, Tensors]:
+def _holdout(settings: Settings, run_id: str) -> tuple[str, Tensors, np.ndarray | None]:
+    """The run's holdout, and how many transactions each row stands for (None: every row is one; sets
+    written before sampling have no weights)."""
     import mlflow
 
     configure(settings)
     run = mlflow.MlflowClient().get_run(run_id)
     rev = run.data.tags["lineage.training_set_rev"]
-    return rev, split_tensors(read_training_set(settings, rev), "holdout")
+    frame = read_training_set(settings, rev)
+    weights = frame.loc[frame[SPLIT] == "holdout", WEIGHT].to_numpy() if WEIGHT in frame else None
+    return rev, split_tensors(frame, "holdout"), weights
 
 
 def evaluate(settings: Settings, run_id: str) -> dict:
@@ -198,17 +204,17 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     from training.metrics import evaluate as metrics_of
     from training.metrics import plot_evaluation
 
-    rev, holdout = _holdout(settings, run_id)
+    rev, holdout, weights = _holdout(settings, run_id)
     model = mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_ARTIFACT}", map_location="cpu")
     scores = predict(model, holdout.x).numpy()
     labels = holdout.y.numpy()
-    values = metrics_of(labels, scores)
+    values = metrics_of(labels, scores, weights=weights)
     client = mlflow.MlflowClient()
     buffer = MetricBuffer(client, run_id)
     buffer.add({f"holdout_{k}": v for k, v in values.items()}, step=0)
     buffer.flush()
     with tempfile.TemporaryDirectory() as folder:
-        for path in plot_evaluation(labels, scores, Path(folder)):
+        for path in plot_evaluation(labels, scores, Path(folder), weights=weights):
             client.log_artifact(run_id, str(path), "evaluation")
     return {"run_id": run_id, "training_set_rev": rev, "holdout": values}
 
@@ -238,7 +244,7 @@ def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str 
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
-    rev, holdout = _holdout(settings, run_id)
+    rev, holdout, weights = _holdout(settings, run_id)
     policy = GatePolicy(**settings.gate.model_dump())
     ledger = _ledger(settings)
     try:
@@ -249,6 +255,7 @@ def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str 
             holdout.x,
             holdout.y.numpy(),
             policy,
+            holdout_weights=weights,
             training_set_rev=rev,
             dag_id=dag_id or None,
             run_id=dag_run_id or None,

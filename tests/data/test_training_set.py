@@ -15,6 +15,7 @@ from pipelines.ingest.io import Tables
 from training.dataset import (
     LABEL,
     SPLIT,
+    WEIGHT,
     SplitFractions,
     TrainingSetError,
     _split_and_sample,
@@ -123,25 +124,32 @@ def _labeled(rows: int, fraud_every: int) -> pa.Table:
     )
 
 
-def test_sampling_keeps_every_fraud_and_the_whole_holdout_and_caps_the_fit_rows():
+def test_sampling_keeps_every_fraud_caps_the_fit_rows_and_weighs_the_sampled_holdout():
     table = _labeled(20_000, fraud_every=50)
     fractions = SplitFractions()
     full, unsampled = _split_and_sample(table, fractions, max_fit_rows=None)
     assert unsampled["negative_sample_rate"] == 1.0 and full.num_rows == 20_000
+    assert set(full[WEIGHT].to_pylist()) == {1.0}
     sampled, sampling = _split_and_sample(
         table.take(list(range(19_999, -1, -1))), fractions, max_fit_rows=3_000
     )
     frame, whole = sampled.to_pandas(), full.to_pandas()
     fit, whole_fit = frame[frame[SPLIT] != "holdout"], whole[whole[SPLIT] != "holdout"]
     assert sampling["fit_rows_before_sampling"] == len(whole_fit) == 17_000
-    assert 0.159 < sampling["negative_sample_rate"] < 0.160  # (3000 - 340 frauds) / 16660 legitimate
+    rate = sampling["negative_sample_rate"]
+    assert 0.159 < rate < 0.160  # (3000 - 340 frauds) / 16660 legitimate
     assert abs(len(fit) - 3_000) < 200  # a hash, not an exact count
-    assert fit[LABEL].sum() == whole_fit[LABEL].sum()  # every fraud stays
-    # the holdout is the population's, row for row, and the splits did not move
-    assert frame.loc[frame[SPLIT] == "holdout", "transaction_id"].tolist() == (
-        whole.loc[whole[SPLIT] == "holdout", "transaction_id"].tolist()
-    )
-    assert set(fit["transaction_id"]) <= set(whole_fit["transaction_id"])
+    # every fraud stays, in the split it had, and the splits did not move
+    assert frame.groupby(SPLIT)[LABEL].sum().to_dict() == whole.groupby(SPLIT)[LABEL].sum().to_dict()
+    assert set(frame["transaction_id"]) <= set(whole["transaction_id"])
+    merged = frame.merge(whole, on="transaction_id", suffixes=("", "_whole"))
+    assert (merged[SPLIT] == merged[f"{SPLIT}_whole"]).all()
+    # the holdout at the same rate, each legitimate row standing for 1 / rate of them
+    holdout, whole_holdout = frame[frame[SPLIT] == "holdout"], whole[whole[SPLIT] == "holdout"]
+    assert len(holdout) < len(whole_holdout) / 3
+    assert set(holdout.loc[holdout[LABEL] == 1, WEIGHT]) == {1.0}
+    assert holdout.loc[holdout[LABEL] == 0, WEIGHT].unique().tolist() == [1 / rate]
+    assert abs(holdout[WEIGHT].sum() - len(whole_holdout)) < 0.1 * len(whole_holdout)
     assert (frame["event_timestamp"].diff().dropna() >= pd.Timedelta(0)).all()  # sorted by event time
     again, _ = _split_and_sample(table, fractions, max_fit_rows=3_000)
     assert again.equals(sampled)  # the same inputs in any order give the same rows

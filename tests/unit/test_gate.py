@@ -104,3 +104,24 @@ def test_recall_at_fpr_counts_positives_above_the_negatives_quantile():
     scores = np.concatenate([negatives, [0.995, 0.999, 0.5, 0.1]])
     assert recall_at_fpr(labels, scores, 0.01) == 0.5
     assert recall_at_fpr(np.zeros(3), np.ones(3), 0.01) == 0.0
+
+
+def test_weighted_holdout_metrics_equal_the_metrics_of_the_rows_they_stand_for():
+    """A sampled holdout (each kept legitimate row weighs 1 / rate) scores like the population it stands
+    for: here exactly, with every legitimate row standing for three identical ones."""
+    import numpy as np
+
+    from training.metrics import evaluate
+
+    rng = np.random.default_rng(3)
+    labels = (rng.random(4_000) < 0.05).astype(int)
+    scores = np.clip(rng.normal(0.3 + 0.4 * labels, 0.2), 0, 1)
+    weights = np.where(labels == 1, 1.0, 3.0)
+    copies = weights.astype(int)
+    expanded = evaluate(np.repeat(labels, copies), np.repeat(scores, copies))
+    weighted = evaluate(labels, scores, weights=weights)
+    for metric in ("auc_pr", "roc_auc", "precision", "recall", "f1", "brier"):
+        assert weighted[metric] == pytest.approx(expanded[metric], rel=1e-9), metric
+    assert weighted["recall_at_1pct_fpr"] == pytest.approx(expanded["recall_at_1pct_fpr"], abs=0.01)
+    assert weighted["population_rows"] == expanded["rows"] and weighted["rows"] == len(labels)
+    assert evaluate(labels, scores)["auc_pr"] > weighted["auc_pr"]  # fewer negatives flatter precision
