@@ -48,7 +48,7 @@ format: $(STAMP) ## apply ruff's fixes and formatting
 bench: $(STAMP) ## benchmarks: ratios against baselines measured in the same run
 	$(BIN)/python -m benchmarks
 
-bench-e2e: $(STAMP) ## arrival -> gate decision through Airflow at 1M rows/day x 30 days (hours of set-up)
+bench-e2e: $(STAMP) ## arrival -> gate decision through Airflow at 1M rows/day x 30 days (~75 min of set-up)
 	$(BIN)/python -m benchmarks --only end_to_end $(BENCH_ARGS)
 
 doctor: $(STAMP) ## check Java, Spark and the active profile's services

@@ -114,8 +114,10 @@ def bench_end_to_end(
             airflow = _continue(home, rows, in_process=False)
             _restore(home, snapshot)
             baseline = _continue(home, rows, in_process=True)
+        finally:  # whatever happened, the set-up stays reusable: the stack stopped, the home put back
+            down = Path(__file__).resolve().parents[1] / "scripts" / "down.sh"
+            subprocess.run(["bash", str(down)], env=_env(home), capture_output=True)
             _restore(home, snapshot)
-        finally:
             shutil.rmtree(snapshot, ignore_errors=True)
         arrival, body = airflow["arrival_to_model"], baseline["arrival_to_model"]
         last = airflow["retrains"][-1]

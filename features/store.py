@@ -544,9 +544,20 @@ def online_features(
     return OnlineFeatures(store or open_store(settings, project)).get(entity_rows)
 
 
+_MAX_POSITION = 2**62  # below int64's limit; tests lower it to take the dense-rank path
+
+
 def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame) -> pd.DataFrame:
     """For each (key, time) query, the view's features from the entity's latest gold row with
-    time - ttl <= event_timestamp <= time (ties on event time: the later created_timestamp), or nulls."""
+    time - ttl <= event_timestamp <= time (ties on event time: the later created_timestamp, then the later
+    row in scan order), or nulls. Returns `queries` (same rows, same order) with the features appended.
+
+    Vectorised in numpy over Arrow: gold rows sorted by (entity, event time, created time) and each query
+    placed among them by binary search (np.searchsorted), with (entity, time) packed into one int64. 30
+    days of gold at 1M transactions a day are ~30M rows per view: pandas' sort, dedup and merge_asof of
+    them peaked at 20 GiB and 73 s for the customer view; this keeps the Arrow table, a few int64 columns
+    and the matched rows."""
+    import numpy as np
     import pandas as pd
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -566,30 +577,39 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
         & pc.is_in(ds.field(key), value_set=keys)
     )
     dataset = _gold_dataset(settings.lake, _TABLE_OF_VIEW[view.name])
-    table = _normalise_timestamps(
+    gold = _normalise_timestamps(
         dataset.to_table(columns=[key, EVENT_TIMESTAMP, CREATED_TIMESTAMP, *features], filter=window)
     )
-    # Entities by their position in `keys` (int32): 30 days of gold at 1M transactions a day are ~30M rows
-    # per view, whose string keys as pandas objects cost gigabytes and dominate the sort, dedup and join.
-    code = "__entity"
-    table = table.append_column(code, pc.index_in(table[key], value_set=keys)).drop_columns([key])
-    gold = table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
-    del table
-    gold = gold.sort_values([EVENT_TIMESTAMP, CREATED_TIMESTAMP], kind="stable")
-    gold = gold.drop_duplicates([code, EVENT_TIMESTAMP], keep="last").drop(columns=CREATED_TIMESTAMP)
-    gold[EVENT_TIMESTAMP] = gold[EVENT_TIMESTAMP].astype("datetime64[ns, UTC]")
-    ordered = queries.sort_values(EVENT_TIMESTAMP, kind="stable")
-    ordered[code] = pd.Index(keys.to_pandas()).get_indexer(ordered[key]).astype("int32")
-    joined = pd.merge_asof(
-        ordered,
-        gold,
-        on=EVENT_TIMESTAMP,
-        by=code,
-        direction="backward",
-        allow_exact_matches=True,
-        tolerance=pd.Timedelta(view.ttl),
-    )
-    return joined.drop(columns=code)
+    gold_code = pc.index_in(gold[key], value_set=keys).to_numpy().astype(np.int64)
+    gold_us = gold[EVENT_TIMESTAMP].cast(pa.int64()).to_numpy()
+    created_us = gold[CREATED_TIMESTAMP].cast(pa.int64()).to_numpy()
+    query_ns = queries[EVENT_TIMESTAMP].to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    query_us = np.floor_divide(query_ns, 1000)  # gold at or before t: gold_us <= floor(t in us)
+    query_code = pd.Index(keys.to_pandas()).get_indexer(queries[key]).astype(np.int64)
+    # (entity, time) as one sortable int64: entity * width + time since the earliest in play, or, when that
+    # could overflow (a million entities and a TTL of years), + the time's rank among every time in play.
+    first = min(int(gold_us.min(initial=query_us.min())), int(query_us.min()))
+    width = max(int(gold_us.max(initial=0)), int(query_us.max())) - first + 1
+    if width * max(len(keys), 1) < _MAX_POSITION:
+        gold_pos = gold_code * width + (gold_us - first)
+        query_pos = query_code * width + (query_us - first)
+    else:
+        times = np.sort(np.concatenate([gold_us, query_us]))
+        times = times[np.concatenate(([True], times[1:] != times[:-1]))]
+        gold_pos = gold_code * len(times) + np.searchsorted(times, gold_us)
+        query_pos = query_code * len(times) + np.searchsorted(times, query_us)
+    order = np.lexsort((created_us, gold_pos))  # stable: equal rows keep their scan order
+    found = np.searchsorted(gold_pos[order], query_pos, side="right") - 1
+    ttl_ns = int(view.ttl.total_seconds() * 1_000_000) * 1000
+    if len(order):
+        row = order[np.maximum(found, 0)]
+        matched = (found >= 0) & (gold_code[row] == query_code) & (gold_us[row] * 1000 >= query_ns - ttl_ns)
+    else:  # nothing in the window: every query gets nulls
+        row, matched = np.zeros(len(found), dtype=np.int64), np.zeros(len(found), dtype=bool)
+    values = gold.select(features).take(pa.array(row, mask=~matched))
+    out = values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    out.index = queries.index
+    return pd.concat([queries, out], axis=1)
 
 
 def historical_features(

@@ -164,8 +164,12 @@ def test_online_values_equal_offline_point_in_time_values(profile, project, gold
     assert compared > 0
 
 
-def test_historical_retrieval_never_sees_later_rows_and_respects_ttl(gold):
-    """Local profile only: retrieval reads the offline store (Parquet), not the online store."""
+@pytest.mark.parametrize("packing", ["offsets", "ranks"])
+def test_historical_retrieval_never_sees_later_rows_and_respects_ttl(gold, packing, monkeypatch):
+    """Local profile only: retrieval reads the offline store (Parquet), not the online store. Both ways of
+    packing (entity, time) into one int64: time offsets, and time ranks (when offsets could overflow)."""
+    if packing == "ranks":
+        monkeypatch.setattr(feature_store, "_MAX_POSITION", 1)
     settings = gold
     project = f"t_{uuid.uuid4().hex[:10]}"
     feature_store.apply(settings, project)
