@@ -155,6 +155,51 @@ def test_sampling_keeps_every_fraud_caps_the_fit_rows_and_weighs_the_sampled_hol
     assert again.equals(sampled)  # the same inputs in any order give the same rows
 
 
+@pytest.mark.parametrize("max_fit_rows", [None, 700])
+def test_splits_by_selection_equal_the_splits_of_a_full_sort(max_fit_rows):
+    """_split_and_sample decides splits without sorting every row (a partition, then the ids tied at the
+    boundary's time); the reference sorts everything and splits by rank. Times tie in runs of 7 rows and
+    some (time, id) pairs repeat; both boundaries fall inside a run of ties (asserted)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    rows = 2_000
+    seconds = np.arange(rows) // 7  # runs of 7 equal times: 1,200 and 1,600 rows fall inside runs
+    ids = [f"tx{int(i):04d}" for i in rng.integers(0, 1_900, rows)]
+    table = pa.table(
+        {
+            "transaction_id": ids,
+            "event_timestamp": pa.array(
+                (pd.Timestamp("2026-01-01", tz="UTC") + pd.to_timedelta(seconds, unit="s")).to_pydatetime(),
+                pa.timestamp("us", tz="UTC"),
+            ),
+            LABEL: pa.array((rng.random(rows) < 0.05).astype("int8")),
+            "row": pa.array(np.arange(rows)),
+        }
+    ).take(rng.permutation(rows))
+    fractions = SplitFractions(train=0.6, validation=0.2)
+    got, sampling = _split_and_sample(table, fractions, max_fit_rows)
+
+    reference = table.take(
+        pa.compute.sort_indices(
+            table, sort_keys=[("event_timestamp", "ascending"), ("transaction_id", "ascending")]
+        )
+    ).to_pandas()
+    reference[SPLIT] = time_splits(pd.Series(np.arange(rows)), fractions).to_numpy()
+    for before, after in (("train", "validation"), ("validation", "holdout")):
+        last = reference.loc[reference[SPLIT] == before, "event_timestamp"].iloc[-1]
+        assert reference.loc[reference[SPLIT] == after, "event_timestamp"].iloc[0] == last
+    rate = sampling["negative_sample_rate"]
+    if max_fit_rows is not None:
+        assert rate < 1.0
+        keep = (reference[LABEL] == 1) | (unit_hash(pa.array(reference["transaction_id"])) < rate)
+        reference = reference[keep.to_numpy()]
+    frame = got.to_pandas()
+    assert frame["row"].tolist() == reference["row"].tolist()  # same rows, same order
+    assert frame[SPLIT].tolist() == reference[SPLIT].tolist()
+    assert (frame.loc[frame[LABEL] == 0, WEIGHT] == 1 / rate).all()
+
+
 def test_unit_hash_depends_on_the_bytes_only():
     ids = pa.array([f"tx{i:016x}" for i in range(100_000)])
     values = unit_hash(ids)
