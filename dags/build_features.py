@@ -1,5 +1,5 @@
 """
-### Build features: silver -> gold -> GX -> DVC version -> Feast online store
+### Build features: silver -> gold -> GX -> DVC version (and Feast online store)
 
 Scheduled on the `silver_transactions` asset. Each silver event names its arrival date (its `extra`);
 the run computes gold for exactly those dates, reading each date plus its 30-day lookback from silver, so
@@ -10,7 +10,12 @@ Steps per date: point-in-time customer and merchant aggregates (Spark windows ov
 after an event's time enters its features; merchant fraud counts use only chargebacks reported by then),
 the gold GX suites, a DVC snapshot of the date's gold (content hash, pushed to the remote; the revision is
 returned for the model to record), then `feast apply` (idempotent) and materialization of the date's
-explicit interval into the online store. Emits the `fraud_features` asset for the retrain DAG.
+explicit interval into the online store.
+
+Two assets: `version_gold` emits `fraud_features` (gold validated and versioned: all a training set reads),
+which starts the retrain DAG at once; `materialize` runs beside it and emits `fraud_features_online` (the
+online store loaded: what a scorer reads). A retrain does not wait for the online load (at 1M transactions
+a day, ~70 s of SQLite upserts), and a failed load does not hold training back.
 
 **Catching up on Airflow 3.3.** While a run is active (`max_active_runs=1`), further silver events queue;
 Airflow 3.3 starts the next run on the first of them and keeps the others until a later event arrives
@@ -25,7 +30,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from mlops.assets import FRAUD_FEATURES, SILVER_TRANSACTIONS
+from mlops.assets import FRAUD_FEATURES, FRAUD_FEATURES_ONLINE, SILVER_TRANSACTIONS
 from mlops.orchestration import fail_fast_on_bad_data
 
 DEFAULT_ARGS = {
@@ -81,18 +86,27 @@ with DAG(
             for d in dates
         ]
 
-    @task(doc_md="DVC snapshot of each date's gold; returns the dataset revisions.")
-    def version_gold(dates: list[str]) -> list[dict]:
+    @task(
+        outlets=[FRAUD_FEATURES],
+        doc_md="DVC snapshot of each date's gold; returns the dataset revisions. Emits fraud_features.",
+    )
+    def version_gold(dates: list[str], outlet_events=None) -> list[dict]:
         from datetime import date
 
         from mlops.jobs import features_step
 
-        return [
+        results = [
             fail_fast_on_bad_data(lambda d=d: features_step("version_gold", date.fromisoformat(d)))
             for d in dates
         ]
+        # The retrain DAG trains as of the newest date the event names.
+        outlet_events[FRAUD_FEATURES].extra = {"event_dates": sorted(dates)}
+        return results
 
-    @task(outlets=[FRAUD_FEATURES], doc_md="feast apply, then materialize each date's interval online.")
+    @task(
+        outlets=[FRAUD_FEATURES_ONLINE],
+        doc_md="feast apply, then materialize each date's interval online. Emits fraud_features_online.",
+    )
     def materialize(dates: list[str], outlet_events=None) -> list[dict]:
         from datetime import date
 
@@ -102,12 +116,10 @@ with DAG(
             fail_fast_on_bad_data(lambda d=d: features_step("materialize", date.fromisoformat(d)))
             for d in dates
         ]
-        # The retrain DAG trains as of the newest date the event names.
-        outlet_events[FRAUD_FEATURES].extra = {"event_dates": sorted(dates)}
+        outlet_events[FRAUD_FEATURES_ONLINE].extra = {"event_dates": sorted(dates)}
         return results
 
     dates = dates_to_compute()
     gold = build_gold(dates)
     checked = validate_gold(dates)
-    versioned = version_gold(dates)
-    gold >> checked >> versioned >> materialize(dates)
+    gold >> checked >> [version_gold(dates), materialize(dates)]  # only validated gold goes online

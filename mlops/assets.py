@@ -9,5 +9,8 @@ SILVER_TRANSACTIONS = Asset(
     name="silver_transactions", uri="x-mlops://lake/silver/transactions", group="fraud"
 )
 SILVER_LABELS = Asset(name="silver_labels", uri="x-mlops://lake/silver/labels", group="fraud")
+# Gold validated and versioned: what the training set reads (the retrain DAG starts on it).
 FRAUD_FEATURES = Asset(name="fraud_features", uri="x-mlops://lake/gold", group="fraud")
+# The same dates loaded into the Feast online store: what a scorer reads.
+FRAUD_FEATURES_ONLINE = Asset(name="fraud_features_online", uri="x-mlops://feast/online", group="fraud")
 FRAUD_MODEL = Asset(name="fraud_model", uri="x-mlops://mlflow/models/fraud-detector", group="fraud")

@@ -11,6 +11,7 @@ import math
 import random
 import subprocess
 import sys
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -397,3 +398,57 @@ def test_a_bad_window_is_refused(start, end, message):
 def test_materializing_before_apply_says_to_apply(gold):
     with pytest.raises(feature_store.FeatureStoreError, match="apply"):
         feature_store.materialize(gold, T0, T0 + timedelta(days=1), f"t_{uuid.uuid4().hex[:10]}")
+
+
+def test_readers_never_see_the_registry_half_written(gold):
+    """The retrain reads the feature service while the features DAG's materialize records its interval
+    (features/registry_store.py): a reader in another process, polling throughout 200 rewrites of the
+    registry, parses a whole registry that holds the service every time. Feast's own FileRegistryStore
+    truncates and writes in place; this test failed on it (a reader found the file empty or cut short)."""
+    from features.registry_store import AtomicFileRegistryStore
+
+    settings = gold
+    project = f"t_{uuid.uuid4().hex[:10]}"
+    feature_store.apply(settings, project)
+    store = feature_store.open_store(settings, project)
+    assert isinstance(store.registry._registry_store, AtomicFileRegistryStore)
+    registry = settings.feast_dir / "registry.db"
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib\n"
+            "from feast.protos.feast.core.Registry_pb2 import Registry\n"
+            "path, stop, bad, reads = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), 0, 0\n"
+            "pathlib.Path(sys.argv[3]).touch()\n"
+            "while not stop.exists():\n"
+            "    proto = Registry()\n"
+            "    try:\n"
+            "        proto.ParseFromString(path.read_bytes())\n"
+            "        bad += not any(s.spec.name == 'fraud_model_v1' for s in proto.feature_services)\n"
+            "    except Exception:\n"
+            "        bad += 1\n"
+            "    reads += 1\n"
+            "print(reads, bad)\n",
+            str(registry),
+            str(settings.home / "stop-reading"),
+            str(settings.home / "reading"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (settings.home / "reading").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        view = store.get_feature_view("customer_stats_fv")
+        start = datetime(2026, 1, 1, tzinfo=UTC)
+        for hour in range(200):
+            at = start + timedelta(hours=hour)
+            store.registry.apply_materialization(view, project, at, at + timedelta(hours=1), commit=True)
+    finally:
+        (settings.home / "stop-reading").touch()
+        out, _ = reader.communicate(timeout=60)
+    reads, bad = map(int, out.split())
+    assert reads > 0 and bad == 0, f"{bad} of {reads} reads found the registry broken"
+    assert [p.name for p in registry.parent.iterdir() if p.name.startswith(".registry.db")] == []

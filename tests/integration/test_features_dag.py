@@ -57,6 +57,24 @@ def test_a_run_builds_versions_and_materializes_the_date(airflow_db, silver_days
             )
         }
     assert set(states.values()) == {"success"}, states
+    # Versioned gold starts the retrain (fraud_features); the online load is its own asset, beside it.
+    from airflow.models.asset import AssetEvent, AssetModel
+
+    with create_session() as session:
+        events = {
+            name: (task_id, extra)
+            for name, task_id, extra in session.query(
+                AssetModel.name, AssetEvent.source_task_id, AssetEvent.extra
+            )
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .filter(AssetEvent.source_run_id == run.run_id)
+        }
+    assert events == {
+        "fraud_features": ("version_gold", {"event_dates": [LAST.isoformat()]}),
+        "fraud_features_online": ("materialize", {"event_dates": [LAST.isoformat()]}),
+    }
+    assert "materialize" not in dag.task_dict["version_gold"].upstream_task_ids
+    assert dag.task_dict["materialize"].upstream_task_ids == {"validate_gold", "dates_to_compute"}
 
     from features import store
 
