@@ -189,8 +189,8 @@ def _holdout(settings: Settings, run_id: str) -> tuple[str, Tensors, np.ndarray 
     configure(settings)
     run = mlflow.MlflowClient().get_run(run_id)
     rev = run.data.tags["lineage.training_set_rev"]
-    frame = read_training_set(settings, rev)
-    weights = frame.loc[frame[SPLIT] == "holdout", WEIGHT].to_numpy() if WEIGHT in frame else None
+    frame = read_training_set(settings, rev, "holdout", [*MODEL_INPUTS, LABEL, SPLIT, WEIGHT])
+    weights = frame[WEIGHT].to_numpy() if WEIGHT in frame else None
     return rev, split_tensors(frame, "holdout"), weights
 
 

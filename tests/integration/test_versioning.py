@@ -206,4 +206,7 @@ def test_rewriting_a_training_set_keeps_the_earlier_revision(settings, monkeypat
         restored = dataset.read_training_set(settings, rev)
         assert restored["transaction_id"].tolist() == frame(rows)["transaction_id"].tolist()
         assert restored.attrs["window_days"] == window
+        holdout = dataset.read_training_set(settings, rev, "holdout", [dataset.LABEL, dataset.WEIGHT])
+        assert list(holdout.columns) == [dataset.LABEL]  # no weight column in this set: not asked for
+        assert holdout[dataset.LABEL].tolist() == [i % 2 for i in range(rows) if i % 3 == 2]
     _assert_cache_intact(settings)
