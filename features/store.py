@@ -599,7 +599,11 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
         gold_pos = gold_code * len(times) + np.searchsorted(times, gold_us)
         query_pos = query_code * len(times) + np.searchsorted(times, query_us)
     order = np.lexsort((created_us, gold_pos))  # stable: equal rows keep their scan order
-    found = np.searchsorted(gold_pos[order], query_pos, side="right") - 1
+    # Queries in order too: each binary search starts where the last one ended, in cache (2.3M queries
+    # into 30M gold rows: 9 s in query order, a fraction of that sorted).
+    by_position = np.argsort(query_pos, kind="stable")
+    found = np.empty(len(query_pos), dtype=np.int64)
+    found[by_position] = np.searchsorted(gold_pos[order], query_pos[by_position], side="right") - 1
     ttl_ns = int(view.ttl.total_seconds() * 1_000_000) * 1000
     if len(order):
         row = order[np.maximum(found, 0)]
@@ -618,14 +622,15 @@ def historical_features(
     """`entity_df` (customer_id, merchant_id, event_timestamp, any other columns) with the fraud_model_v1
     features joined point in time: for each row and view, the entity's latest gold row with
     t - ttl <= event_timestamp <= t (event-time ties: the later created_timestamp), else nulls. Every input
-    row comes back, in order. For the state just before a transaction, pass its event time minus 1 ms.
+    row comes back, in order (with a fresh 0..n-1 index). For the state just before a transaction, pass
+    its event time minus 1 ms.
 
     The feature service, its views, features and TTLs come from the registry; the join itself is done
-    here with pandas.merge_asof over the gold partitions the request can reach, not by Feast's file
-    offline store, which in 0.67 drops an entity row whose entity has rows but none within [t - ttl, t]
-    (every customer's first transaction; a strict-xfail test pins it), broke created_timestamp ties
-    nondeterministically and failed in dask's sort when several rows matched nothing (seen while
-    writing the tests), and reads the whole table (features/README.md)."""
+    here (`_point_in_time`, numpy over Arrow) over the gold partitions the request can reach, not by
+    Feast's file offline store, which in 0.67 drops an entity row whose entity has rows but none within
+    [t - ttl, t] (every customer's first transaction; a strict-xfail test pins it), broke
+    created_timestamp ties nondeterministically and failed in dask's sort when several rows matched
+    nothing (seen while writing the tests), and reads the whole table (features/README.md)."""
     import pandas as pd
 
     for table in (CUSTOMER_TABLE, MERCHANT_TABLE):
@@ -642,13 +647,14 @@ def historical_features(
     result = entity_df.assign(**{EVENT_TIMESTAMP: times.dt.tz_convert("UTC").astype("datetime64[ns, UTC]")})
     store = open_store(settings, project)
     service = store.get_feature_service(FEATURE_SERVICE)
+    result = result.reset_index(drop=True)
     for projection in service.feature_view_projections:
         view = store.get_feature_view(projection.name)
         key = _KEY_OF_VIEW[view.name]
-        queries = result[[key, EVENT_TIMESTAMP]].drop_duplicates(ignore_index=True)
-        joined = _point_in_time(settings, view, queries)
-        joined = joined[[key, EVENT_TIMESTAMP, *(f.name for f in projection.features)]]
-        result = result.merge(joined, on=[key, EVENT_TIMESTAMP], how="left", validate="many_to_one")
+        # One query per row, answered in row order: no dedup and merge back on (key, time), which cost
+        # more than the join itself (20 s of a 2.3M-row training set).
+        joined = _point_in_time(settings, view, result[[key, EVENT_TIMESTAMP]])
+        result = pd.concat([result, joined[[f.name for f in projection.features]]], axis=1)
     counts = [c for c in result.columns if c in INTEGER_FEATURES]
     return result.astype({c: "Int64" for c in counts})
 
