@@ -215,16 +215,24 @@ def time_splits(event_time: pd.Series, fractions: SplitFractions) -> pd.Series:
     return pd.Series(_splits_of_ranks(ranks, fractions), index=event_time.index, name=SPLIT)
 
 
+def _split_sizes(rows: int, fractions: SplitFractions) -> tuple[int, int]:
+    """How many of `rows` rows (in event-time order) are train, and train + validation: rank k (1..n) is
+    train when k / n <= the train fraction, validation when k / n <= train + validation."""
+    import numpy as np
+
+    share = np.arange(1, rows + 1) / rows
+    return (
+        int(np.count_nonzero(share <= fractions.train)),
+        int(np.count_nonzero(share <= fractions.train + fractions.validation)),
+    )
+
+
 def _splits_of_ranks(ranks: np.ndarray, fractions: SplitFractions) -> np.ndarray:
     """Ranks 1..n in event-time order -> split names."""
     import numpy as np
 
-    share = ranks / len(ranks)
-    return np.where(
-        share <= fractions.train,
-        "train",
-        np.where(share <= fractions.train + fractions.validation, "validation", "holdout"),
-    )
+    train_rows, fit_rows = _split_sizes(len(ranks), fractions)
+    return np.where(ranks <= train_rows, "train", np.where(ranks <= fit_rows, "validation", "holdout"))
 
 
 def unit_hash(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -300,10 +308,7 @@ def _split_and_sample(
     import pyarrow.compute as pc
 
     rows = table.num_rows
-    share = np.arange(1, rows + 1) / rows  # as _splits_of_ranks decides
-    train_rows = int(np.count_nonzero(share <= fractions.train))
-    fit_rows = int(np.count_nonzero(share <= fractions.train + fractions.validation))
-    del share
+    train_rows, fit_rows = _split_sizes(rows, fractions)
     times = table["event_timestamp"].cast(pa.int64()).to_numpy()
     ids = table["transaction_id"]
     in_train, fit = _first_rows(times, ids, train_rows), _first_rows(times, ids, fit_rows)
