@@ -350,16 +350,22 @@ def build_training_frame(
 ) -> pd.DataFrame:
     """The training set as of `day` as a DataFrame (see the module docstring); its `attrs` say how the
     train and validation splits were sampled."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from features import store
 
-    table, sampling = _split_and_sample(
-        _labeled_table(settings, day, window_days, label_maturity_days), fractions, max_fit_rows
-    )
-    transactions = _pandas(table)
-    del table
-    entity_df = transactions[["customer_id", "merchant_id"]].copy()
-    entity_df["event_timestamp"] = transactions["event_timestamp"] - FEATURE_LAG
-    joined = store.historical_features(settings, entity_df)
+    # Feast's import and the registry read (seconds of Python) run beside the silver read and the split,
+    # which spend their time in Arrow and numpy with the GIL released.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="registry") as pool:
+        views = pool.submit(store.service_views, settings)
+        table, sampling = _split_and_sample(
+            _labeled_table(settings, day, window_days, label_maturity_days), fractions, max_fit_rows
+        )
+        transactions = _pandas(table)
+        del table
+        entity_df = transactions[["customer_id", "merchant_id"]].copy()
+        entity_df["event_timestamp"] = transactions["event_timestamp"] - FEATURE_LAG
+        joined = store.historical_features(settings, entity_df, views=views.result())
     features = joined[list(SERVICE_FEATURES)].astype("float64").reset_index(drop=True)
     frame = transactions[["transaction_id", "customer_id", "merchant_id", "event_timestamp", LABEL]].copy()
     frame = frame.join(transaction_columns(transactions)).join(features)
