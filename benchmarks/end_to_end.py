@@ -135,6 +135,8 @@ def bench_end_to_end(
                 "task_seconds": arrival["seconds_per_task"],
                 "baseline_seconds": body["seconds"],
                 "baseline_stage_seconds": body["task_seconds_per_stage"],
+                # the features and retrain steps of the baseline's measured day, named as Airflow's tasks
+                "baseline_task_seconds": body.get("seconds_per_step", {}),
                 "time_ratio": arrival["seconds"] / body["seconds"],
                 "decision": last["decision"],
                 "auc_pr": last["auc_pr"],
