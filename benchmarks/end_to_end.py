@@ -16,7 +16,9 @@ next); the figure is the second's `arrival_to_model`: from the day's `_SUCCESS` 
 retrain run it started; the union of the chain's task intervals ("busy"); the rest is orchestration (sensor
 latency, scheduling, task start-up).
 Baseline, same run, same data: the home is put back as the set-up left it and the same two days run in one
-process (`mlops demo --continue --days 2 --in-process`): the stage bodies with no orchestration at all.
+process (`mlops demo --continue --days 2 --in-process`): the stage bodies with no orchestration at all, with
+the seconds of each features and retrain step of the measured day (`baseline_task_seconds`, named as the
+DAGs' tasks), so the two compare task by task.
 
 Run: `python -m benchmarks --only end_to_end [--sizes 1000000] [--history-days 30] [--setup-dir DIR]`
 (`make bench-e2e`); `--sizes 20000 --history-days 5` is the quick look.
