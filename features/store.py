@@ -616,6 +616,12 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
     return pd.concat([queries, out], axis=1)
 
 
+def require_gold(settings: Settings) -> None:
+    """Raise GoldTableMissingError, naming the command that writes it, when a gold table has no partition."""
+    for table in (CUSTOMER_TABLE, MERCHANT_TABLE):
+        _gold_dataset(settings.lake, table)
+
+
 def service_views(settings: Settings, project: str = DEFAULT_PROJECT) -> list[tuple[FeatureView, list[str]]]:
     """The feature service's views, each with the names of its features the service serves, as the
     registry holds them (importing Feast: seconds, which a caller may spend beside other work)."""
@@ -649,8 +655,7 @@ def historical_features(
     `views`: the result of `service_views` for `project`, when the caller read the registry already."""
     import pandas as pd
 
-    for table in (CUSTOMER_TABLE, MERCHANT_TABLE):
-        _gold_dataset(settings.lake, table)
+    require_gold(settings)
     required = {CUSTOMER_JOIN_KEY, MERCHANT_JOIN_KEY, EVENT_TIMESTAMP}
     if not required <= set(entity_df.columns):
         raise FeatureStoreError(

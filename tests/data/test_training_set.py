@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import date
 
 import pandas as pd
@@ -16,9 +17,11 @@ from training.dataset import (
     LABEL,
     SPLIT,
     WEIGHT,
+    NothingToTrainError,
     SplitFractions,
     TrainingSetError,
     _split_and_sample,
+    build_training_frame,
     labeled_transactions,
     time_splits,
     transaction_columns,
@@ -84,6 +87,17 @@ def test_the_window_reads_only_its_arrival_dates(lake):
     assert list(labeled_transactions(lake, DAY, window_days=2)["transaction_id"]) == ["t3"]
     with pytest.raises(TrainingSetError, match="no silver transactions arrived"):
         labeled_transactions(lake, date(2026, 1, 3), window_days=1)
+
+
+def test_without_gold_the_error_names_the_command_that_writes_it_and_no_silver_still_comes_first(lake):
+    from features.store import GOLD_COMMAND, GoldTableMissingError
+
+    # the registry is read in a thread beside the silver read: a missing gold table must still be named
+    # (not Feast's "no such feature service"), and the retrain's skip on no silver must still come first
+    with pytest.raises(GoldTableMissingError, match=re.escape(GOLD_COMMAND)):
+        build_training_frame(lake, DAY, window_days=30)
+    with pytest.raises(NothingToTrainError, match="no silver transactions arrived"):
+        build_training_frame(lake, date(2026, 1, 3), window_days=1)
 
 
 def test_splits_follow_event_time_with_the_holdout_last():
