@@ -23,11 +23,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from mlops.clock import StageClock
 from mlops.settings import Settings
 
 DEMO_FAULTS = "duplicates=0.01,malformed=0.002,nulls=0.002"
@@ -42,19 +42,6 @@ STAGE_OF = {INGEST: "ingest", FEATURES: "features", RETRAIN: "retrain"}
 
 class DemoError(RuntimeError):
     """The demo cannot go on; the message says which run or task and where to look."""
-
-
-class StageClock:
-    """Seconds per stage, summed over the days."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def run(self, stage: str, step: Callable[[], Any]) -> Any:
-        started = time.perf_counter()
-        result = step()
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
-        return result
 
 
 def _check_days(days: int, feed_start: date | None) -> None:

@@ -6,11 +6,11 @@ I/O code in pipelines/, training/ and features/. Nothing here runs at import tim
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
+from mlops.clock import StageClock
 from mlops.settings import get_settings
 
 
@@ -93,18 +93,12 @@ def features_step(step: str, day: date) -> dict:
         return job.version_gold(settings, day)
     if step == "materialize":
         return _materialize(settings, day)
-    record: dict = {}
-    seconds: dict[str, float] = {}  # per step, as the DAG tasks: the in-process baseline reports them
-    for name, run in (
-        ("build_gold", lambda: job.build_gold(settings, day)),
-        ("validate_gold", lambda: {"validation": job.validate_gold(settings, day)}),
-        ("version_gold", lambda: job.version_gold(settings, day)),
-        ("materialize", lambda: _materialize(settings, day)),
-    ):
-        started = time.perf_counter()
-        record.update(run())
-        seconds[name] = time.perf_counter() - started
-    record["seconds_per_step"] = seconds
+    clock = StageClock()  # seconds per step, as the DAG tasks: the in-process baseline reports them
+    record = clock.run("build_gold", lambda: job.build_gold(settings, day))
+    record["validation"] = clock.run("validate_gold", lambda: job.validate_gold(settings, day))
+    record.update(clock.run("version_gold", lambda: job.version_gold(settings, day)))
+    record.update(clock.run("materialize", lambda: _materialize(settings, day)))
+    record["seconds_per_step"] = clock.seconds
     record["rows_gold"] = record["rows_customer_features"] + record["rows_merchant_features"]
     record["status"] = "ok"
     return record

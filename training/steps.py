@@ -9,13 +9,12 @@ run in a GPU pod while the others run on an Airflow worker.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from mlops.clock import StageClock
 from mlops.settings import Settings
 from training.dataset import (
     LABEL,
@@ -339,31 +338,25 @@ def retrain(
     dag_run_id: str = "",
 ) -> dict:
     """All steps in turn, in this process (what `mlops retrain` and the local profile run)."""
-    seconds: dict[str, float] = {}  # per step, as the retrain DAG's tasks
-
-    def timed(step: str, run: Callable[[], Any]) -> Any:
-        started = time.perf_counter()
-        result = run()
-        seconds[step] = time.perf_counter() - started
-        return result
-
-    record: dict = {"experiment": EXPERIMENT, "as_of": day.isoformat(), "seconds_per_step": seconds}
+    clock = StageClock()  # seconds per step, as the retrain DAG's tasks
+    record: dict = {"experiment": EXPERIMENT, "as_of": day.isoformat(), "seconds_per_step": clock.seconds}
     if training_set_rev is None:
-        built = timed("training_set", lambda: dataset(settings, day, window_days))
+        built = clock.run("training_set", lambda: dataset(settings, day, window_days))
         training_set_rev = built["training_set_rev"]
         record["rows"] = built["rows"]
         record["splits"] = built["splits"]
         record["negative_sample_rate"] = built.get("negative_sample_rate", 1.0)
     record["training_set_rev"] = training_set_rev
-    trained = timed(
+    trained = clock.run(
         "train", lambda: train(settings, training_set_rev, config, dag_id=dag_id, dag_run_id=dag_run_id)
     )
     if trained["status"] != "trained":
         return {**record, **trained}
     record.update(trained)
-    record["holdout"] = timed("evaluate", lambda: evaluate(settings, trained["run_id"]))["holdout"]
-    version = timed("register", lambda: register(settings, trained["run_id"]))["model_version"]
-    record.update(timed("promote", lambda: promote(settings, version, dag_id=dag_id, dag_run_id=dag_run_id)))
-    record["export"] = timed("export", lambda: export(settings, version))
+    record["holdout"] = clock.run("evaluate", lambda: evaluate(settings, trained["run_id"]))["holdout"]
+    version = clock.run("register", lambda: register(settings, trained["run_id"]))["model_version"]
+    decision = clock.run("promote", lambda: promote(settings, version, dag_id=dag_id, dag_run_id=dag_run_id))
+    record.update(decision)
+    record["export"] = clock.run("export", lambda: export(settings, version))
     record["status"] = "ok"
     return record
