@@ -19,10 +19,11 @@ from datetime import date, timedelta
 
 def main(start: date, days: int, rows: int, seed: int, epochs: int) -> dict:
     from benchmarks.gold import write_silver
-    from mlops.jobs import features_step, land_synthetic
-    from mlops.settings import get_settings
+    from core.settings import get_settings
+    from mlops import chain
+    from pipelines.synthetic.landing import land_synthetic
     from training import steps
-    from training.cli import train_config
+    from training.loop import TrainConfig
 
     settings = get_settings()
     settings.ensure_dirs()
@@ -30,7 +31,7 @@ def main(start: date, days: int, rows: int, seed: int, epochs: int) -> dict:
         raise SystemExit(f"MLOPS_HOME={settings.home} is not empty; the set-up starts from nothing")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    land_synthetic(start=start, days=days, rows_per_day=rows, seed=seed, feed_start=start)
+    land_synthetic(settings, start=start, days=days, rows_per_day=rows, seed=seed, feed_start=start)
     seconds["land"] = time.perf_counter() - started
     started = time.perf_counter()
     write_silver(settings.landing, settings.lake)
@@ -39,13 +40,16 @@ def main(start: date, days: int, rows: int, seed: int, epochs: int) -> dict:
     for offset in range(days):
         day = start + timedelta(days=offset)
         started = time.perf_counter()
-        features_step("features", day)
+        chain.features(settings, day)
         features.append(time.perf_counter() - started)
         print(f"features {day}: {features[-1]:.1f}s", file=sys.stderr, flush=True)
     seconds["features"] = sum(features)
     started = time.perf_counter()
     champion = steps.retrain(
-        settings, start + timedelta(days=days - 1), train_config(epochs=epochs), dag_id="benchmark-setup"
+        settings,
+        start + timedelta(days=days - 1),
+        TrainConfig.from_settings(settings.training, epochs=epochs),
+        dag_id="benchmark-setup",
     )
     seconds["champion"] = time.perf_counter() - started
     if champion.get("decision") != "promoted":

@@ -32,15 +32,15 @@ def _silver_rows(home: Path, arrivals: list[str]) -> int:
 def lookback(home: Path, first: date, last: date, repeats: int) -> dict:
     """Steady state: the daily totals of every earlier arrival exist (derived once, unmeasured), and each
     timed build derives its own arrival's totals, as a date's first build does in production."""
-    from mlops.jobs import features_step
-    from mlops.settings import get_settings
-    from pipelines.features import state
-    from pipelines.ingest.io import Tables
+    from core.settings import get_settings
+    from mlops.chain import FEATURES_STEPS
+    from pipelines.gold import state
+    from pipelines.lake import Tables
     from pipelines.spark import spark_session
 
     settings = get_settings()
-    features_step("build_gold", first)
-    features_step("validate_gold", first)
+    FEATURES_STEPS["build_gold"](settings, first)
+    FEATURES_STEPS["validate_gold"](settings, first)
     history = state.arrivals_with_silver(Tables(settings.lake), first, last - timedelta(days=1))
     state.ensure(spark_session(settings), settings.lake, history)
     seconds: dict[date, dict[str, list[float]]] = {
@@ -52,7 +52,7 @@ def lookback(home: Path, first: date, last: date, repeats: int) -> dict:
             state.forget(settings.lake, day)
             for step in ("build_gold", "validate_gold"):
                 started = time.perf_counter()
-                record = features_step(step, day)
+                record = FEATURES_STEPS[step](settings, day)
                 seconds[day][step].append(time.perf_counter() - started)
                 read.setdefault(day, record.get("silver_arrivals_read"))
     return {
@@ -65,7 +65,7 @@ def lookback(home: Path, first: date, last: date, repeats: int) -> dict:
 
 
 def floor() -> dict:
-    from mlops.settings import get_settings
+    from core.settings import get_settings
     from pipelines.spark import spark_session
 
     spark = spark_session(get_settings())
@@ -75,9 +75,9 @@ def floor() -> dict:
 def history(first: date, last: date, forget: list[date]) -> dict:
     """Derive the daily totals of arrivals first .. last, then forget those of `forget` (dates about to be
     measured derive their own, as in production)."""
-    from mlops.settings import get_settings
-    from pipelines.features import state
-    from pipelines.ingest.io import Tables
+    from core.settings import get_settings
+    from pipelines.gold import state
+    from pipelines.lake import Tables
     from pipelines.spark import spark_session
 
     settings = get_settings()

@@ -38,9 +38,9 @@ def hand_written_checks(df) -> dict:
 
 def main(home: str, day: str) -> None:
     os.environ["MLOPS_HOME"] = home
-    from mlops.settings import get_settings
+    from core.settings import get_settings
     from pipelines.ingest import job
-    from pipelines.ingest.io import Tables, read_partition
+    from pipelines.lake import Tables, read_partition
     from pipelines.spark import spark_session
 
     settings = get_settings()

@@ -23,13 +23,17 @@ def cpu_seconds() -> float:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    from mlops.jobs import features_step
+    from core.settings import get_settings
+    from pipelines.gold.job import version_gold
+
+    settings = get_settings()
+    settings.ensure_dirs()
 
     calls = []
     imported = time.perf_counter()
     for day in sys.argv[1:]:
         wall, cpu = time.perf_counter(), cpu_seconds()
-        record = features_step("version_gold", date.fromisoformat(day))
+        record = version_gold(settings, date.fromisoformat(day))
         calls.append(
             {
                 "seconds": time.perf_counter() - wall,

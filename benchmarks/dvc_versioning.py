@@ -41,7 +41,7 @@ REPEATS = 3
 
 def bench_dvc_versioning(sizes: list[int], scratch: Path) -> list[dict]:
     from benchmarks.feature_store import DAY
-    from mlops.settings import Profile, Settings
+    from core.settings import Profile, Settings
     from pipelines.versioning import ensure_repo
 
     dvc = str(Path(sys.executable).with_name("dvc"))

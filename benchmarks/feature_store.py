@@ -4,14 +4,14 @@ online retrieval latency, peak memory.
 `bench_feature_store(sizes, scratch)` writes a gold day of `rows` customer rows (one entity per 10 rows)
 and merchant rows (one per 1000), then, per online store, runs in a process of its own measured by
 _measure.py (wall time, peak RSS of the process tree):
-  - ours: `features.store.apply` + `materialize` of the day, then online reads of 1 and 100 entities
-    from a warm `features.store.OnlineFeatures`: its direct read and Feast's `get_online_features`
+  - ours: `features.repo.apply` + `materialize` of the day, then online reads of 1 and 100 entities
+    from a warm `features.online.OnlineFeatures`: its direct read and Feast's `get_online_features`
     with the same resolved service, beside the floor of a read (the same stored bytes fetched by one
     plain query per view or one Redis pipeline, not decoded), interleaved call by call;
   - the floor: the same latest-per-entity rows (computed beforehand, outside the timing) written into
     the same layout (Feast's SQLite table with its indexes, or Feast's Redis keys and hash fields) with
     sqlite3 executemany in key order under the same pragmas, or a Redis pipeline of HSETs (one hash per
-    entity), in chunks of `features.store.WRITE_ROWS` entities.
+    entity), in chunks of `features.materialize.WRITE_ROWS` entities.
 Each figure comes with the 1-minute load average seen while it was taken (the machine is shared).
 Run: `python -m benchmarks.feature_store --sizes 1000000` (or from benchmarks/__main__.py).
 """
@@ -43,7 +43,7 @@ def write_gold_day(lake: Path, rows: int, seed: int = 0) -> None:
     import pyarrow.parquet as pq
 
     from features.definitions import INTEGER_FEATURES
-    from pipelines.features.contract import (
+    from pipelines.gold.contract import (
         CUSTOMER_FEATURES,
         CUSTOMER_TABLE,
         MERCHANT_FEATURES,
@@ -74,7 +74,7 @@ def write_gold_day(lake: Path, rows: int, seed: int = 0) -> None:
                     columns[name] = pa.array(rng.integers(0, 50, size=n))
                 else:
                     columns[name] = pa.array(rng.gamma(2.0, 40.0, size=n))
-            # Laid out as gold is (pipelines/features/job.py rewrites it with Arrow): row groups of
+            # Laid out as gold is (pipelines/gold/job.py rewrites it with Arrow): row groups of
             # 262,144 rows, zstd, dictionaries for the entity key only.
             pq.write_table(
                 pa.table(columns),
@@ -115,19 +115,20 @@ def run_ours(home: Path, profile: str, project: str) -> dict:
 
     os.environ["MLOPS_HOME"] = str(home)
     os.environ["MLOPS_PROFILE"] = profile
-    from features import store
-    from mlops.settings import Settings
+    from core.settings import Settings
+    from features import materialize as materialization
+    from features import online, repo
 
     settings = Settings()
-    store.apply(settings, project)
+    repo.apply(settings, project)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     cpu_started = time.process_time()
-    reports = store.materialize(settings, DAY, DAY + timedelta(days=1), project)
+    reports = materialization.materialize(settings, DAY, DAY + timedelta(days=1), project)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     load_after = os.getloadavg()[0]
-    served = store.open_online(settings, project)
+    served = online.open_online(settings, project)
     customers = [f"c{i}" for i in range(0, 100_000, 1000)]
     one = [{"customer_id": customers[0], "merchant_id": "m0"}]
     hundred = [{"customer_id": c, "merchant_id": f"m{i}"} for i, c in enumerate(customers)]
@@ -146,7 +147,7 @@ def run_ours(home: Path, profile: str, project: str) -> dict:
     latency_1 = _latencies(paths(one), 2000)
     latency_100 = _latencies(paths(hundred), 300)
     if profile == "cluster":
-        store.teardown(settings, project)
+        repo.teardown(settings, project)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
@@ -165,7 +166,7 @@ def _raw_read(settings, project: str, rows: list[dict]):
     import mmh3
 
     from features.definitions import CUSTOMER_VIEW, MERCHANT_VIEW
-    from pipelines.features.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
+    from pipelines.gold.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
 
     views = [
         (CUSTOMER_VIEW, [_entity_key("customer_id", r["customer_id"]) for r in rows], CUSTOMER_FEATURES),
@@ -209,7 +210,7 @@ def _latest_rows(lake: Path):
     """The rows materialization writes: per entity, its latest gold row of the day (held in memory)."""
     import pyarrow.dataset as ds
 
-    from pipelines.features.contract import CUSTOMER_TABLE, MERCHANT_TABLE, table_path
+    from pipelines.gold.contract import CUSTOMER_TABLE, MERCHANT_TABLE, table_path
 
     out = {}
     for table, key in ((CUSTOMER_TABLE, "customer_id"), (MERCHANT_TABLE, "merchant_id")):
@@ -233,7 +234,7 @@ def run_baseline(home: Path, target: str, redis_url: str, project: str) -> dict:
     way a hand-written loader would (struct, str), inside the timing."""
     import os
 
-    from features.store import WRITE_ROWS
+    from features.materialize import WRITE_ROWS
 
     tables = _latest_rows(home / "lake")
     chunk = WRITE_ROWS
@@ -338,7 +339,7 @@ def _varint(value: int) -> bytes:
 def bench_feature_store(sizes: list[int], scratch: Path) -> list[dict]:
     import shutil
 
-    from mlops.settings import Settings
+    from core.settings import Settings
 
     redis_url = Settings().cluster.redis_url
     results = []

@@ -28,10 +28,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param, task, task_group
 
-from mlops.assets import FRAUD_FEATURES, FRAUD_FEATURES_ONLINE, SILVER_TRANSACTIONS
-from mlops.orchestration import fail_fast_on_bad_data
+from orchestration.assets import FRAUD_FEATURES, FRAUD_FEATURES_ONLINE, SILVER_TRANSACTIONS
+from orchestration.tasks import run_step
 
 DEFAULT_ARGS = {
     "owner": "data-platform",
@@ -50,7 +50,7 @@ with DAG(
     tags=["fraud", "features", "spark", "dvc", "feast"],
     doc_md=__doc__,
     params={"arrival_date": Param("", type="string", description="YYYY-MM-DD; empty: the triggering events")},
-):
+) as dag:
 
     @task(doc_md="The dates to compute: from the triggering silver events, or the arrival_date param.")
     def dates_to_compute(params: dict, triggering_asset_events=None) -> list[str]:
@@ -64,27 +64,44 @@ with DAG(
             )
         return dates
 
-    @task(doc_md="Silver -> gold customer and merchant features for the dates.")
-    def build_gold(dates: list[str]) -> list[dict]:
+    @task(
+        doc_md="Silver -> gold customer and merchant features for the date.", map_index_template="{{ day }}"
+    )
+    def build_gold(day: str) -> dict:
         from datetime import date
 
-        from mlops.jobs import features_step
+        from pipelines.gold import job
 
-        return [
-            fail_fast_on_bad_data(lambda d=d: features_step("build_gold", date.fromisoformat(d)))
-            for d in dates
-        ]
+        return run_step(job.build_gold, date.fromisoformat(day))
 
-    @task(doc_md="GX suites gold_customer_features and gold_merchant_features.")
-    def validate_gold(dates: list[str]) -> list[dict]:
+    @task(
+        doc_md="GX suites gold_customer_features and gold_merchant_features.", map_index_template="{{ day }}"
+    )
+    def validate_gold(day: str) -> dict:
         from datetime import date
 
-        from mlops.jobs import features_step
+        from pipelines.gold import job
 
-        return [
-            fail_fast_on_bad_data(lambda d=d: features_step("validate_gold", date.fromisoformat(d)))
-            for d in dates
-        ]
+        return {"validation": run_step(job.validate_gold, date.fromisoformat(day))}
+
+    @task(
+        outlets=[FRAUD_FEATURES_ONLINE],
+        map_index_template="{{ day }}",
+        doc_md="feast apply, then materialize the date's interval online. Emits fraud_features_online.",
+    )
+    def materialize(day: str, outlet_events=None) -> dict:
+        from datetime import date
+
+        from features.materialize import materialize_date
+
+        result = run_step(materialize_date, date.fromisoformat(day))
+        outlet_events[FRAUD_FEATURES_ONLINE].extra = {"event_dates": [day]}
+        return result
+
+    @task_group(prefix_group_id=False)
+    def gold_for_date(day: str) -> None:
+        """One date's chain; mapped, so each date is its own task instances (failed and retried alone)."""
+        build_gold(day) >> validate_gold(day) >> materialize(day)  # only validated gold goes online
 
     @task(
         outlets=[FRAUD_FEATURES],
@@ -93,33 +110,14 @@ with DAG(
     def version_gold(dates: list[str], outlet_events=None) -> list[dict]:
         from datetime import date
 
-        from mlops.jobs import features_step
+        from pipelines.gold import job
 
-        results = [
-            fail_fast_on_bad_data(lambda d=d: features_step("version_gold", date.fromisoformat(d)))
-            for d in dates
-        ]
-        # The retrain DAG trains as of the newest date the event names.
+        results = [run_step(job.version_gold, date.fromisoformat(d)) for d in dates]
+        # One event for the run's dates, so a backfill of several dates starts one retrain, as of the newest.
         outlet_events[FRAUD_FEATURES].extra = {"event_dates": sorted(dates)}
         return results
 
-    @task(
-        outlets=[FRAUD_FEATURES_ONLINE],
-        doc_md="feast apply, then materialize each date's interval online. Emits fraud_features_online.",
-    )
-    def materialize(dates: list[str], outlet_events=None) -> list[dict]:
-        from datetime import date
-
-        from mlops.jobs import features_step
-
-        results = [
-            fail_fast_on_bad_data(lambda d=d: features_step("materialize", date.fromisoformat(d)))
-            for d in dates
-        ]
-        outlet_events[FRAUD_FEATURES_ONLINE].extra = {"event_dates": sorted(dates)}
-        return results
-
     dates = dates_to_compute()
-    gold = build_gold(dates)
-    checked = validate_gold(dates)
-    gold >> checked >> [version_gold(dates), materialize(dates)]  # only validated gold goes online
+    gold_for_date.expand(day=dates)
+    # Versioning waits for every date's validation, not for the online load: a retrain does not wait on it.
+    dag.get_task("validate_gold") >> version_gold(dates)

@@ -26,8 +26,8 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
-from mlops.assets import SILVER_LABELS, SILVER_TRANSACTIONS
-from mlops.orchestration import ArrivalSensor, fail_fast_on_bad_data
+from orchestration.assets import SILVER_LABELS, SILVER_TRANSACTIONS
+from orchestration.tasks import ArrivalSensor, run_step
 
 DEFAULT_ARGS = {
     "owner": "data-platform",
@@ -55,40 +55,37 @@ with DAG(
 
     @task(doc_md="Landing files -> bronze (typed) and quarantine (reason codes); writes the reconciliation.")
     def ingest_to_bronze(data_interval_start=None, run_id=None) -> dict:
-        from mlops.jobs import ingest_step
+        from pipelines.ingest import job
 
-        day = data_interval_start.date()
-        return fail_fast_on_bad_data(lambda: ingest_step("ingest_to_bronze", day, run_id=f"airflow:{run_id}"))
+        return run_step(job.ingest_to_bronze, data_interval_start.date(), f"airflow:{run_id}")
 
     @task(doc_md="GX suite bronze_transactions on the date's bronze partition.")
     def validate_bronze(data_interval_start=None) -> dict:
-        from mlops.jobs import ingest_step
+        from pipelines.ingest import job
 
-        return fail_fast_on_bad_data(lambda: ingest_step("validate_bronze", data_interval_start.date()))
+        return run_step(job.validate_bronze, data_interval_start.date())
 
     @task(doc_md="Bronze -> silver: deduplicate by transaction_id, sort, replace the date's partition.")
     def build_silver(data_interval_start=None, run_id=None) -> dict:
-        from mlops.jobs import ingest_step
+        from pipelines.ingest import job
 
-        day = data_interval_start.date()
-        return fail_fast_on_bad_data(lambda: ingest_step("build_silver", day, run_id=f"airflow:{run_id}"))
+        return run_step(job.build_silver, data_interval_start.date(), f"airflow:{run_id}")
 
     @task(outlets=[SILVER_TRANSACTIONS], doc_md="GX suite silver_transactions; emits the silver asset.")
     def validate_silver(data_interval_start=None, outlet_events=None) -> dict:
-        from mlops.jobs import ingest_step
+        from pipelines.ingest import job
 
         day = data_interval_start.date()
-        result = fail_fast_on_bad_data(lambda: ingest_step("validate_silver", day))
+        result = run_step(job.validate_silver, day)
         # The event names its date, so the features DAG computes exactly the dates that changed.
         outlet_events[SILVER_TRANSACTIONS].extra = {"arrival_date": day.isoformat()}
         return result
 
     @task(outlets=[SILVER_LABELS], doc_md="Chargebacks of the date -> silver labels (+ quarantine).")
     def ingest_labels(data_interval_start=None, run_id=None) -> dict:
-        from mlops.jobs import ingest_step
+        from pipelines.ingest import job
 
-        day = data_interval_start.date()
-        return fail_fast_on_bad_data(lambda: ingest_step("ingest_labels", day, run_id=f"airflow:{run_id}"))
+        return run_step(job.ingest_labels, data_interval_start.date(), f"airflow:{run_id}")
 
     arrival >> ingest_to_bronze() >> validate_bronze() >> build_silver() >> validate_silver()
     arrival >> ingest_labels()

@@ -31,10 +31,15 @@ from airflow.sdk import DAG, Param, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from mlops.assets import FRAUD_FEATURES, FRAUD_MODEL
-from mlops.orchestration import fail_fast_on_bad_data
-from mlops.settings import get_settings
-from mlops.training_task import TRAIN_TASK_ID, run_training_process, train_arguments, training_pod_operator
+from core.settings import get_settings
+from orchestration.assets import FRAUD_FEATURES, FRAUD_MODEL
+from orchestration.tasks import run_step
+from orchestration.training_task import (
+    TRAIN_TASK_ID,
+    run_training_process,
+    train_arguments,
+    training_pod_operator,
+)
 
 DEFAULT_ARGS = {
     "owner": "ml-platform",
@@ -79,18 +84,17 @@ with DAG(
 
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from mlops.settings import get_settings
         from training import steps
         from training.dataset import NothingToTrainError
 
-        def build() -> dict:
+        def build_or_skip(settings, day: date) -> dict:
             try:
-                return steps.dataset(get_settings(), date.fromisoformat(as_of))
+                return steps.dataset(settings, day)
             except NothingToTrainError as exc:
                 ti.xcom_push(key="skipped", value=str(exc))  # the reason, for the UI and `mlops demo`
                 raise AirflowSkipException(str(exc)) from exc
 
-        return fail_fast_on_bad_data(build)
+        return run_step(build_or_skip, date.fromisoformat(as_of))
 
     if get_settings().training_runner == "kubernetes":
         train_pod = training_pod_operator(get_settings(), TRAINING_SET_REV, retries=2)
@@ -110,33 +114,27 @@ with DAG(
 
     @task(doc_md="Holdout metrics and curves into the MLflow run.")
     def evaluate(trained: dict) -> dict:
-        from mlops.settings import get_settings
         from training import steps
 
-        return steps.evaluate(get_settings(), trained["run_id"])
+        return run_step(steps.evaluate, trained["run_id"])
 
     @task(doc_md="Register the run's model as a new version of fraud-detector.")
     def register(trained: dict) -> dict:
-        from mlops.settings import get_settings
         from training import steps
 
-        return steps.register(get_settings(), trained["run_id"])
+        return run_step(steps.register, trained["run_id"])
 
     @task(doc_md="Champion/challenger gate on the same holdout; the decision is recorded either way.")
     def promote(registered: dict, dag_run=None) -> dict:
-        from mlops.settings import get_settings
         from training import steps
 
-        return fail_fast_on_bad_data(
-            lambda: steps.promote(get_settings(), registered["model_version"], dag_run.dag_id, dag_run.run_id)
-        )
+        return run_step(steps.promote, registered["model_version"], dag_run.dag_id, dag_run.run_id)
 
     @task(outlets=[FRAUD_MODEL], doc_md="ONNX export with parity check; int8 where it pays.")
     def export(registered: dict, decision: dict, outlet_events=None) -> dict:
-        from mlops.settings import get_settings
         from training import steps
 
-        result = steps.export(get_settings(), registered["model_version"])
+        result = run_step(steps.export, registered["model_version"])
         outlet_events[FRAUD_MODEL].extra = {
             "model_version": registered["model_version"],
             "decision": decision["decision"],

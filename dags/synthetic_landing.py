@@ -46,11 +46,13 @@ with DAG(
     def land_arrival(params: dict, data_interval_start: pendulum.DateTime | None = None) -> dict:
         from datetime import date
 
-        from mlops.jobs import land_synthetic
+        from core.settings import get_settings
+        from pipelines.synthetic.landing import land_synthetic
 
         if data_interval_start is None:
             raise ValueError("synthetic_landing needs a data interval: trigger it with a logical date")
         (manifest,) = land_synthetic(
+            get_settings(),
             start=data_interval_start.date(),
             days=1,
             rows_per_day=params["rows_per_day"],

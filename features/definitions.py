@@ -5,7 +5,7 @@ built by `build_definitions(lake)` rather than at import. Feast is imported insi
 `feast` makes a temporary folder and sets PROMETHEUS_MULTIPROC* variables for the whole process (its
 metrics module does so at import), and takes seconds; neither belongs in an import of this module.
 
-Column names and types come from the gold contract (`pipelines.features.contract`), the single source both
+Column names and types come from the gold contract (`pipelines.gold.contract`), the single source both
 the Spark writer and this reader follow.
 """
 
@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.features.contract import (
+from pipelines.gold.contract import (
     CREATED_TIMESTAMP,
     CUSTOMER_FEATURES,
     CUSTOMER_TABLE,

@@ -32,7 +32,7 @@ from datetime import datetime
 from itertools import chain
 from typing import TYPE_CHECKING, Protocol
 
-from pipelines.features.contract import CREATED_TIMESTAMP, EVENT_TIMESTAMP
+from pipelines.gold.contract import CREATED_TIMESTAMP, EVENT_TIMESTAMP
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,14 +94,14 @@ class FeastWriter:
         self.key = view.entity_columns[0].name
 
     def write(self, rows: pa.Table) -> None:
-        from feast.utils import _convert_arrow_to_proto
+        from features.feast_private import arrow_to_proto, provider
 
         batch = rows.combine_chunks().to_batches()[0] if rows.num_rows else None
         if batch is None:
             return
         join_keys = {self.key: self.view.entity_columns[0].dtype.to_value_type()}
-        data = _convert_arrow_to_proto(batch, self.view, join_keys)
-        self.store._get_provider().online_write_batch(
+        data = arrow_to_proto(batch, self.view, join_keys)
+        provider(self.store).online_write_batch(
             config=self.store.config, table=self.view, data=data, progress=None
         )
 
@@ -221,7 +221,8 @@ def _entity_key_head(view: FeatureView, version: int) -> bytes:
 class SqliteWriter:
     def __init__(self, store: FeatureStore, view: FeatureView):
         from feast.infra.online_stores.helpers import compute_table_id
-        from feast.infra.online_stores.sqlite import SqliteOnlineStore
+
+        from features.feast_private import sqlite_path
 
         config = store.config
         self.view = view
@@ -237,7 +238,7 @@ class SqliteWriter:
         )
         # The adapter sqlite3 applies to the datetimes Feast passes (Feast registers its own at import).
         self.adapt = sqlite3.adapters.get((datetime, sqlite3.PrepareProtocol), lambda value: value)
-        self.conn = sqlite3.connect(SqliteOnlineStore._get_db_path(config), timeout=60)
+        self.conn = sqlite3.connect(sqlite_path(config), timeout=60)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
@@ -296,17 +297,17 @@ class SqliteWriter:
 
 class RedisWriter:
     def __init__(self, store: FeatureStore, view: FeatureView):
-        from feast.infra.online_stores.helpers import _mmh3
+        from features.feast_private import mmh3, redis_client
 
         config = store.config
         self.view = view
         self.key_head = _entity_key_head(view, config.entity_key_serialization_version)
         self.project = config.project.encode("utf-8")
         self.ts_field = f"_ts:{view.name}".encode()
-        self.fields = [_mmh3(f"{view.name}:{f.name}") for f in view.features]
+        self.fields = [mmh3(f"{view.name}:{f.name}") for f in view.features]
         self.key_ttl = config.online_store.key_ttl_seconds
         # Feast's own client for this configuration (host, port, db, password, ssl of its connection string).
-        self.client = store._get_provider().online_store._get_client(config.online_store)
+        self.client = redis_client(store)
 
     def write(self, rows: pa.Table) -> None:
         """One pipeline (one round trip) per `ENCODE_ROWS` entities."""
@@ -435,10 +436,11 @@ def _decode_value(raw: bytes | None):
 class SqliteReader(OnlineReader):
     def __init__(self, store: FeatureStore, service) -> None:
         from feast.infra.online_stores.helpers import compute_table_id
-        from feast.infra.online_stores.sqlite import SqliteOnlineStore
+
+        from features.feast_private import sqlite_path
 
         super().__init__(store, service)
-        path = SqliteOnlineStore._get_db_path(store.config)
+        path = sqlite_path(store.config)
         self.conn = sqlite3.connect(path, check_same_thread=False)
         self.tables = {
             view.name: '"' + compute_table_id(store.config.project, view, False).replace('"', '""') + '"'
@@ -465,14 +467,14 @@ class SqliteReader(OnlineReader):
 
 class RedisReader(OnlineReader):
     def __init__(self, store: FeatureStore, service) -> None:
-        from feast.infra.online_stores.helpers import _mmh3
+        from features.feast_private import mmh3, redis_client
 
         super().__init__(store, service)
         self.project = store.config.project.encode("utf-8")
         self.fields = {
-            view.name: [_mmh3(f"{view.name}:{name}") for name in names] for view, _, names, *_ in self.views
+            view.name: [mmh3(f"{view.name}:{name}") for name in names] for view, _, names, *_ in self.views
         }
-        self.client = store._get_provider().online_store._get_client(store.config.online_store)
+        self.client = redis_client(store)
 
     def _fetch(self, requests):
         with self.client.pipeline(transaction=False) as pipe:

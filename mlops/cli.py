@@ -6,6 +6,7 @@ With `--json`, the last line on stdout is one JSON object; progress and tables g
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import date, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -15,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlops.settings import get_settings
+from core.settings import get_settings
 
 app = typer.Typer(
     name="mlops",
@@ -43,13 +44,22 @@ def _date(value: datetime) -> date:
     return value.date()
 
 
-def _run_step(command: str, date_key: str, day: date, step: str, run, as_json: bool) -> dict:
+def _step(step_of, table: dict, name: str, command: str):
+    try:
+        return step_of(table, name, command)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--step") from None
+
+
+def _run_step(
+    command: str, date_key: str, day: date, step: str, run: Callable[[], dict], as_json: bool
+) -> dict:
     """Run a pipeline step; a data problem ends the command with exit code 1 and, with --json, a JSON
     line saying which step failed and why."""
-    from pipelines.errors import PipelineError
+    from core.errors import PipelineError
 
     try:
-        return run(step, day)
+        return run()
     except PipelineError as exc:
         err.print(f"[red]{command} {day} failed:[/] {exc}")
         failure = {"status": "failed", date_key: day.isoformat(), "step": step, "error": type(exc).__name__}
@@ -88,8 +98,8 @@ def generate(
     """Write synthetic card transactions and chargebacks, one folder per arrival date, with manifests."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from mlops.jobs import land_synthetic
     from pipelines.synthetic.faults import FaultSpecError, parse_faults
+    from pipelines.synthetic.landing import land_synthetic
     from pipelines.synthetic.simulate import rows_for_day
 
     try:
@@ -109,6 +119,7 @@ def generate(
     ) as progress:
         task = progress.add_task("generating", total=total)
         manifests = land_synthetic(
+            get_settings(),
             start=first,
             days=days,
             rows_per_day=rows_per_day,
@@ -158,9 +169,14 @@ def ingest(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Landing -> bronze + quarantine -> GX -> silver -> GX for one arrival date, with reconciliation."""
-    from mlops.jobs import ingest_step
+    from mlops.chain import INGEST_STEPS, cli_run_id, step_of
 
-    record = _run_step("ingest", "arrival_date", _date(day), step, ingest_step, as_json)
+    run = _step(step_of, INGEST_STEPS, step, "ingest")
+    settings = get_settings()
+    settings.ensure_dirs()
+    record = _run_step(
+        "ingest", "arrival_date", _date(day), step, lambda: run(settings, _date(day), cli_run_id()), as_json
+    )
     table = Table("measure", "value", title=f"ingest {_date(day)}: {record.get('status')}")
     for key in ("rows_in", "rows_bronze", "rows_quarantined", "rows_silver", "duplicates_removed"):
         if key in record:
@@ -181,9 +197,12 @@ def features(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Silver -> gold features -> GX -> DVC version -> Feast online store, for one date."""
-    from mlops.jobs import features_step
+    from mlops.chain import FEATURES_STEPS, step_of
 
-    record = _run_step("features", "event_date", _date(day), step, features_step, as_json)
+    run = _step(step_of, FEATURES_STEPS, step, "features")
+    settings = get_settings()
+    settings.ensure_dirs()
+    record = _run_step("features", "event_date", _date(day), step, lambda: run(settings, _date(day)), as_json)
     table = Table("measure", "value", title=f"features {_date(day)}: {record.get('status', step)}")
     for key in ("rows_customer_features", "rows_merchant_features", "dataset_rev", "rows_materialized"):
         if key in record:
@@ -194,7 +213,7 @@ def features(
 
 def _run_training(command: str, run, as_json: bool) -> dict:
     """A training or registry command; its data and promotion errors exit 1 with a JSON failure line."""
-    from pipelines.errors import PipelineError
+    from core.errors import PipelineError
 
     try:
         return run()
@@ -235,13 +254,16 @@ def retrain(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Training set -> train -> evaluate -> register -> gate -> ONNX export, in this process."""
-    from training.cli import train_config
+    from training.loop import TrainConfig
     from training.steps import retrain as run_retrain
 
-    config = train_config(epochs=epochs, batch_size=batch_size, seed=seed, device=device)
+    settings = get_settings()
+    config = TrainConfig.from_settings(
+        settings.training, epochs=epochs, batch_size=batch_size, seed=seed, device=device
+    )
     record = _run_training(
         "retrain",
-        lambda: run_retrain(get_settings(), _date(day), config, window_days, training_set_rev),
+        lambda: run_retrain(settings, _date(day), config, window_days, training_set_rev),
         as_json,
     )
     _decision_table(record, f"retrain as of {_date(day)}: {record.get('status')}")

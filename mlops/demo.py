@@ -12,7 +12,7 @@ Two ways to run it, with the same summary (the dictionary `mlops demo --json` pr
   follows the chain through the REST API (asset events name the runs they started) and reads rows,
   revisions, versions and decisions from the tasks' XComs and the time per stage from their task instances.
 - in one process (`mlops demo --in-process`): every stage calls the same functions the DAG tasks call
-  (mlops.jobs, training.steps), in order, without Airflow.
+  (mlops.chain, training.steps), in order, without Airflow.
 
 `mlops demo --continue` lands only the next day of the feed already under $MLOPS_HOME's landing zone (a
 demo's, or the end-to-end benchmark's bulk history) and runs it through the chain, either way.
@@ -27,8 +27,8 @@ from datetime import UTC, date, datetime, timedelta
 from rich.console import Console
 from rich.table import Table
 
-from mlops.clock import StageClock
-from mlops.settings import Settings
+from core.clock import StageClock
+from core.settings import Settings
 
 DEMO_FAULTS = "duplicates=0.01,malformed=0.002,nulls=0.002"
 INGEST, FEATURES, RETRAIN = "ingest_transactions", "build_features", "retrain_fraud_model"
@@ -81,9 +81,11 @@ def run_in_process(
 ) -> dict:
     """The whole loop in this process, stage after stage (no Airflow). With `feed_start` (continuing a
     feed that began then), `days` from `start` go through the chain on what is already there."""
-    from mlops.jobs import features_step, ingest_step, land_synthetic
+    from mlops import chain
+    from pipelines.ingest.job import ingest
+    from pipelines.synthetic.landing import land_synthetic
     from training import steps
-    from training.cli import train_config
+    from training.loop import TrainConfig
 
     _check_days(days, feed_start)
     settings.ensure_dirs()
@@ -93,6 +95,7 @@ def run_in_process(
         "land",
         lambda: {
             "manifests": land_synthetic(
+                settings,
                 start=start,
                 days=days,
                 rows_per_day=rows_per_day,
@@ -103,16 +106,16 @@ def run_in_process(
         },
     )["manifests"]
     console.print(f"landed {days} arrival dates in {settings.landing}")
-    config = train_config(epochs=epochs)
+    config = TrainConfig.from_settings(settings.training, epochs=epochs)
     daily: list[dict] = []
     retrains: list[dict] = []
     feature_steps: dict[str, float] = {}  # the last day's seconds per features step
 
     def through_features(day: date) -> None:
         console.print(f"{day}: ingest (Spark -> bronze + quarantine -> GX -> silver) ...")
-        ingested = clock.run("ingest", lambda: ingest_step("ingest", day, run_id=f"demo-{day}"))
+        ingested = clock.run("ingest", lambda: ingest(settings, day, f"demo-{day}"))
         console.print(f"{day}: features (gold -> GX -> DVC -> Feast online store) ...")
-        built = clock.run("features", lambda: features_step("features", day))
+        built = clock.run("features", lambda: chain.features(settings, day))
         feature_steps.clear()
         feature_steps.update(built["seconds_per_step"])
         daily.append({"date": day.isoformat(), **_day_row(ingested, built)})
@@ -240,7 +243,7 @@ def run_through_airflow(
     `feed_start` (continuing a feed that began then), the dates continue what is already there."""
     from mlops import stack as embedded
     from mlops.airflow_api import AirflowAPI
-    from mlops.jobs import land_synthetic
+    from pipelines.synthetic.landing import land_synthetic
 
     _check_days(days, feed_start)
     settings.ensure_dirs()
@@ -255,6 +258,7 @@ def run_through_airflow(
 
     def land(first: date, count: int) -> list[dict]:
         return land_synthetic(
+            settings,
             start=first,
             days=count,
             rows_per_day=rows_per_day,

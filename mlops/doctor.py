@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from urllib.parse import urlparse
 
-from mlops.settings import Profile, Settings
+from core.settings import Profile, Settings
 
 MIN_JAVA = 17
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlops.settings import REPO_ROOT, Settings
+from core.settings import REPO_ROOT, Settings
 
 UP = REPO_ROOT / "scripts" / "up.sh"
 DOWN = REPO_ROOT / "scripts" / "down.sh"

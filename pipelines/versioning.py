@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from pipelines.errors import PipelineError
+from core.errors import PipelineError
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
 
-    from mlops.settings import Settings
+    from core.settings import Settings
 
 REMOTE_NAME = "storage"
 CACHE_TYPES = "hardlink,copy"

@@ -14,8 +14,8 @@ GRACE=${MLOPS_DOWN_GRACE:-30}
 COMPONENTS=(scheduler triggerer dag-processor mlflow api-server spark-connect)
 
 [ -x "$PY" ] || { echo "down: $PY not found: run 'make install' first" >&2; exit 1; }
-home=$("$PY" -c 'from mlops.settings import get_settings; print(get_settings().home)') \
-  || { echo "down: could not read the settings (mlops/settings.py); the error is above" >&2; exit 1; }
+home=$("$PY" -c 'from core.settings import get_settings; print(get_settings().home)') \
+  || { echo "down: could not read the settings (core/settings.py); the error is above" >&2; exit 1; }
 RUN="$home/run"
 
 alive() {

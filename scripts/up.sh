@@ -2,7 +2,7 @@
 # Start Airflow (api-server, scheduler, dag-processor, triggerer) and the MLflow UI in the background, wait
 # until they answer, and print their URLs and the login. Idempotent: what already runs is left alone.
 #
-# Locations and database URIs come from the active profile's settings (mlops/settings.py), so the UI shows
+# Locations and database URIs come from the active profile's settings (core/settings.py), so the UI shows
 # exactly what `mlops ...` and the DAGs write. Logs and PID files: $MLOPS_HOME/run/<component>.{log,pid}.
 # Stop everything with scripts/down.sh (make down).
 #
@@ -33,7 +33,7 @@ resolved=$("$PY" - <<'EOF'
 import shlex
 from urllib.parse import urlsplit, urlunsplit
 
-from mlops.settings import Profile, get_settings
+from core.settings import Profile, get_settings
 from pipelines.spark import CONNECT_SERVER_CLASS, driver_conf
 
 s = get_settings()
@@ -80,7 +80,7 @@ for name, value in values.items():
     print(f"{name}={shlex.quote(str(value))}")
 print(f"SPARK_CONNECT_ARGS=({shlex.join(spark_args)})")
 EOF
-) || die "could not read the settings (mlops/settings.py); the error is above"
+) || die "could not read the settings (core/settings.py); the error is above"
 eval "$resolved"
 
 MLFLOW_PORT=${MLOPS_MLFLOW_PORT:-${PROFILE_MLFLOW_PORT:-5000}}

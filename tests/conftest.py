@@ -60,7 +60,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 @pytest.fixture(autouse=True)
 def _fresh_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Each test gets its own MLOPS_HOME and a fresh settings cache."""
-    from mlops.settings import get_settings
+    from core.settings import get_settings
 
     monkeypatch.setenv("MLOPS_HOME", str(tmp_path / "mlops-home"))
     get_settings.cache_clear()
@@ -71,7 +71,7 @@ def _fresh_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the test process, configured as the pipeline configures it."""
-    from mlops.settings import Settings
+    from core.settings import Settings
     from pipelines.spark import spark_session
 
     session = spark_session(Settings(spark_driver_memory="1g", spark_shuffle_partitions=2))

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from mlops.settings import get_settings
+from core.settings import get_settings
 
 app = typer.Typer(
     name="training",
@@ -38,40 +38,6 @@ def emit(result: dict, xcom_path: Path | None = None) -> None:
         xcom_path.parent.mkdir(parents=True, exist_ok=True)
         xcom_path.write_text(line)
     typer.echo(line)
-
-
-def train_config(
-    epochs: int | None = None,
-    batch_size: int | None = None,
-    learning_rate: float | None = None,
-    accumulation_steps: int | None = None,
-    seed: int | None = None,
-    patience: int | None = None,
-    checkpoint_every: int | None = None,
-    device: str = "auto",
-    precision: str = "auto",
-    stop_after_steps: int | None = None,
-):
-    """A TrainConfig: the options given, the settings' defaults for the rest."""
-    from training.loop import TrainConfig
-
-    defaults = get_settings().training
-
-    def pick(value, default):
-        return default if value is None else value
-
-    return TrainConfig(
-        epochs=pick(epochs, defaults.epochs),
-        batch_size=pick(batch_size, defaults.batch_size),
-        learning_rate=pick(learning_rate, defaults.learning_rate),
-        accumulation_steps=pick(accumulation_steps, defaults.accumulation_steps),
-        seed=pick(seed, defaults.seed),
-        patience=pick(patience, defaults.patience),
-        checkpoint_every=pick(checkpoint_every, defaults.checkpoint_every),
-        device=device,
-        precision=precision,
-        stop_after_steps=stop_after_steps,
-    )
 
 
 @app.command()
@@ -106,12 +72,16 @@ def train(
 ) -> None:
     """Train (resuming from the checkpoint of the same arguments if there is one); log the run to MLflow."""
     from training import steps
+    from training.loop import TrainConfig
 
-    config = train_config(
-        epochs, batch_size, learning_rate, accumulation_steps, seed, patience, checkpoint_every, device,
-        precision, stop_after_steps,
+    settings = get_settings()
+    config = TrainConfig.from_settings(
+        settings.training, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+        accumulation_steps=accumulation_steps, seed=seed, patience=patience,
+        checkpoint_every=checkpoint_every, device=device, precision=precision,
+        stop_after_steps=stop_after_steps,
     )  # fmt: skip
-    result = steps.train(get_settings(), training_set_rev, config, checkpoint_dir, dag_id, dag_run_id)
+    result = steps.train(settings, training_set_rev, config, checkpoint_dir, dag_id, dag_run_id)
     # Under torchrun only the first process reports.
     if int(os.environ.get("RANK", "0")) == 0:
         emit(result, xcom_path)

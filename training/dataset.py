@@ -6,7 +6,7 @@ not exist yet; a transaction without one counts as legitimate, which is how card
 transactions of the last label-maturity days are left out, since most of their chargebacks are still to
 come), joined
 with each entity's feature state just before the transaction (event time - 1 ms, see
-pipelines/features/contract.py), plus the transaction's own columns. Rows are split by event time into
+pipelines/gold/contract.py), plus the transaction's own columns. Rows are split by event time into
 train, validation and holdout, sorted and written as one Parquet file, so the same inputs always give the
 same bytes and the same DVC version.
 
@@ -28,6 +28,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.errors import PipelineError
 from pipelines.contracts import (
     CHANNELS,
     COUNTRIES,
@@ -36,15 +37,14 @@ from pipelines.contracts import (
     MERCHANT_CATEGORIES,
     TRANSACTION_COLUMNS,
 )
-from pipelines.errors import PipelineError
-from pipelines.features.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
+from pipelines.gold.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
     import pyarrow as pa
 
-    from mlops.settings import Settings
+    from core.settings import Settings
 
 LABEL = "label"
 SPLIT = "split"
@@ -142,7 +142,7 @@ def _labeled_table(settings: Settings, day: date, window_days: int, label_maturi
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipelines.ingest.io import Tables
+    from pipelines.lake import Tables
 
     tables = Tables(settings.lake)
     first = day - timedelta(days=window_days - 1)
@@ -352,11 +352,11 @@ def build_training_frame(
     train and validation splits were sampled."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from features import store
+    from features import offline, sources
 
     def registry() -> list:
-        store.require_gold(settings)  # a missing gold table is named as before, and Feast is not opened
-        return store.service_views(settings)
+        sources.require_gold(settings)  # a missing gold table is named as before, and Feast is not opened
+        return offline.service_views(settings)
 
     # Feast's import and the registry read (seconds of Python) run beside the silver read and the split,
     # which spend their time in Arrow and numpy with the GIL released. Errors keep their order: no silver
@@ -370,7 +370,7 @@ def build_training_frame(
         del table
         entity_df = transactions[["customer_id", "merchant_id"]].copy()
         entity_df["event_timestamp"] = transactions["event_timestamp"] - FEATURE_LAG
-        joined = store.historical_features(settings, entity_df, views=views.result())
+        joined = offline.historical_features(settings, entity_df, views=views.result())
     features = joined[list(SERVICE_FEATURES)].astype("float64").reset_index(drop=True)
     frame = transactions[["transaction_id", "customer_id", "merchant_id", "event_timestamp", LABEL]].copy()
     frame = frame.join(transaction_columns(transactions)).join(features)

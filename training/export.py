@@ -20,7 +20,7 @@ from training.metrics import average_precision
 if TYPE_CHECKING:
     import torch
 
-    from mlops.settings import Settings
+    from core.settings import Settings
 
 INPUT_NAME = "features"
 OUTPUT_NAME = "fraud_probability"

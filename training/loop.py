@@ -19,12 +19,23 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from training.metrics import average_precision
+
+if TYPE_CHECKING:
+    from core.settings import TrainingSettings
+
+T = TypeVar("T")
+
+
+def _pick(value: T | None, default: T) -> T:
+    return default if value is None else value
+
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +57,37 @@ class TrainConfig:
     pos_weight: float | None = None  # None: negatives / positives of the train split, at most 100
     # For tests and drills: stop (as if killed) after this many optimizer steps, checkpoint kept.
     stop_after_steps: int | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        defaults: TrainingSettings,
+        *,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+        learning_rate: float | None = None,
+        accumulation_steps: int | None = None,
+        seed: int | None = None,
+        patience: int | None = None,
+        checkpoint_every: int | None = None,
+        device: str = "auto",
+        precision: str = "auto",
+        stop_after_steps: int | None = None,
+    ) -> TrainConfig:
+        """The options given (None: not given), the settings' training defaults for the rest."""
+
+        return cls(
+            epochs=_pick(epochs, defaults.epochs),
+            batch_size=_pick(batch_size, defaults.batch_size),
+            learning_rate=_pick(learning_rate, defaults.learning_rate),
+            accumulation_steps=_pick(accumulation_steps, defaults.accumulation_steps),
+            seed=_pick(seed, defaults.seed),
+            patience=_pick(patience, defaults.patience),
+            checkpoint_every=_pick(checkpoint_every, defaults.checkpoint_every),
+            device=device,
+            precision=precision,
+            stop_after_steps=stop_after_steps,
+        )
 
     def fingerprint(self, data_identity: str) -> str:
         """What a checkpoint must match to be resumed: every argument that changes the result."""

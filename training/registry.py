@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipelines.errors import PipelineError
+from core.errors import PipelineError
 from training.ledger import Decision, Ledger, champion_stack
 from training.metrics import PRIMARY_METRIC, evaluate
 

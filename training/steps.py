@@ -14,8 +14,8 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlops.clock import StageClock
-from mlops.settings import Settings
+from core.clock import StageClock
+from core.settings import Settings
 from training.dataset import (
     LABEL,
     MODEL_INPUTS,
@@ -68,7 +68,7 @@ def _gold_validation(settings: Settings, as_of: str) -> tuple[str, str]:
     """The GX suites and outcome of the gold the training set was built from (written by validate_gold)."""
     import json
 
-    from pipelines.features.contract import validation_path
+    from pipelines.gold.contract import validation_path
 
     path = validation_path(settings.lake, date.fromisoformat(as_of))
     record = json.loads(path.read_text()) if path.is_file() else None

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mlops.settings import REPO_ROOT, Profile, Settings
+from core.settings import REPO_ROOT, Profile, Settings
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -14,11 +14,11 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import PipelineError
-from pipelines.ingest.io import Tables, read_json, write_json
+from core.errors import PipelineError
+from pipelines.lake import Tables, read_json, write_json
 
 if TYPE_CHECKING:
-    from mlops.settings import Settings
+    from core.settings import Settings
 
 
 class MissingReconciliationError(PipelineError):

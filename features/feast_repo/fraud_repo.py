@@ -8,8 +8,8 @@ Usage (after `features.store.open_store` or `apply` has written the rendered con
     feast -c features/feast_repo -f "$MLOPS_HOME/feast/feature_store.yaml" plan
 """
 
+from core.settings import get_settings
 from features.definitions import build_definitions
-from mlops.settings import get_settings
 
 _repo = build_definitions(get_settings().lake)
 

@@ -23,10 +23,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     MLOPS_PROFILE=cluster
 WORKDIR /opt/mlops
 COPY --chown=airflow:0 pyproject.toml requirements.lock README.md ./
-COPY --chown=airflow:0 mlops ./mlops
+COPY --chown=airflow:0 core ./core
 COPY --chown=airflow:0 pipelines ./pipelines
-COPY --chown=airflow:0 training ./training
 COPY --chown=airflow:0 features ./features
+COPY --chown=airflow:0 training ./training
+COPY --chown=airflow:0 orchestration ./orchestration
+COPY --chown=airflow:0 mlops ./mlops
 RUN pip install --constraint requirements.lock ".[airflow,data,cluster]" \
  && pip check
 COPY --chown=airflow:0 great_expectations ./great_expectations

@@ -24,17 +24,19 @@ RUN uv python install "${PYTHON_VERSION}" \
 WORKDIR /src
 # Only what the wheel is built from; the packages list is pyproject.toml's [tool.hatch.build.targets.wheel].
 COPY pyproject.toml requirements.lock README.md ./
-COPY mlops ./mlops
+COPY core ./core
 COPY pipelines ./pipelines
-COPY training ./training
 COPY features ./features
+COPY training ./training
+COPY orchestration ./orchestration
+COPY mlops ./mlops
 RUN /opt/venv/bin/pip install --constraint requirements.lock ".[training]" \
  && /opt/venv/bin/pip check
 
 FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
 COPY --from=build /opt/python /opt/python
 COPY --from=build /opt/venv /opt/venv
-# A fixed non-root UID, the one the pod spec's securityContext names (mlops/k8s_contract.py TRAINING_UID).
+# A fixed non-root UID, the one the pod spec's securityContext names (orchestration/k8s_contract.py TRAINING_UID).
 RUN groupadd --gid 10001 trainer \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin trainer
 ENV PATH=/opt/venv/bin:$PATH \

@@ -15,32 +15,28 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
-from pipelines.errors import (
+from core.errors import (
     EmptyArrivalError,
     LandingFileError,
     PipelineError,
     QuarantineRateError,
 )
+from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
 from pipelines.ingest import transforms
-from pipelines.ingest.io import (
-    Arrival,
-    LandingFile,
+from pipelines.ingest.landing import Arrival, LandingFile, find_arrival, json_key_problems, read_lines
+from pipelines.lake import (
     Tables,
     clear_partitions,
-    find_arrival,
-    json_key_problems,
     overwrite_partitions,
     read_json,
-    read_lines,
     read_partition,
     write_json,
 )
-from pipelines.ingest.validate import validate
 from pipelines.spark import spark_session
+from pipelines.validation import validate
 
 if TYPE_CHECKING:
-    from mlops.settings import Settings
+    from core.settings import Settings
 
 log = logging.getLogger(__name__)
 ROWS_PER_SILVER_FILE = 2_000_000

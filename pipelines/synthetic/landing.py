@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,7 @@ from pipelines.synthetic.faults import (
     FaultKind,
     corrupt,
     format_faults,
+    parse_faults,
 )
 from pipelines.synthetic.simulate import (
     MAX_LABEL_DELAY_DAYS,
@@ -47,6 +48,9 @@ from pipelines.synthetic.simulate import (
     transaction_ids,
 )
 from pipelines.synthetic.world import build_world
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 GENERATOR_VERSION = 1
 MANIFEST_NAME = "_manifest.json"
@@ -104,6 +108,39 @@ class GenerateRequest:
     @property
     def merchant_count(self) -> int:
         return self.merchants or min(max(200, self.rows_per_day // 20), 50_000)
+
+
+def land_synthetic(
+    settings: Settings,
+    start: date,
+    days: int,
+    rows_per_day: int,
+    seed: int,
+    fmt: Format = "csv",
+    faults: str | None = None,
+    landing: Path | None = None,
+    customers: int | None = None,
+    merchants: int | None = None,
+    rows_per_file: int = 1_000_000,
+    feed_start: date | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict]:
+    """Write synthetic arrival dates into `landing` (default: the settings' landing zone); return their
+    manifests. `faults` is the `KIND=RATE,...` form of `mlops generate --faults`."""
+    request = GenerateRequest(
+        start=start,
+        days=days,
+        rows_per_day=rows_per_day,
+        seed=seed,
+        landing=landing or settings.landing,
+        fmt=fmt,
+        faults=parse_faults(faults),
+        customers=customers,
+        merchants=merchants,
+        rows_per_file=rows_per_file,
+        feed_start=feed_start,
+    )
+    return generate_landing(request, progress=progress)
 
 
 def generate_landing(request: GenerateRequest, progress: Callable[[int], None] | None = None) -> list[dict]:

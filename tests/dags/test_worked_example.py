@@ -69,8 +69,8 @@ MISTAKES = {
     ),
     "no_owner": ('    "owner": "data-platform",\n', "", "declarations", "set default_args owner"),
     "heavy_import_at_parse_time": (
-        "from mlops.orchestration import fail_fast_on_bad_data\n",
-        "from mlops.orchestration import fail_fast_on_bad_data\nimport pyspark  # noqa: F401\n",
+        "from orchestration.tasks import fail_fast_on_bad_data\n",
+        "from orchestration.tasks import fail_fast_on_bad_data\nimport pyspark  # noqa: F401\n",
         "parse",
         r"imports \['pyspark'\] at parse time",
     ),
@@ -187,9 +187,9 @@ def test_the_param_wins_over_events_and_events_give_each_date_once(report):
 
 
 def test_the_report_is_written_per_date_and_a_missing_record_is_named(report, tmp_path):
-    from mlops.settings import Settings
-    from pipelines.errors import PipelineError
-    from pipelines.ingest.io import Tables, write_json
+    from core.errors import PipelineError
+    from core.settings import Settings
+    from pipelines.lake import Tables, write_json
 
     settings = Settings(home=tmp_path / "home")
     day = date(2026, 1, 5)

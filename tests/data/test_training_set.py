@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mlops.settings import Settings
-from pipelines.ingest.io import Tables
+from core.settings import Settings
+from pipelines.lake import Tables
 from training.dataset import (
     LABEL,
     SPLIT,
@@ -90,7 +90,8 @@ def test_the_window_reads_only_its_arrival_dates(lake):
 
 
 def test_without_gold_the_error_names_the_command_that_writes_it_and_no_silver_still_comes_first(lake):
-    from features.store import GOLD_COMMAND, GoldTableMissingError
+    from features.repo import GoldTableMissingError
+    from features.sources import GOLD_COMMAND
 
     # the registry is read in a thread beside the silver read: a missing gold table must still be named
     # (not Feast's "no such feature service"), and the retrain's skip on no silver must still come first

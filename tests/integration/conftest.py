@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mlops import k8s_contract as contract
+from orchestration import k8s_contract as contract
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"

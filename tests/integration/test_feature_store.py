@@ -21,10 +21,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from features import store as feature_store
+from core.settings import Settings
+from features import materialize as materialization
+from features import offline as offline_join
+from features import online as online_reads
+from features import repo, sources
 from features.definitions import INTEGER_FEATURES
-from mlops.settings import Settings
-from pipelines.features.contract import (
+from pipelines.gold.contract import (
     CUSTOMER_FEATURES,
     CUSTOMER_TABLE,
     MERCHANT_FEATURES,
@@ -108,7 +111,7 @@ def project(profile):
 
         settings = Settings()
         if (settings.feast_dir / "registry.db").exists():
-            feature_store.teardown(settings, name)
+            repo.teardown(settings, name)
         client = redis.Redis.from_url(settings.cluster.redis_url)
         leftover = list(client.scan_iter(match=f"*{name}", count=1000))
         if leftover:
@@ -132,17 +135,17 @@ def _clean(value):
 
 def test_online_values_equal_offline_point_in_time_values(profile, project, gold):
     settings = gold
-    feature_store.apply(settings, project)
+    repo.apply(settings, project)
     customers = [f"c{i}" for i in range(1, 8)]  # c7 never appears in gold
     merchants = ["m0", "m1", "m2", "m1", "m0", "m2", "m9"]
     cuts = [T0 + timedelta(hours=h) for h in (6, 20, 30, 48)]
     start = T0
     compared = 0
     for end in cuts:
-        reports = feature_store.materialize(settings, start, end, project)
+        reports = materialization.materialize(settings, start, end, project)
         assert {r.feature_view for r in reports} == {"customer_stats_fv", "merchant_stats_fv"}
         start = end
-        online = feature_store.online_features(
+        online = online_reads.online_features(
             settings,
             [{"customer_id": c, "merchant_id": m} for c, m in zip(customers, merchants, strict=True)],
             project,
@@ -154,7 +157,7 @@ def test_online_values_equal_offline_point_in_time_values(profile, project, gold
                 "event_timestamp": [end - MS] * len(customers),
             }
         )
-        offline = feature_store.historical_features(settings, entity_df, project)
+        offline = offline_join.historical_features(settings, entity_df, project)
         assert list(offline["customer_id"]) == customers
         for name in ("customer_txn_count_1h", "customer_amount_mean_30d", "merchant_fraud_rate_30d"):
             assert [_clean(v) for v in online[name]] == [_clean(v) for v in offline[name]], (name, end)
@@ -170,10 +173,10 @@ def test_historical_retrieval_never_sees_later_rows_and_respects_ttl(gold, packi
     """Local profile only: retrieval reads the offline store (Parquet), not the online store. Both ways of
     packing (entity, time) into one int64: time offsets, and time ranks (when offsets could overflow)."""
     if packing == "ranks":
-        monkeypatch.setattr(feature_store, "_MAX_POSITION", 1)
+        monkeypatch.setattr(offline_join, "_MAX_POSITION", 1)
     settings = gold
     project = f"t_{uuid.uuid4().hex[:10]}"
-    feature_store.apply(settings, project)
+    repo.apply(settings, project)
     # c1's events are at 1, 10.5, 20, 29.5 h with values 10..13.
     asked = [
         ("c1", T0 + timedelta(hours=1) - MS, None),  # just before its first event: nothing yet
@@ -194,7 +197,7 @@ def test_historical_retrieval_never_sees_later_rows_and_respects_ttl(gold, packi
             "label": range(len(asked)),
         }
     )
-    out = feature_store.historical_features(settings, entity_df, project)
+    out = offline_join.historical_features(settings, entity_df, project)
     assert list(out["label"]) == list(range(len(asked))), "every request row comes back, in order"
     assert [_clean(v) for v in out["customer_amount_sum_30d"]] == [
         None if a[2] is None else float(a[2]) for a in asked
@@ -210,7 +213,7 @@ def _tied_gold(settings: Settings, project: str) -> None:
     rows = [*customer_rows(), gold_row("customer_id", "c1", 1, 99, created_hours=30)]
     write_gold(settings.lake, CUSTOMER_TABLE, rows)
     write_gold(settings.lake, MERCHANT_TABLE, merchant_rows())
-    feature_store.apply(settings, project)
+    repo.apply(settings, project)
 
 
 FIVE_HOURS = [{"customer_id": ["c1"], "merchant_id": ["m0"], "event_timestamp": [T0 + timedelta(hours=5)]}]
@@ -219,9 +222,9 @@ FIVE_HOURS = [{"customer_id": ["c1"], "merchant_id": ["m0"], "event_timestamp": 
 def test_ties_on_event_time_go_to_the_later_created_row_online_and_offline(profile, project):
     settings = Settings()
     _tied_gold(settings, project)
-    offline = feature_store.historical_features(settings, pd.DataFrame(*FIVE_HOURS), project)
-    feature_store.materialize(settings, T0, T0 + timedelta(hours=6), project)
-    online = feature_store.online_features(settings, [{"customer_id": "c1", "merchant_id": "m1"}], project)
+    offline = offline_join.historical_features(settings, pd.DataFrame(*FIVE_HOURS), project)
+    materialization.materialize(settings, T0, T0 + timedelta(hours=6), project)
+    online = online_reads.online_features(settings, [{"customer_id": "c1", "merchant_id": "m1"}], project)
     assert online["customer_amount_sum_1h"] == [10.0]
     assert offline["customer_amount_sum_1h"].tolist() == [10.0]
 
@@ -233,7 +236,7 @@ def test_feast_offline_store_keeps_a_first_transaction():
     settings = Settings()
     write_gold(settings.lake, CUSTOMER_TABLE, customer_rows())
     write_gold(settings.lake, MERCHANT_TABLE, merchant_rows())
-    feature_store.apply(settings, "feast_drops")
+    repo.apply(settings, "feast_drops")
     asked = pd.DataFrame(
         {
             "customer_id": ["c4", "c1"],
@@ -241,14 +244,14 @@ def test_feast_offline_store_keeps_a_first_transaction():
             "event_timestamp": [T0 + timedelta(hours=5)] * 2,
         }
     )
-    offline = feature_store.feast_historical_features(settings, asked, "feast_drops")
+    offline = offline_join.feast_historical_features(settings, asked, "feast_drops")
     assert sorted(offline["customer_id"]) == ["c1", "c4"]
 
 
 def test_apply_is_idempotent_across_processes_and_sees_real_changes(monkeypatch, gold):
     settings = gold
     project = f"t_{uuid.uuid4().hex[:10]}"
-    first = feature_store.apply(settings, project)
+    first = repo.apply(settings, project)
     assert "create feature view customer_stats_fv" in first.changed
     registry = settings.feast_dir / "registry.db"
     before = registry.read_bytes()
@@ -257,7 +260,7 @@ def test_apply_is_idempotent_across_processes_and_sees_real_changes(monkeypatch,
         [
             sys.executable,
             "-c",
-            "import sys; from mlops.settings import Settings; from features.store import apply; "
+            "import sys; from core.settings import Settings; from features.repo import apply; "
             "print(apply(Settings(), sys.argv[1]).changed)",
             project,
         ],
@@ -269,20 +272,20 @@ def test_apply_is_idempotent_across_processes_and_sees_real_changes(monkeypatch,
     assert again.stdout.strip().splitlines()[-1] == "[]"
     assert registry.read_bytes() == before, "a second apply rewrote the registry"
     monkeypatch.setattr("features.definitions.CUSTOMER_TTL", timedelta(days=14))
-    changed = feature_store.apply(settings, project)
+    changed = repo.apply(settings, project)
     assert changed.changed == ["update feature view customer_stats_fv"]
     assert registry.read_bytes() != before
 
 
 def test_rematerializing_a_window_after_late_data_updates_online_values(profile, project, gold, monkeypatch):
     settings = gold
-    monkeypatch.setattr(feature_store, "GUARD_ROWS", 2)  # stored times read in several chunks
-    feature_store.apply(settings, project)
+    monkeypatch.setattr(materialization, "GUARD_ROWS", 2)  # stored times read in several chunks
+    repo.apply(settings, project)
     day1 = (T0, T0 + timedelta(days=1))
-    feature_store.materialize(settings, *day1, project, views=["customer_stats_fv"])
+    materialization.materialize(settings, *day1, project, views=["customer_stats_fv"])
 
     def c(entity: str) -> float:
-        row = feature_store.online_features(settings, [{"customer_id": entity, "merchant_id": "m0"}], project)
+        row = online_reads.online_features(settings, [{"customer_id": entity, "merchant_id": "m0"}], project)
         return row["customer_amount_sum_1h"][0]
 
     assert (c("c2"), c("c5")) == (22.0, 51.0)  # c2 latest on day one at 21 h, c5 at 14.5 h
@@ -296,16 +299,16 @@ def test_rematerializing_a_window_after_late_data_updates_online_values(profile,
         gold_row("customer_id", "c5", 23, 555),  # an event that arrived late
     ]
     write_gold(settings.lake, CUSTOMER_TABLE, rows + late)
-    report = feature_store.materialize(settings, *day1, project, views=["customer_stats_fv"])[0]
+    report = materialization.materialize(settings, *day1, project, views=["customer_stats_fv"])[0]
     assert (c("c2"), c("c5")) == (777.0, 555.0)
     assert report.rows_kept_newer == 0
 
     # Day two is served; a late correction of day one must not move c2 back in time.
-    feature_store.materialize(settings, T0 + timedelta(days=1), T0 + timedelta(days=2), project)
+    materialization.materialize(settings, T0 + timedelta(days=1), T0 + timedelta(days=2), project)
     assert c("c2") == 23.0  # c2 at 30.5 h
     late[0] = gold_row("customer_id", "c2", 21, 888, created_hours=70)
     write_gold(settings.lake, CUSTOMER_TABLE, rows + late)
-    report = feature_store.materialize(settings, *day1, project, views=["customer_stats_fv"])[0]
+    report = materialization.materialize(settings, *day1, project, views=["customer_stats_fv"])[0]
     assert c("c2") == 23.0
     assert report.rows_kept_newer >= 1
     assert c("c6") == 60.0  # c6 has no day-two row: day one's value stays
@@ -326,8 +329,8 @@ def test_each_entity_gets_its_latest_row_across_scan_batches_ties_to_the_later_c
             rows.append(gold_row("customer_id", entity, hours, len(rows), created_hours=created))
     write_gold(settings.lake, CUSTOMER_TABLE, rows)
     write_gold(settings.lake, MERCHANT_TABLE, merchant_rows())
-    feature_store.apply(settings, project)
-    report = feature_store.materialize(
+    repo.apply(settings, project)
+    report = materialization.materialize(
         settings,
         T0,
         T0 + timedelta(days=2),
@@ -341,7 +344,7 @@ def test_each_entity_gets_its_latest_row_across_scan_batches_ties_to_the_later_c
         expected[row["customer_id"]] = float(row["value"])
     assert (report.rows_scanned, report.entities, report.rows_written) == (3_000, 60, 60)
     customers = sorted(expected)
-    online = feature_store.online_features(
+    online = online_reads.online_features(
         settings, [{"customer_id": c, "merchant_id": "m0"} for c in customers], project
     )
     assert online["customer_amount_sum_1h"] == [expected[c] for c in customers]
@@ -355,13 +358,13 @@ def test_the_cluster_profile_serves_from_redis_not_sqlite(monkeypatch, gold):
     project = f"t_{uuid.uuid4().hex[:10]}"
     client = redis.Redis.from_url(settings.cluster.redis_url)
     try:
-        feature_store.apply(settings, project)
-        reports = feature_store.materialize(settings, T0, T0 + timedelta(days=2), project)
+        repo.apply(settings, project)
+        reports = materialization.materialize(settings, T0, T0 + timedelta(days=2), project)
         keys = list(client.scan_iter(match=f"*{project}", count=1000))
         # Feast keeps one hash per entity key: 6 customers and 3 merchants.
         assert len(keys) == sum(r.entities for r in reports) == 9
         assert not (settings.feast_dir / "online.db").exists()
-        feature_store.teardown(settings, project)
+        repo.teardown(settings, project)
         assert list(client.scan_iter(match=f"*{project}", count=1000)) == []
     finally:
         leftover = list(client.scan_iter(match=f"*{project}", count=1000))
@@ -372,15 +375,15 @@ def test_the_cluster_profile_serves_from_redis_not_sqlite(monkeypatch, gold):
 def test_missing_gold_is_named_with_the_command_that_writes_it():
     settings = Settings()
     project = f"t_{uuid.uuid4().hex[:10]}"
-    feature_store.apply(settings, project)
-    with pytest.raises(feature_store.GoldTableMissingError) as error:
-        feature_store.materialize(settings, T0, T0 + timedelta(days=1), project)
+    repo.apply(settings, project)
+    with pytest.raises(repo.GoldTableMissingError) as error:
+        materialization.materialize(settings, T0, T0 + timedelta(days=1), project)
     message = str(error.value)
     assert str(table_path(settings.lake, CUSTOMER_TABLE)) in message
-    assert feature_store.GOLD_COMMAND in message
+    assert sources.GOLD_COMMAND in message
     entity_df = pd.DataFrame({"customer_id": ["c1"], "merchant_id": ["m1"], "event_timestamp": [T0]})
-    with pytest.raises(feature_store.GoldTableMissingError, match="customer_features"):
-        feature_store.historical_features(settings, entity_df, project)
+    with pytest.raises(repo.GoldTableMissingError, match="customer_features"):
+        offline_join.historical_features(settings, entity_df, project)
 
 
 @pytest.mark.parametrize(
@@ -391,13 +394,13 @@ def test_missing_gold_is_named_with_the_command_that_writes_it():
     ],
 )
 def test_a_bad_window_is_refused(start, end, message):
-    with pytest.raises(feature_store.FeatureStoreError, match=message):
-        feature_store.materialize(Settings(), start, end, "unused")
+    with pytest.raises(repo.FeatureStoreError, match=message):
+        materialization.materialize(Settings(), start, end, "unused")
 
 
 def test_materializing_before_apply_says_to_apply(gold):
-    with pytest.raises(feature_store.FeatureStoreError, match="apply"):
-        feature_store.materialize(gold, T0, T0 + timedelta(days=1), f"t_{uuid.uuid4().hex[:10]}")
+    with pytest.raises(repo.FeatureStoreError, match="apply"):
+        materialization.materialize(gold, T0, T0 + timedelta(days=1), f"t_{uuid.uuid4().hex[:10]}")
 
 
 def test_readers_never_see_the_registry_half_written(gold):
@@ -409,8 +412,8 @@ def test_readers_never_see_the_registry_half_written(gold):
 
     settings = gold
     project = f"t_{uuid.uuid4().hex[:10]}"
-    feature_store.apply(settings, project)
-    store = feature_store.open_store(settings, project)
+    repo.apply(settings, project)
+    store = repo.open_store(settings, project)
     assert isinstance(store.registry._registry_store, AtomicFileRegistryStore)
     registry = settings.feast_dir / "registry.db"
     reader = subprocess.Popen(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mlops.settings import get_settings
+from core.settings import get_settings
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 
@@ -76,13 +76,13 @@ def test_a_run_builds_versions_and_materializes_the_date(airflow_db, silver_days
     assert "materialize" not in dag.task_dict["version_gold"].upstream_task_ids
     assert dag.task_dict["materialize"].upstream_task_ids == {"validate_gold", "dates_to_compute"}
 
-    from features import store
+    from features import online
 
     gold = spark.read.parquet(str(silver_days.lake / "gold" / "customer_features")).where(
         f"event_date = '{LAST}'"
     )
     latest = gold.orderBy("event_timestamp", ascending=False).first()
-    online = store.online_features(
+    online = online.online_features(
         silver_days, [{"customer_id": latest.customer_id, "merchant_id": "m000000"}]
     )
     same_customer = (

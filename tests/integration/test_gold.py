@@ -8,11 +8,11 @@ from datetime import date, datetime, timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from mlops.settings import Settings
+from core.errors import PipelineError
+from core.settings import Settings
 from pipelines.contracts import CURRENCY_PER_USD
-from pipelines.errors import PipelineError
-from pipelines.features import job as gold
-from pipelines.features.contract import CUSTOMER_TABLE, MERCHANT_TABLE, table_path
+from pipelines.gold import job as gold
+from pipelines.gold.contract import CUSTOMER_TABLE, MERCHANT_TABLE, table_path
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 

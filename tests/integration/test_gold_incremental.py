@@ -24,11 +24,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.gold import write_silver
-from mlops.settings import Settings
+from core.settings import Settings
 from pipelines.contracts import CURRENCY_PER_USD, HOME_COUNTRIES
-from pipelines.features import job as gold
-from pipelines.features import state
-from pipelines.features.contract import CUSTOMER_TABLE, MERCHANT_TABLE, table_path
+from pipelines.gold import job as gold
+from pipelines.gold import state
+from pipelines.gold.contract import CUSTOMER_TABLE, MERCHANT_TABLE, table_path
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 
 FIRST = date(2026, 3, 1)

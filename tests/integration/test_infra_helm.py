@@ -2,7 +2,7 @@
 
 The official chart is not reachable offline, so these tests check the values themselves: executor, external
 database, secrets only by reference, baked DAGs, sizing, the restricted profile, and that every name and
-address the Airflow pods are given agrees with mlops/k8s_contract.py, mlops/settings.py and infra/k8s.
+address the Airflow pods are given agrees with orchestration/k8s_contract.py, core/settings.py and infra/k8s.
 `helm lint` / `helm template` against the pinned chart version is the deploy-time check (infra/README.md).
 """
 
@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from mlops import k8s_contract as contract
-from mlops.settings import ClusterServices
+from core.settings import ClusterServices
+from orchestration import k8s_contract as contract
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = yaml.safe_load((REPO / "infra" / "helm" / "airflow" / "values.yaml").read_text())

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mlops import k8s_contract as contract
+from orchestration import k8s_contract as contract
 from tests.integration.conftest import (
     INFRA,
     OVERLAYS,

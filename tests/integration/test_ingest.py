@@ -8,10 +8,10 @@ from datetime import date
 
 import pytest
 
-from mlops.settings import Settings
-from pipelines.errors import EmptyArrivalError, LandingFileError, QuarantineRateError
+from core.errors import EmptyArrivalError, LandingFileError, QuarantineRateError
+from core.settings import Settings
 from pipelines.ingest import job
-from pipelines.ingest.io import Tables, read_json, read_partition
+from pipelines.lake import Tables, read_json, read_partition
 from pipelines.synthetic.faults import parse_faults
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 

@@ -9,10 +9,10 @@ from datetime import date
 import pendulum
 import pytest
 
-from mlops.settings import get_settings
-from pipelines.errors import DataValidationError
+from core.errors import DataValidationError
+from core.settings import get_settings
 from pipelines.ingest import job
-from pipelines.ingest.io import Tables
+from pipelines.lake import Tables
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 
 
@@ -100,7 +100,7 @@ def test_a_failed_expectation_fails_validate_bronze_and_stops_the_run(ingest_dag
 def test_the_arrival_sensor_defers_until_the_marker_appears(tmp_path):
     from airflow.sdk.exceptions import TaskDeferred
 
-    from mlops.orchestration import ArrivalSensor
+    from orchestration.tasks import ArrivalSensor
 
     sensor = ArrivalSensor(task_id="wait", arrival_date="2026-02-01", poke_interval=0.05)
     with pytest.raises(TaskDeferred) as deferred:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from pipelines.ingest.io import Tables, read_partition
+from pipelines.lake import Tables, read_partition
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 from tests.conftest import wait_for
 

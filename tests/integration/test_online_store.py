@@ -18,11 +18,11 @@ import pyarrow as pa
 import pytest
 
 from benchmarks.feature_store import DAY, write_gold_day
-from features import online_store
-from features import store as feature_store
+from core.settings import Settings
+from features import materialize as materialization
+from features import online, online_store, repo
 from features.definitions import CUSTOMER_VIEW, INTEGER_FEATURES, MERCHANT_VIEW
-from mlops.settings import Settings
-from pipelines.features.contract import CREATED_TIMESTAMP, EVENT_TIMESTAMP
+from pipelines.gold.contract import CREATED_TIMESTAMP, EVENT_TIMESTAMP
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -112,8 +112,8 @@ def test_fast_writers_store_exactly_what_feast_stores(profile, projects):
     settings = Settings()
     ours, feasts = projects
     for name in projects:
-        feature_store.apply(settings, name)
-    stores = {name: feature_store.open_store(settings, name) for name in projects}
+        repo.apply(settings, name)
+    stores = {name: repo.open_store(settings, name) for name in projects}
     customers = ["c1", "c2", "cliënt-ß", "客户-3", "c1000000", "c5"]
     merchants = ["m0", "m1", "m-ü"]
     for round_ in range(2):  # the second round updates every stored value (the upsert path)
@@ -135,7 +135,7 @@ def test_fast_writers_store_exactly_what_feast_stores(profile, projects):
                 [*customers, "c-unknown", "c1"], [*merchants, *merchants, "m-unknown", "m1"], strict=True
             )
         ]
-        served = {name: feature_store.OnlineFeatures(stores[name]) for name in projects}
+        served = {name: online.OnlineFeatures(stores[name]) for name in projects}
         assert served[ours]._reader is not None
         direct = served[ours].get(requests)
         assert same(direct, served[ours].feast_get(requests))
@@ -148,10 +148,10 @@ def test_direct_reads_equal_feasts_for_sampled_entities_after_materialize(profil
     settings = Settings()
     project = projects[0]
     write_gold_day(settings.lake, 20_000, seed=3)  # 2,000 customers, 20 merchants
-    feature_store.apply(settings, project)
-    reports = feature_store.materialize(settings, DAY, DAY + timedelta(days=1), project, write_rows=700)
+    repo.apply(settings, project)
+    reports = materialization.materialize(settings, DAY, DAY + timedelta(days=1), project, write_rows=700)
     assert sum(r.rows_written for r in reports) == 2_020
-    served = feature_store.open_online(settings, project)
+    served = online.open_online(settings, project)
     rng = random.Random(11)
     rows = [
         {"customer_id": f"c{rng.randrange(2_100)}", "merchant_id": f"m{rng.randrange(22)}"}
@@ -168,8 +168,8 @@ def test_the_sqlite_online_store_is_in_wal_mode_after_materialize(monkeypatch):
     settings = Settings()
     project = f"t_{uuid.uuid4().hex[:10]}"
     write_gold_day(settings.lake, 2_000)
-    feature_store.apply(settings, project)
-    feature_store.materialize(settings, DAY, DAY + timedelta(days=1), project)
+    repo.apply(settings, project)
+    materialization.materialize(settings, DAY, DAY + timedelta(days=1), project)
     conn = sqlite3.connect(settings.feast_dir / "online.db")
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()
@@ -177,11 +177,11 @@ def test_the_sqlite_online_store_is_in_wal_mode_after_materialize(monkeypatch):
 
 def test_a_request_without_a_join_key_is_refused_naming_it(profile, projects):
     settings = Settings()
-    feature_store.apply(settings, projects[0])
-    served = feature_store.open_online(settings, projects[0])
-    with pytest.raises(feature_store.FeatureStoreError, match="merchant_id"):
+    repo.apply(settings, projects[0])
+    served = online.open_online(settings, projects[0])
+    with pytest.raises(repo.FeatureStoreError, match="merchant_id"):
         served.get([{"customer_id": "c1"}])
-    with pytest.raises(feature_store.FeatureStoreError, match="merchant_id"):
+    with pytest.raises(repo.FeatureStoreError, match="merchant_id"):
         served.get([{"customer_id": "c1", "merchant_id": "m1"}, {"customer_id": "c2"}])
 
 
@@ -191,9 +191,9 @@ def test_a_large_read_is_split_under_sqlites_parameter_limit(monkeypatch):
     settings = Settings()
     project = f"t_{uuid.uuid4().hex[:10]}"
     write_gold_day(settings.lake, 2_000)  # 200 customers, 2 merchants
-    feature_store.apply(settings, project)
-    feature_store.materialize(settings, DAY, DAY + timedelta(days=1), project)
-    served = feature_store.open_online(settings, project)
+    repo.apply(settings, project)
+    materialization.materialize(settings, DAY, DAY + timedelta(days=1), project)
+    served = online.open_online(settings, project)
     rows = [{"customer_id": f"c{i}", "merchant_id": f"m{i % 3}"} for i in range(60)]
     got = served.get(rows)
     assert same(got, served.feast_get(rows))
@@ -206,7 +206,7 @@ def test_two_gold_rows_of_an_entity_at_the_same_latest_time_materialize_one_of_t
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from pipelines.features.contract import CUSTOMER_TABLE, table_path
+    from pipelines.gold.contract import CUSTOMER_TABLE, table_path
 
     monkeypatch.setenv("MLOPS_PROFILE", "local")
     settings = Settings()
@@ -222,9 +222,9 @@ def test_two_gold_rows_of_an_entity_at_the_same_latest_time_materialize_one_of_t
         pc.add(latest["customer_txn_count_1h"], 1),
     )
     pq.write_table(twin, folder / "twin.parquet")
-    feature_store.apply(settings, project)
-    reports = feature_store.materialize(settings, DAY, DAY + timedelta(days=1), project)
+    repo.apply(settings, project)
+    reports = materialization.materialize(settings, DAY, DAY + timedelta(days=1), project)
     assert sum(r.rows_written for r in reports) == 200 + 2  # one row per entity: 200 customers, 2 merchants
-    served = feature_store.open_online(settings, project)
+    served = online.open_online(settings, project)
     value = served.get([{"customer_id": customer, "merchant_id": "m0"}])["customer_txn_count_1h"][0]
     assert value in {latest["customer_txn_count_1h"][0].as_py(), twin["customer_txn_count_1h"][0].as_py()}

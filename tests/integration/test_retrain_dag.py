@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlops.settings import get_settings
+from core.settings import get_settings
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 
@@ -25,7 +25,7 @@ LAST = FIRST + timedelta(days=DAYS - 1)
 @pytest.fixture(scope="module")
 def features_home(tmp_path_factory, spark):
     """An installation with DAYS days ingested and featurized (module-scoped: built once)."""
-    from mlops.jobs import features_step
+    from mlops import chain
 
     home = tmp_path_factory.mktemp("retrain-home")
     patch = pytest.MonkeyPatch()
@@ -44,7 +44,7 @@ def features_home(tmp_path_factory, spark):
         ingest.ingest_to_bronze(settings, day, "t")
         ingest.build_silver(settings, day, "t")
         ingest.ingest_labels(settings, day, "t")
-        features_step("features", day)
+        chain.features(settings, day)
     patch.undo()
     get_settings.cache_clear()
     return home

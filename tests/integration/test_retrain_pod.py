@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from mlops import k8s_contract as contract
-from mlops.settings import Settings, get_settings
-from mlops.training_task import XCOM_RETURN
+from core.settings import Settings, get_settings
+from orchestration import k8s_contract as contract
+from orchestration.training_task import XCOM_RETURN
 from tests.integration.conftest import OVERLAYS, REPO, find, one, quota_and_limits, schema_errors
 
 DAG_FILE = REPO / "dags" / "retrain_fraud_model.py"

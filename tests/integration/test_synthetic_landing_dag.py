@@ -6,7 +6,7 @@ import hashlib
 
 import pendulum
 
-from mlops.settings import get_settings
+from core.settings import get_settings
 from pipelines.synthetic.landing import GenerateRequest, generate_landing, read_manifest
 
 

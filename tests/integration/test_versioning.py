@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from mlops.settings import Settings
-from pipelines.errors import PipelineError
+from core.errors import PipelineError
+from core.settings import Settings
 from pipelines.versioning import CACHE_TYPES, TrackedFolder, fetch, record_revision, track, track_many
 
 DAY = "2026-01-07"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mlops.settings import get_settings
+from core.settings import get_settings
 from pipelines.ingest import job
-from pipelines.ingest.io import Tables
+from pipelines.lake import Tables
 from pipelines.synthetic.faults import parse_faults
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 

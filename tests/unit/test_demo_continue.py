@@ -6,8 +6,8 @@ from datetime import date
 
 import pytest
 
+from core.settings import Settings
 from mlops.demo import DemoError, next_arrival
-from mlops.settings import Settings
 
 
 def test_the_next_arrival_is_the_day_after_the_last_landed_one(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.settings import Settings
 from features.definitions import (
     CUSTOMER_VIEW,
     FEATURE_SERVICE,
@@ -18,9 +19,8 @@ from features.definitions import (
     MERCHANT_VIEW,
     build_definitions,
 )
-from features.store import FeatureStoreError, redis_connection_string, render_config
-from mlops.settings import Settings
-from pipelines.features.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
+from features.repo import FeatureStoreError, redis_connection_string, render_config
+from pipelines.gold.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,8 @@ def test_configuration_is_filled_from_settings(monkeypatch, tmp_path, profile):
 def test_importing_the_features_package_does_not_import_feast():
     """Feast makes a temp folder and sets PROMETHEUS_MULTIPROC_DIR for the process when imported."""
     probe = (
-        "import sys, features.definitions, features.store; "
+        "import sys, features.definitions, features.repo, features.materialize, features.online, "
+        "features.offline; "
         "print(sorted(m for m in sys.modules if m == 'feast' or m.startswith('feast.')))"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)

@@ -15,8 +15,8 @@ from fractions import Fraction
 
 import pytest
 
-from mlops import k8s_contract as contract
-from mlops.settings import ClusterServices
+from core.settings import ClusterServices
+from orchestration import k8s_contract as contract
 
 IMAGE = "registry.example.com/mlops-fraud-training:0.1.0"
 
@@ -102,7 +102,7 @@ def test_a_moving_or_missing_image_tag_is_refused(tag):
 def test_importing_the_contract_pulls_in_no_heavy_or_cluster_client_module():
     """The retrain DAG imports it at parse time, where Airflow forbids heavy imports."""
     probe = (
-        "import json, sys; import mlops.k8s_contract; "
+        "import json, sys; import orchestration.k8s_contract; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('airflow', 'kubernetes', 'pydantic', 'yaml', 'torch', 'pyspark'))))"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from mlops.residency import (
+from core.residency import (
     DataResidencyError,
     StorageLocation,
     StoragePolicy,

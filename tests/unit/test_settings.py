@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mlops.settings import Profile, Settings, get_settings
+from core.settings import Profile, Settings, get_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,8 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from mlops.assets import SILVER_TRANSACTIONS
-from mlops.orchestration import fail_fast_on_bad_data
+from orchestration.assets import SILVER_TRANSACTIONS
+from orchestration.tasks import fail_fast_on_bad_data
 
 DEFAULT_ARGS = {
     "owner": "data-platform",
@@ -53,7 +53,7 @@ with DAG(
 
         from quarantine_report import write_quarantine_report
 
-        from mlops.settings import get_settings
+        from core.settings import get_settings
 
         settings = get_settings()
         return [

@@ -14,8 +14,8 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from mlops import k8s_contract as contract
-from mlops.settings import Settings
+from core.settings import Settings
+from orchestration import k8s_contract as contract
 
 TRAIN_TASK_ID = "train"
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -124,7 +124,7 @@ def _training_pod_operator_class() -> type:
 
 
 def __getattr__(name: str) -> Any:
-    # `mlops.training_task.TrainingPodOperator` resolves, without importing the provider before it is used.
+    # `orchestration.training_task.TrainingPodOperator` resolves without importing the provider first.
     if name == "TrainingPodOperator":
         return _training_pod_operator_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,19 +1,10 @@
-"""The I/O layer of ingestion: landing files, line numbers, partitioned tables, reconciliation records.
-
-It owns paths and the SparkSession; transforms.py stays pure. Tables are Parquet, partitioned by
-`arrival_date` (and `stage` for quarantine); a rerun overwrites exactly the partitions it writes.
-"""
+"""Landing files of one arrival date: which files belong to it, each checked as a whole, and their lines
+numbered for the reconciliation. The lake's tables and writes are in pipelines/lake.py."""
 
 from __future__ import annotations
 
 import csv
-import fcntl
-import json
 import logging
-import os
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -21,52 +12,12 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from core.errors import ArrivalNotFoundError
 from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS, TRANSACTION_COLUMNS
-from pipelines.errors import ArrivalNotFoundError
 
 log = logging.getLogger(__name__)
 
 DATA_SUFFIXES = {".csv": "csv", ".jsonl": "json", ".json": "json"}
-
-
-@dataclass(frozen=True)
-class Tables:
-    """Where the transaction tables of one installation live."""
-
-    lake: Path
-
-    @property
-    def bronze(self) -> Path:
-        return self.lake / "bronze" / "transactions"
-
-    @property
-    def silver(self) -> Path:
-        return self.lake / "silver" / "transactions"
-
-    @property
-    def quarantine(self) -> Path:
-        return self.lake / "quarantine" / "transactions"
-
-    def reconciliation(self, day: date) -> Path:
-        return self.lake / "reconciliation" / "transactions" / f"arrival_date={day.isoformat()}.json"
-
-    @property
-    def silver_labels(self) -> Path:
-        return self.lake / "silver" / "labels"
-
-    @property
-    def quarantine_labels(self) -> Path:
-        return self.lake / "quarantine" / "labels"
-
-    def labels_reconciliation(self, day: date) -> Path:
-        return self.lake / "reconciliation" / "labels" / f"arrival_date={day.isoformat()}.json"
-
-    @staticmethod
-    def partition(root: Path, day: date, **more: str) -> Path:
-        path = root / f"arrival_date={day.isoformat()}"
-        for key, value in more.items():
-            path = path / f"{key}={value}"
-        return path
 
 
 @dataclass(frozen=True)
@@ -211,64 +162,3 @@ def read_lines(spark: SparkSession, files: list[LandingFile]) -> DataFrame:
         "source_file",
         (F.col("_id") - F.col("_first") + F.col("_before") + 1).alias("line_number"),
     )
-
-
-@contextmanager
-def table_lock(root: Path) -> Iterator[None]:
-    """One writer per table at a time (the DAG also runs one date at a time)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / "_LOCK").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def overwrite_partitions(
-    df: DataFrame, root: Path, partition_by: list[str], now_empty: tuple[Path, ...] = ()
-) -> None:
-    """Write `df` into `root`, replacing exactly the partitions it contains (dynamic overwrite).
-
-    Spark stages the output in `root/.spark-staging-<job>` and moves each partition into place at job
-    commit; a job killed before that leaves the old partition untouched and only the hidden staging folder,
-    which the next write removes. Partitions in `now_empty` get no rows from this run: they are deleted, so
-    a rerun that finds nothing for them does not leave old rows behind.
-    """
-    with table_lock(root):
-        for leftover in [*root.glob(".spark-staging-*"), *root.glob("_temporary")]:
-            shutil.rmtree(leftover, ignore_errors=True)
-        for partition in now_empty:
-            if partition.exists():
-                shutil.rmtree(partition)
-        df.write.mode("overwrite").partitionBy(*partition_by).parquet(str(root))
-
-
-def clear_partitions(root: Path, partitions: tuple[Path, ...]) -> None:
-    with table_lock(root):
-        for partition in partitions:
-            if partition.exists():
-                shutil.rmtree(partition)
-
-
-def read_partitions(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:
-    """The arrival dates of a table that exist among `days` (None if none), `arrival_date` restored."""
-    paths = [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
-    return spark.read.option("basePath", str(root)).parquet(*paths) if paths else None
-
-
-def read_partition(spark: SparkSession, root: Path, day: date) -> DataFrame:
-    """One arrival date of a table, with `arrival_date` restored from the path."""
-    return spark.read.option("basePath", str(root)).parquet(str(Tables.partition(root, day)))
-
-
-def write_json(path: Path, payload: dict) -> None:
-    """Write a JSON record atomically (temp file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(temp, path)
-
-
-def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None

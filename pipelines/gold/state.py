@@ -24,8 +24,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.features import transforms
-from pipelines.ingest.io import (
+from pipelines.gold import transforms
+from pipelines.lake import (
     Tables,
     clear_partitions,
     overwrite_partitions,

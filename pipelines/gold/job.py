@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from pipelines.errors import PipelineError
-from pipelines.features import state, transforms
-from pipelines.features.contract import (
+from core.errors import PipelineError
+from pipelines.gold import state, transforms
+from pipelines.gold.contract import (
     CUSTOMER_TABLE,
     LOOKBACK_DAYS,
     MERCHANT_TABLE,
@@ -21,12 +21,12 @@ from pipelines.features.contract import (
     table_path,
     validation_path,
 )
-from pipelines.ingest.io import Tables, overwrite_partitions, read_partitions, write_json
-from pipelines.ingest.validate import validate
+from pipelines.lake import Tables, overwrite_partitions, read_partitions, write_json
 from pipelines.spark import spark_session
+from pipelines.validation import validate
 
 if TYPE_CHECKING:
-    from mlops.settings import Settings
+    from core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 # the tests validate every object against its OpenAPI schema.
 KUBERNETES_VERSION = "1.33"
 
-# Namespaces. The training namespace is also `ClusterServices.kubernetes_namespace` in mlops/settings.py.
+# Namespaces. The training namespace is also `ClusterServices.kubernetes_namespace` in core/settings.py.
 ORCHESTRATION_NAMESPACE = "mlops-orchestration"
 TRAINING_NAMESPACE = "mlops-training"
 SERVING_NAMESPACE = "mlops-serving"

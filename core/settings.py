@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from mlops.residency import StoragePolicy, check_storage_uris
+from core.residency import StoragePolicy, check_storage_uris
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from pipelines.errors import DataValidationError
+from core.errors import DataValidationError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Airflow building blocks shared by the DAG files: the arrival sensor and the task error policy.
+"""Airflow building blocks shared by the DAG files: the arrival sensor and how a task runs a step.
 
 Imported at DAG parse time, so it imports nothing heavier than the Airflow SDK and the file trigger.
 """
@@ -8,13 +8,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from airflow.providers.standard.triggers.file import FileTrigger
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+if TYPE_CHECKING:
+    from core.settings import Settings
+
 COMPLETE_MARKER = "_SUCCESS"
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class ArrivalSensor(BaseSensorOperator):
@@ -32,7 +37,7 @@ class ArrivalSensor(BaseSensorOperator):
         self.arrival_date = arrival_date
 
     def _marker(self) -> Path:
-        from mlops.settings import get_settings
+        from core.settings import get_settings
 
         return get_settings().landing / self.arrival_date / COMPLETE_MARKER
 
@@ -55,10 +60,21 @@ class ArrivalSensor(BaseSensorOperator):
         return str(self._marker())
 
 
-def fail_fast_on_bad_data(step: Callable[[], dict]) -> dict:
+def run_step(step: Callable[Concatenate[Settings, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Call one typed step (`step(settings, *args)`) with the task's settings and its directories made,
+    under the task error policy of `fail_fast_on_bad_data`. DAG tasks pass the function itself, so a reader
+    (or "find usages") goes straight from a task to the code it runs."""
+    from core.settings import get_settings
+
+    settings = get_settings()
+    settings.ensure_dirs()
+    return fail_fast_on_bad_data(lambda: step(settings, *args, **kwargs))
+
+
+def fail_fast_on_bad_data(step: Callable[[], R]) -> R:
     """Run a pipeline step; a data problem fails the task without retries (retrying cannot fix the data),
     while anything else (a lost executor, a full disk) keeps the task's retries."""
-    from pipelines.errors import PipelineError
+    from core.errors import PipelineError
 
     try:
         return step()

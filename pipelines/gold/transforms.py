@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipelines.contracts import CURRENCY_PER_USD, HOME_COUNTRIES
-from pipelines.features.contract import (
+from pipelines.gold.contract import (
     CREATED_TIMESTAMP,
     CUSTOMER_FEATURES,
     EVENT_TIMESTAMP,

@@ -1,0 +1,3 @@
+"""The ground layer: settings, storage residency, the stage clock, the error base.
+
+Imports nothing of ours."""

@@ -1,0 +1,69 @@
+"""The chain's stages for the `mlops` CLI and the in-process demo: the same typed step functions the DAG
+tasks call, by the names of those tasks, and each stage's steps in one call, timed as the DAG's tasks are.
+
+The command line names a step with `--step NAME`; the tables below map each name to its function once, so
+what a name runs is visible here and a typo is refused with the list of names.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import date
+from typing import TypeVar
+
+from core.clock import StageClock
+from core.settings import Settings
+from features.materialize import materialize_date
+from pipelines.gold import job as gold
+from pipelines.ingest import job as ingest
+
+IngestStep = Callable[[Settings, date, str], dict]
+FeaturesStep = Callable[[Settings, date], dict]
+T = TypeVar("T")
+
+
+def validate_gold(settings: Settings, day: date) -> dict:
+    """The gold GX suites, as the record the CLI and the DAG task return."""
+    return {"validation": gold.validate_gold(settings, day)}
+
+
+def features(settings: Settings, day: date) -> dict:
+    """Every features step of a date in order, with the seconds each took (named as the DAG tasks)."""
+    clock = StageClock()
+    record = clock.run("build_gold", lambda: gold.build_gold(settings, day))
+    record.update(clock.run("validate_gold", lambda: validate_gold(settings, day)))
+    record.update(clock.run("version_gold", lambda: gold.version_gold(settings, day)))
+    record.update(clock.run("materialize", lambda: materialize_date(settings, day)))
+    record["seconds_per_step"] = clock.seconds
+    record["rows_gold"] = record["rows_customer_features"] + record["rows_merchant_features"]
+    record["status"] = "ok"
+    return record
+
+
+INGEST_STEPS: dict[str, IngestStep] = {
+    "ingest_to_bronze": ingest.ingest_to_bronze,
+    "validate_bronze": lambda settings, day, _run_id: ingest.validate_bronze(settings, day),
+    "build_silver": ingest.build_silver,
+    "validate_silver": lambda settings, day, _run_id: ingest.validate_silver(settings, day),
+    "ingest_labels": ingest.ingest_labels,
+    "ingest": ingest.ingest,
+}
+FEATURES_STEPS: dict[str, FeaturesStep] = {
+    "build_gold": gold.build_gold,
+    "validate_gold": validate_gold,
+    "version_gold": gold.version_gold,
+    "materialize": materialize_date,
+    "features": features,
+}
+
+
+def step_of(table: dict[str, T], name: str, command: str) -> T:
+    """The function behind `--step NAME` of `command`, or a ValueError listing the names."""
+    if name not in table:
+        raise ValueError(f"unknown {command} step {name!r}; steps: {', '.join(table)}")
+    return table[name]
+
+
+def cli_run_id() -> str:
+    return f"cli-{uuid.uuid4().hex[:12]}"
