@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
+from decimal import Decimal
 from typing import Any
 
 # The oldest Kubernetes minor the manifests target: the namespaces pin their Pod Security version to it and
@@ -291,35 +291,18 @@ def _security_context_violations(where: str, sc: Mapping[str, Any]) -> list[str]
 
 # --- Quota fit ---------------------------------------------------------------------------------------------
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE]|)$")
-_SUFFIX = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    **{suffix: Fraction(1024**power) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
-}
+def parse_quantity(quantity: str | int | float) -> Decimal:
+    """A Kubernetes resource quantity ("500m", "24Gi", "1e3", 2) as an exact number, by the Kubernetes
+    client's own parser."""
+    from kubernetes.utils import parse_quantity as parse
+
+    try:
+        return parse(quantity)
+    except ValueError as exc:
+        raise ValueError(f"{quantity!r} is not a Kubernetes quantity (e.g. 500m, 2, 24Gi, 1e3)") from exc
 
 
-def parse_quantity(quantity: str | int | float) -> Fraction:
-    """A Kubernetes resource quantity ("500m", "24Gi", "1e3", 2) as an exact number."""
-    text = str(quantity).strip()
-    match = _QUANTITY.match(text)
-    if not match:
-        raise ValueError(f"{quantity!r} is not a Kubernetes quantity (e.g. 500m, 2, 24Gi, 1e3)")
-    number, suffix = match.groups()
-    if suffix[:1] in ("e", "E"):
-        return Fraction(number) * Fraction(10) ** int(suffix[1:])
-    return Fraction(number) * _SUFFIX[suffix]
-
-
-def _container_amounts(container: Mapping[str, Any], kind: str) -> dict[str, Fraction]:
+def _container_amounts(container: Mapping[str, Any], kind: str) -> dict[str, Decimal]:
     resources = container.get("resources") or {}
     amounts = {name: parse_quantity(value) for name, value in (resources.get(kind) or {}).items()}
     if kind == "requests":
@@ -329,43 +312,43 @@ def _container_amounts(container: Mapping[str, Any], kind: str) -> dict[str, Fra
     return amounts
 
 
-def pod_resource_totals(pod_spec: Mapping[str, Any], kind: str) -> dict[str, Fraction]:
+def pod_resource_totals(pod_spec: Mapping[str, Any], kind: str) -> dict[str, Decimal]:
     """What the scheduler and the quota charge the pod: the larger of the sum over its containers (plus
     restartable sidecars) and the largest single init container, per resource."""
-    sums: dict[str, Fraction] = {}
-    peak_init: dict[str, Fraction] = {}
+    sums: dict[str, Decimal] = {}
+    peak_init: dict[str, Decimal] = {}
     for container in pod_spec.get("containers") or []:
         for name, value in _container_amounts(container, kind).items():
-            sums[name] = sums.get(name, Fraction(0)) + value
+            sums[name] = sums.get(name, Decimal(0)) + value
     for container in pod_spec.get("initContainers") or []:
         amounts = _container_amounts(container, kind)
         if container.get("restartPolicy") == "Always":
             for name, value in amounts.items():
-                sums[name] = sums.get(name, Fraction(0)) + value
+                sums[name] = sums.get(name, Decimal(0)) + value
         else:
             for name, value in amounts.items():
-                peak_init[name] = max(peak_init.get(name, Fraction(0)), value)
+                peak_init[name] = max(peak_init.get(name, Decimal(0)), value)
     return {
-        name: max(sums.get(name, Fraction(0)), peak_init.get(name, Fraction(0))) for name in sums | peak_init
+        name: max(sums.get(name, Decimal(0)), peak_init.get(name, Decimal(0))) for name in sums | peak_init
     }
 
 
 def _quota_usage(
-    key: str, requests: Mapping[str, Fraction], limits: Mapping[str, Fraction]
-) -> Fraction | None:
+    key: str, requests: Mapping[str, Decimal], limits: Mapping[str, Decimal]
+) -> Decimal | None:
     if key == "pods":
-        return Fraction(1)
+        return Decimal(1)
     if key.startswith("requests."):
-        return requests.get(key.removeprefix("requests."), Fraction(0))
+        return requests.get(key.removeprefix("requests."), Decimal(0))
     if key.startswith("limits."):
-        return limits.get(key.removeprefix("limits."), Fraction(0))
+        return limits.get(key.removeprefix("limits."), Decimal(0))
     if key in ("cpu", "memory", "ephemeral-storage"):
-        return requests.get(key, Fraction(0))
+        return requests.get(key, Decimal(0))
     return None  # object counts (configmaps, services, ...) do not depend on the pod spec
 
 
-def _fmt(value: Fraction) -> str:
-    return str(int(value)) if value.denominator == 1 else f"{float(value):g}"
+def _fmt(value: Decimal) -> str:
+    return str(int(value)) if value == value.to_integral_value() else f"{float(value):g}"
 
 
 def quota_fit_violations(
@@ -406,7 +389,7 @@ def quota_fit_violations(
                 problems += _limit_range_container(container, item)
         elif item.get("type") == "Pod":
             for name, bound in (item.get("max") or {}).items():
-                if limits.get(name, Fraction(0)) > parse_quantity(bound):
+                if limits.get(name, Decimal(0)) > parse_quantity(bound):
                     problems.append(f"LimitRange Pod max {name}: the pod's limits total {_fmt(limits[name])}")
     return problems
 
@@ -435,16 +418,16 @@ def _limit_range_container(container: Mapping[str, Any], item: Mapping[str, Any]
     problems = []
     for resource, bound in (item.get("max") or {}).items():
         for kind, amounts in (("requests", requests), ("limits", limits)):
-            if amounts.get(resource, Fraction(0)) > parse_quantity(bound):
+            if amounts.get(resource, Decimal(0)) > parse_quantity(bound):
                 problems.append(
                     f"container {name}: {kind}.{resource}={_fmt(amounts[resource])}"
                     f" exceeds LimitRange max {bound}"
                 )
     for resource, bound in (item.get("min") or {}).items():
-        if requests.get(resource, Fraction(0)) < parse_quantity(bound):
+        if requests.get(resource, Decimal(0)) < parse_quantity(bound):
             problems.append(f"container {name}: requests.{resource} is below LimitRange min {bound}")
     for resource, ratio in (item.get("maxLimitRequestRatio") or {}).items():
-        if requests.get(resource) and limits.get(resource, Fraction(0)) / requests[resource] > parse_quantity(
+        if requests.get(resource) and limits.get(resource, Decimal(0)) / requests[resource] > parse_quantity(
             ratio
         ):
             problems.append(f"container {name}: {resource} limit/request exceeds LimitRange ratio {ratio}")

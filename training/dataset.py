@@ -435,6 +435,29 @@ def write_training_set(
     }
 
 
+def model_arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The model inputs (float32 in MODEL_INPUTS order, missing values as NaN) and labels (float32 0/1)."""
+    x = frame[list(MODEL_INPUTS)].to_numpy(dtype="float32", na_value=float("nan"))
+    return x, frame[LABEL].to_numpy(dtype="float32")
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """The holdout of a training set, as the evaluation, the gate and the export score it."""
+
+    rev: str
+    x: np.ndarray
+    y: np.ndarray
+    weights: np.ndarray | None  # transactions each row stands for; None: one each (sets before sampling)
+
+
+def read_holdout(settings: Settings, rev: str) -> Holdout:
+    """The holdout rows of training set `rev`: model inputs, labels and weights only."""
+    frame = read_training_set(settings, rev, "holdout", [*MODEL_INPUTS, LABEL, SPLIT, WEIGHT])
+    x, y = model_arrays(frame)
+    return Holdout(rev, x, y, frame[WEIGHT].to_numpy() if WEIGHT in frame else None)
+
+
 def read_training_set(
     settings: Settings, rev: str, split: str | None = None, columns: list[str] | None = None
 ) -> pd.DataFrame:

@@ -141,15 +141,16 @@ def export_model(model: torch.nn.Module, x: np.ndarray, labels: np.ndarray, fold
 
 def export_version(settings: Settings, version: str) -> dict:
     """Export a registered version; artifacts to its run (onnx/), figures to the version's tags."""
+    from training.dataset import read_holdout
     from training.registry import ModelRegistry
-    from training.steps import _holdout
+    from training.tracking import training_set_rev
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
-    _, holdout, _ = _holdout(settings, run_id)  # parity and speed: the first rows, unweighted
+    holdout = read_holdout(settings, training_set_rev(settings, run_id))
     model = registry.load(version)
-    x = holdout.x[:20_000].numpy()
-    labels = holdout.y[:20_000].numpy()
+    x = holdout.x[:20_000]  # parity and speed: the first rows, unweighted
+    labels = holdout.y[:20_000]
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         report = export_model(model, x, labels, folder)

@@ -17,19 +17,17 @@ from typing import TYPE_CHECKING
 from core.clock import StageClock
 from core.settings import Settings
 from training.dataset import (
-    LABEL,
-    MODEL_INPUTS,
     NUMERIC_FEATURES,
     SPLIT,
-    WEIGHT,
+    model_arrays,
+    read_holdout,
     read_training_set,
     write_training_set,
 )
 from training.registry import GatePolicy, ModelRegistry
-from training.tracking import EXPERIMENT, Lineage, MetricBuffer, configure, git_commit
+from training.tracking import EXPERIMENT, Lineage, MetricBuffer, configure, git_commit, training_set_rev
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
     from training.loop import Tensors, TrainConfig
@@ -45,10 +43,8 @@ def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
 
     from training.loop import Tensors
 
-    part = frame[frame[SPLIT] == split]
-    x = torch.from_numpy(part[list(MODEL_INPUTS)].to_numpy(dtype="float32", na_value=float("nan")))
-    y = torch.from_numpy(part[LABEL].to_numpy(dtype="float32"))
-    return Tensors(x, y)
+    x, y = model_arrays(frame[frame[SPLIT] == split])
+    return Tensors(torch.from_numpy(x), torch.from_numpy(y))
 
 
 def dataset(settings: Settings, day: date, window_days: int | None = None) -> dict:
@@ -182,33 +178,21 @@ def train(
     }
 
 
-def _holdout(settings: Settings, run_id: str) -> tuple[str, Tensors, np.ndarray | None]:
-    """The run's holdout, and how many transactions each row stands for (None: every row is one; sets
-    written before sampling have no weights)."""
-    import mlflow
-
-    configure(settings)
-    run = mlflow.MlflowClient().get_run(run_id)
-    rev = run.data.tags["lineage.training_set_rev"]
-    frame = read_training_set(settings, rev, "holdout", [*MODEL_INPUTS, LABEL, SPLIT, WEIGHT])
-    weights = frame[WEIGHT].to_numpy() if WEIGHT in frame else None
-    return rev, split_tensors(frame, "holdout"), weights
-
-
 def evaluate(settings: Settings, run_id: str) -> dict:
     """Score the run's model on the holdout of its training set; log metrics and PNG curves to the run."""
     import tempfile
 
     import mlflow
+    import torch
 
     from training.loop import predict
     from training.metrics import evaluate as metrics_of
     from training.metrics import plot_evaluation
 
-    rev, holdout, weights = _holdout(settings, run_id)
+    holdout = read_holdout(settings, training_set_rev(settings, run_id))
     model = mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_ARTIFACT}", map_location="cpu")
-    scores = predict(model, holdout.x).numpy()
-    labels = holdout.y.numpy()
+    scores = predict(model, torch.from_numpy(holdout.x)).numpy()
+    labels, weights = holdout.y, holdout.weights
     values = metrics_of(labels, scores, weights=weights)
     client = mlflow.MlflowClient()
     buffer = MetricBuffer(client, run_id)
@@ -217,7 +201,7 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         for path in plot_evaluation(labels, scores, Path(folder), weights=weights):
             client.log_artifact(run_id, str(path), "evaluation")
-    return {"run_id": run_id, "training_set_rev": rev, "holdout": values}
+    return {"run_id": run_id, "training_set_rev": holdout.rev, "holdout": values}
 
 
 def register(settings: Settings, run_id: str) -> dict:
@@ -245,7 +229,9 @@ def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str 
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
-    rev, holdout, weights = _holdout(settings, run_id)
+    import torch
+
+    holdout = read_holdout(settings, training_set_rev(settings, run_id))
     policy = GatePolicy(**settings.gate.model_dump())
     ledger = _ledger(settings)
     try:
@@ -253,11 +239,11 @@ def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str 
             registry,
             ledger,
             version,
-            holdout.x,
-            holdout.y.numpy(),
+            torch.from_numpy(holdout.x),
+            holdout.y,
             policy,
-            holdout_weights=weights,
-            training_set_rev=rev,
+            holdout_weights=holdout.weights,
+            training_set_rev=holdout.rev,
             dag_id=dag_id or None,
             run_id=dag_run_id or None,
         )

@@ -78,6 +78,14 @@ def configure(settings: Settings) -> str:
         return mlflow.get_experiment_by_name(EXPERIMENT).experiment_id
 
 
+def training_set_rev(settings: Settings, run_id: str) -> str:
+    """The DVC revision of the training set a run trained on (its lineage tag)."""
+    import mlflow
+
+    configure(settings)
+    return mlflow.MlflowClient().get_run(run_id).data.tags["lineage.training_set_rev"]
+
+
 class MetricBuffer:
     """Collect metrics and send them in one batch."""
 
