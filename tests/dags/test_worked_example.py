@@ -69,8 +69,8 @@ MISTAKES = {
     ),
     "no_owner": ('    "owner": "data-platform",\n', "", "declarations", "set default_args owner"),
     "heavy_import_at_parse_time": (
-        "from orchestration.tasks import fail_fast_on_bad_data\n",
-        "from orchestration.tasks import fail_fast_on_bad_data\nimport pyspark  # noqa: F401\n",
+        "from orchestration.tasks import run_step\n",
+        "from orchestration.tasks import run_step\nimport pyspark  # noqa: F401\n",
         "parse",
         r"imports \['pyspark'\] at parse time",
     ),

@@ -19,7 +19,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from orchestration.assets import SILVER_TRANSACTIONS
-from orchestration.tasks import fail_fast_on_bad_data
+from orchestration.tasks import run_step
 
 DEFAULT_ARGS = {
     "owner": "data-platform",
@@ -47,18 +47,15 @@ with DAG(
         events = triggering_asset_events[SILVER_TRANSACTIONS] if triggering_asset_events else []
         return arrival_dates(params.get("arrival_date"), [event.extra for event in events])
 
-    @task(doc_md="Per date: the rows in quarantine by reason, from the date's reconciliation record.")
-    def report_quarantine(dates: list[str]) -> list[dict]:
+    @task(
+        doc_md="The rows of one date in quarantine by reason, from its reconciliation record.",
+        map_index_template="{{ day }}",
+    )
+    def report_quarantine(day: str) -> dict:
         from datetime import date
 
         from quarantine_report import write_quarantine_report
 
-        from core.settings import get_settings
+        return run_step(write_quarantine_report, date.fromisoformat(day))
 
-        settings = get_settings()
-        return [
-            fail_fast_on_bad_data(lambda d=d: write_quarantine_report(settings, date.fromisoformat(d)))
-            for d in dates
-        ]
-
-    report_quarantine(dates_to_report())
+    report_quarantine.expand(day=dates_to_report())  # one task instance per date: failed and retried alone
