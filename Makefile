@@ -37,9 +37,10 @@ test: $(STAMP) ## run every test tier
 test-fast: $(STAMP) ## the fast tier (unit, data, dags): seconds
 	$(BIN)/python -m pytest -m "unit or data or dags" $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff (with Airflow 3 AIR rules) and a format check
+lint: $(STAMP) ## ruff (with Airflow 3 AIR rules), a format check, and mypy (config in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: $(STAMP) ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -48,7 +49,7 @@ format: $(STAMP) ## apply ruff's fixes and formatting
 bench: $(STAMP) ## benchmarks: ratios against baselines measured in the same run
 	$(BIN)/python -m benchmarks
 
-bench-e2e: $(STAMP) ## arrival -> gate decision through Airflow at 1M rows/day x 30 days (~75 min of set-up)
+bench-e2e: $(STAMP) ## arrival -> gate decision through Airflow at 1M rows/day x 30 days (a long set-up first: docs/benchmarks.md)
 	$(BIN)/python -m benchmarks --only end_to_end $(BENCH_ARGS)
 
 doctor: $(STAMP) ## check Java, Spark and the active profile's services
@@ -58,4 +59,4 @@ lock: ## re-resolve pyproject.toml into requirements.lock (needs the network's p
 	@PYTHON=$(PYTHON) bash scripts/lock.sh
 
 clean: ## remove .venv and local state (var/)
-	rm -rf $(VENV) var .pytest_cache .ruff_cache
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .mypy_cache

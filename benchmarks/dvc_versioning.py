@@ -35,7 +35,7 @@ from pathlib import Path
 from benchmarks._process import measure
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_SIZES = [1_000_000]  # gold rows of one date; ~170 MiB of Parquet
+DEFAULT_SIZES = [1_000_000]  # gold rows of one date (its Parquet size: docs/benchmarks.md)
 REPEATS = 3
 
 

@@ -11,10 +11,10 @@ the goal's size and measure nothing the last day does not.
 Measured: `mlops demo --continue --days 2` on that home through Airflow (the real stack: scripts/up.sh,
 scheduler, triggerer, LocalExecutor, the Spark Connect server, MLflow): the next two days of the feed land
 and the chain runs on each. The first warms the stack (a production stack has run for days: its Spark
-Connect server's JVM is warm; at 1M rows validate_bronze took 117.9 s on the first day, 8.7 s on the
-next); the figure is the second's `arrival_to_model`: from the day's `_SUCCESS` marker to the end of the
-retrain run it started; the union of the chain's task intervals ("busy"); the rest is orchestration (sensor
-latency, scheduling, task start-up).
+Connect server's JVM is warm, and a cold one makes the first day's tasks far slower); the figure is the
+second's `arrival_to_model`: from the day's `_SUCCESS` marker to the end of the retrain run it started; the
+union of the chain's task intervals ("busy"); the rest is orchestration (sensor latency, scheduling, task
+start-up).
 Baseline, same run, same data: the home is put back as the set-up left it and the same two days run in one
 process (`mlops demo --continue --days 2 --in-process`): the stage bodies with no orchestration at all, with
 the seconds of each features and retrain step of the measured day (`baseline_task_seconds`, named as the

@@ -23,8 +23,9 @@ learnable fraud-like signal, 5% positives) and reports:
      order to the device and the per-batch gathers, timed alone with the same shapes).
 
 Training threads default to 1: on a shared 2-core machine two OpenMP threads contend with every other
-process and a step can take 20x longer, which says nothing about the loop. Pass `--threads 0` for torch's
-default. The `--sizes` of `python -m benchmarks` (rows per day of the feed) do not apply here.
+process and a step can take many times longer (docs/benchmarks.md), which says nothing about the loop.
+Pass `--threads 0` for torch's default. The `--sizes` of `python -m benchmarks` (rows per day of the feed)
+do not apply here.
 Run: `python -m benchmarks --only training` or `python -m benchmarks.training --rows 200000 --epochs 3`.
 """
 

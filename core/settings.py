@@ -104,7 +104,8 @@ class Settings(BaseSettings):
     landing_dir: Path | None = Field(default=None, description="defaults to $MLOPS_HOME/landing")
     spark_driver_memory: str = "2g"
     # A Spark Connect server (sc://host:port) that `make up` starts: tasks then share its warm JVM instead
-    # of starting one each (~8 s, plus ~10 s of cold JIT on a small date). Unset: a driver in this process.
+    # of starting one each and warming its JIT (measured: see docs/benchmarks.md). Unset: a driver in this
+    # process.
     spark_remote: str | None = None
     spark_shuffle_partitions: int = Field(default=4, ge=1)
     suites_dir: Path = Field(default=REPO_ROOT / "great_expectations", description="GX suites as files")

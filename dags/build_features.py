@@ -3,8 +3,13 @@
 
 Scheduled on the `silver_transactions` asset. Each silver event names its arrival date (its `extra`);
 the run computes gold for exactly those dates, reading each date plus its 30-day lookback from silver, so
-a rerun of a date rewrites only that date's gold partitions. A manual run can name a date in the
-`arrival_date` param instead.
+a rerun of a date rewrites only that date's gold partitions. A manual run can name a date, or several
+comma-separated, in the `arrival_date` param instead.
+
+Each date is one mapped instance of the task group `build_gold >> validate_gold >> materialize`: a date
+that fails is failed on its own in the grid, the other dates go on, and clearing it retries that date
+alone. `version_gold` waits for every date's validation (one DVC lock, one `fraud_features` event for the
+run's dates, so a backfill starts one retrain), not for the online load.
 
 Steps per date: point-in-time customer and merchant aggregates (Spark windows over event time, nothing
 after an event's time enters its features; merchant fraud counts use only chargebacks reported by then),
@@ -15,12 +20,15 @@ explicit interval into the online store.
 Two assets: `version_gold` emits `fraud_features` (gold validated and versioned: all a training set reads),
 which starts the retrain DAG at once; `materialize` runs beside it and emits `fraud_features_online` (the
 online store loaded: what a scorer reads). A retrain does not wait for the online load (at 1M transactions
-a day, ~70 s of SQLite upserts), and a failed load does not hold training back.
+a day, a minute or more of SQLite upserts: see docs/benchmarks.md), and a failed load does not hold training
+back.
 
 **Catching up on Airflow 3.3.** While a run is active (`max_active_runs=1`), further silver events queue;
 Airflow 3.3 starts the next run on the first of them and keeps the others until a later event arrives
 (apache/airflow#56050). When ingest runs many dates faster than this DAG (a backfill), run it by hand with
-the `arrival_date` param for a date that waits, or let the next arrival pick the queued events up.
+the `arrival_date` param for the dates that wait, or let the next arrival pick the queued events up.
+Airflow's partitioned assets (AIP-76) would give one run per date natively; why they are not used yet is
+in docs/data-engineers.md.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from airflow.sdk import DAG, Param, task, task_group
 from orchestration.assets import FRAUD_FEATURES, FRAUD_FEATURES_ONLINE, SILVER_TRANSACTIONS
 from orchestration.tasks import run_step
 
+# Each mapped task instance is labelled with its date in the grid (the value its `day` argument got).
+BY_DATE = "{{ task.op_kwargs['day'] }}"
 DEFAULT_ARGS = {
     "owner": "data-platform",
     "retries": 2,
@@ -49,13 +59,28 @@ with DAG(
     default_args=DEFAULT_ARGS,
     tags=["fraud", "features", "spark", "dvc", "feast"],
     doc_md=__doc__,
-    params={"arrival_date": Param("", type="string", description="YYYY-MM-DD; empty: the triggering events")},
+    params={
+        "arrival_date": Param(
+            "", type="string", description="YYYY-MM-DD, several comma-separated; empty: the triggering events"
+        )
+    },
 ) as dag:
 
-    @task(doc_md="The dates to compute: from the triggering silver events, or the arrival_date param.")
+    @task(doc_md="The dates to compute: from the arrival_date param, else the triggering silver events.")
     def dates_to_compute(params: dict, triggering_asset_events=None) -> list[str]:
+        from datetime import date
+
         if params.get("arrival_date"):
-            return [params["arrival_date"]]
+            dates = [d.strip() for d in params["arrival_date"].split(",") if d.strip()]
+            for value in dates:
+                try:
+                    date.fromisoformat(value)
+                except ValueError:
+                    raise ValueError(
+                        f"arrival_date param: {value!r} is not a date; give YYYY-MM-DD or several, "
+                        "comma-separated (2026-01-02,2026-01-03)"
+                    ) from None
+            return sorted(set(dates))
         events = triggering_asset_events[SILVER_TRANSACTIONS] if triggering_asset_events else []
         dates = sorted({e.extra["arrival_date"] for e in events if e.extra and "arrival_date" in e.extra})
         if not dates:
@@ -64,9 +89,7 @@ with DAG(
             )
         return dates
 
-    @task(
-        doc_md="Silver -> gold customer and merchant features for the date.", map_index_template="{{ day }}"
-    )
+    @task(doc_md="Silver -> gold customer and merchant features for the date.", map_index_template=BY_DATE)
     def build_gold(day: str) -> dict:
         from datetime import date
 
@@ -74,9 +97,7 @@ with DAG(
 
         return run_step(job.build_gold, date.fromisoformat(day))
 
-    @task(
-        doc_md="GX suites gold_customer_features and gold_merchant_features.", map_index_template="{{ day }}"
-    )
+    @task(doc_md="GX suites gold_customer_features and gold_merchant_features.", map_index_template=BY_DATE)
     def validate_gold(day: str) -> dict:
         from datetime import date
 
@@ -86,7 +107,7 @@ with DAG(
 
     @task(
         outlets=[FRAUD_FEATURES_ONLINE],
-        map_index_template="{{ day }}",
+        map_index_template=BY_DATE,
         doc_md="feast apply, then materialize the date's interval online. Emits fraud_features_online.",
     )
     def materialize(day: str, outlet_events=None) -> dict:

@@ -71,7 +71,7 @@ def _window_rows(dataset, columns: list[str], window, batch_rows: int):
     """An Acero source of the window's rows (`columns`, timestamps normalised as normalise_timestamps
     does). Read-ahead is kept small: each batch in flight is memory. Pre-buffering (Arrow's default)
     reads a whole row group's column chunks ahead, which pays on object storage; gold is on a local disk,
-    where it only doubles the memory of a scan (241 vs 138 MiB peak over 1M rows of 25 columns)."""
+    where it only adds to the memory of a scan (measured: see docs/benchmarks.md)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
@@ -148,8 +148,8 @@ def _window_winners(dataset, key: str, window, batch_rows: int) -> tuple[pa.Tabl
 def _latest_rows(dataset, columns: list[str], window, winners: pa.Table, batch_rows: int):
     """Pass 2: the window's rows that are some entity's latest (a semi join on key, event and created
     time with the winners of pass 1), as a stream of record batches in no particular order. One plan,
-    the winners' hash table built once (a join per scanned batch rebuilt it for every batch: over 10M
-    gold rows, 1.3 GiB and 8.6 s instead of 0.26 GiB and 2.2 s)."""
+    the winners' hash table built once (a join per scanned batch rebuilt it for every batch, several times
+    the memory and time; measured: see docs/benchmarks.md)."""
     plan = _semi_join(_window_rows(dataset, columns, window, batch_rows), winners, columns[:3])
     for batch in plan.to_reader(use_threads=True):
         if batch.num_rows:

@@ -47,8 +47,8 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
     Vectorised in numpy over Arrow: gold rows sorted by (entity, event time, created time) and each query
     placed among them by binary search (np.searchsorted), with (entity, time) packed into one int64. 30
     days of gold at 1M transactions a day are ~30M rows per view: pandas' sort, dedup and merge_asof of
-    them peaked at 20 GiB and 73 s for the customer view; this keeps the Arrow table, a few int64 columns
-    and the matched rows."""
+    them took many times the memory and time (measured: see docs/benchmarks.md); this keeps the Arrow
+    table, a few int64 columns and the matched rows."""
     import numpy as np
     import pandas as pd
     import pyarrow as pa
@@ -91,11 +91,12 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
         gold_pos = gold_code * len(times) + np.searchsorted(times, gold_us)
         query_pos = query_code * len(times) + np.searchsorted(times, query_us)
     order = np.lexsort((created_us, gold_pos))  # stable: equal rows keep their scan order
-    # Queries in order too: each binary search starts where the last one ended, in cache (2.3M queries
-    # into 30M gold rows: 9 s in query order, a fraction of that sorted).
+    # Queries in order too: each binary search starts where the last one ended, in cache (a fraction of
+    # the time of the searches in query order; measured: see docs/benchmarks.md).
     by_position = np.argsort(query_pos, kind="stable")
     found = np.empty(len(query_pos), dtype=np.int64)
     found[by_position] = np.searchsorted(gold_pos[order], query_pos[by_position], side="right") - 1
+    assert view.ttl is not None, "every view sets a ttl (features/definitions.py)"
     ttl_ns = int(view.ttl.total_seconds() * 1_000_000) * 1000
     if len(order):
         row = order[np.maximum(found, 0)]
@@ -156,7 +157,7 @@ def historical_features(
     for view, served in service_views(settings, project) if views is None else views:
         key = KEY_OF_VIEW[view.name]
         # One query per row, answered in row order: no dedup and merge back on (key, time), which cost
-        # more than the join itself (20 s of a 2.3M-row training set).
+        # more than the join itself (measured: see docs/benchmarks.md).
         joined = _point_in_time(settings, view, result[[key, EVENT_TIMESTAMP]])
         result = pd.concat([result, joined[served]], axis=1)
     counts = [c for c in result.columns if c in INTEGER_FEATURES]

@@ -16,11 +16,11 @@ class OnlineFeatures:
     """The fraud_model_v1 features of entity rows, for a scoring process: open once, call per request.
 
     The feature service is resolved once, here (Feast 0.67 rebuilds it from the registry proto on every
-    `get_feature_service`, 2-5 ms), and reads go straight to the online store's tables or hashes through
-    `features.online_store.OnlineReader`, which returns what Feast's `get_online_features(...).to_dict()`
-    returns (tests compare both on sampled entities) without Feast's per-call request context and
-    response protos. `feast_get` is Feast's own call with the same resolved service. A store whose
-    layout the reader does not know is served by Feast's call.
+    `get_feature_service`, most of a read's time), and reads go straight to the online store's tables or
+    hashes through `features.online_store.OnlineReader`, which returns what Feast's
+    `get_online_features(...).to_dict()` returns (tests compare both on sampled entities) without Feast's
+    per-call request context and response protos. `feast_get` is Feast's own call with the same resolved
+    service. A store whose layout the reader does not know is served by Feast's call.
 
     The service is not re-read: a process that must see a changed feature service opens a new one."""
 

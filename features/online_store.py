@@ -141,7 +141,7 @@ def _utf8(column: pa.ChunkedArray) -> list[bytes]:
 
 def _texts(numbers: np.ndarray, valid: np.ndarray) -> list[str | None]:
     """Feast's `value_text`: `str` of the Python number, None for a null."""
-    texts = list(map(str, numbers.tolist()))
+    texts: list[str | None] = list(map(str, numbers.tolist()))
     if not valid.all():
         for i in (~valid).nonzero()[0].tolist():
             texts[i] = None

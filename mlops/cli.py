@@ -26,7 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
-# `mlops demo` defaults: a few minutes on 2 cores through Airflow (see the README for the measured times).
+# `mlops demo` defaults: a few minutes on 2 cores through Airflow (measured: see docs/benchmarks.md).
 DEMO_DAYS, DEMO_ROWS_PER_DAY, DEMO_EPOCHS = 5, 3000, 8
 
 

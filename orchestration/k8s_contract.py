@@ -291,6 +291,7 @@ def _security_context_violations(where: str, sc: Mapping[str, Any]) -> list[str]
 
 # --- Quota fit ---------------------------------------------------------------------------------------------
 
+
 def parse_quantity(quantity: str | int | float) -> Decimal:
     """A Kubernetes resource quantity ("500m", "24Gi", "1e3", 2) as an exact number, by the Kubernetes
     client's own parser."""
@@ -333,9 +334,7 @@ def pod_resource_totals(pod_spec: Mapping[str, Any], kind: str) -> dict[str, Dec
     }
 
 
-def _quota_usage(
-    key: str, requests: Mapping[str, Decimal], limits: Mapping[str, Decimal]
-) -> Decimal | None:
+def _quota_usage(key: str, requests: Mapping[str, Decimal], limits: Mapping[str, Decimal]) -> Decimal | None:
     if key == "pods":
         return Decimal(1)
     if key.startswith("requests."):
@@ -359,7 +358,7 @@ def quota_fit_violations(
     """Why this pod would be refused in an otherwise empty namespace with this ResourceQuota `spec.hard` and
     these LimitRange `spec.limits` items; empty when it fits. LimitRange defaults are applied first, as the
     admission controller does, so a container without a CPU limit is judged with the namespace's default."""
-    defaults = {"requests": {}, "limits": {}}
+    defaults: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
     for item in limit_range_items:
         if item.get("type") == "Container":
             defaults["limits"].update(item.get("default") or {})

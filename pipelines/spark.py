@@ -3,7 +3,8 @@
 Two ways to run: a driver in this process (`mlops` commands, tests, `dvc repro`), or a client of a shared
 Spark Connect server (`MLOPS_SPARK_REMOTE=sc://host:port`; `make up` starts one and points the Airflow tasks
 at it). Spark and GX code is the same for both: it uses the DataFrame API only. A driver of its own costs a
-task ~8 s of JVM start and ~10 s of cold JIT on a small date; a client session ~0.5 s on a warm server.
+task a JVM start and a cold JIT, most of a small date's time; a client session on a warm server costs a
+fraction of that (measured: see docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -106,7 +106,7 @@ def export_model(model: torch.nn.Module, x: np.ndarray, labels: np.ndarray, fold
             f"on {len(x)} rows"
         )
     batch256 = x[:256]
-    report = {
+    report: dict[str, Any] = {
         "parity_max_abs_diff": parity,
         "rows_checked": len(x),
         "fp32_p50_us_batch1": latency_us(lambda b: fp32.run(None, {INPUT_NAME: b}), x[:1], 300),
@@ -147,6 +147,7 @@ def export_version(settings: Settings, version: str) -> dict:
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
+    assert run_id is not None, "versions are registered from training runs"
     holdout = read_holdout(settings, training_set_rev(settings, run_id))
     model = registry.load(version)
     x = holdout.x[:20_000]  # parity and speed: the first rows, unweighted

@@ -120,7 +120,9 @@ class Ledger:
         row["recorded_at"] = datetime.now(UTC).isoformat(timespec="milliseconds")
         row["candidate_metrics"] = json.dumps(decision.candidate_metrics, sort_keys=True)
         row["champion_metrics"] = json.dumps(decision.champion_metrics, sort_keys=True)
-        new_id = conn.execute(history_table.insert().values(**row)).inserted_primary_key[0]
+        primary_key = conn.execute(history_table.insert().values(**row)).inserted_primary_key
+        assert primary_key is not None, "a single-row INSERT reports its primary key"
+        new_id = primary_key[0]
         return Decision(**{**decision.to_dict(), "recorded_at": row["recorded_at"], "id": new_id})
 
     def history(self, model_name: str, conn: sa.Connection | None = None) -> list[Decision]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -276,7 +276,7 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
     steps_per_epoch = max(1, micro_batches // config.accumulation_steps)
     micro_batches = steps_per_epoch * config.accumulation_steps
 
-    state = {
+    state: dict[str, Any] = {
         "epoch": 0,
         "position": 0,  # micro-batches done in the current epoch
         "step": 0,

@@ -10,6 +10,7 @@ normalization, with an indicator per numeric column telling the network they wer
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -37,6 +38,10 @@ class ModelConfig:
 
 
 class FraudMLP(nn.Module):
+    # Buffers registered in __init__: declared here because register_buffer gives them no static type.
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, config: ModelConfig = ModelConfig()) -> None:
         super().__init__()
         self.config = config
@@ -72,7 +77,8 @@ class FraudMLP(nn.Module):
         scaled = torch.where(missing, torch.zeros_like(numeric), (numeric - self.mean) / self.std)
         parts = [scaled, missing.to(scaled.dtype)]
         for index, embedding in enumerate(self.embeddings):
-            code = codes[:, index].long().clamp(0, embedding.num_embeddings - 1)
+            cardinality = cast(nn.Embedding, embedding).num_embeddings  # a ModuleList yields plain Modules
+            code = codes[:, index].long().clamp(0, cardinality - 1)
             parts.append(embedding(code).to(scaled.dtype))
         return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
 

@@ -229,6 +229,7 @@ def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str 
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
+    assert run_id is not None, "versions are registered from training runs"
     import torch
 
     holdout = read_holdout(settings, training_set_rev(settings, run_id))

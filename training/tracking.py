@@ -75,7 +75,10 @@ def configure(settings: Settings) -> str:
     try:
         return mlflow.create_experiment(EXPERIMENT, artifact_location=location)
     except mlflow.exceptions.MlflowException:  # created by a parallel run in between
-        return mlflow.get_experiment_by_name(EXPERIMENT).experiment_id
+        experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 def training_set_rev(settings: Settings, run_id: str) -> str:

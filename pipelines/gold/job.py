@@ -7,7 +7,7 @@ import logging
 import os
 from datetime import date, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 
@@ -51,9 +51,9 @@ def build_gold(settings: Settings, day: date) -> dict:
     row_arrivals = [
         a for a in arrivals if a == day or any(d.isoformat() in records[a]["event_dates"] for d in wanted)
     ]
-    evts = transforms.events(read_partitions(spark, tables.silver, row_arrivals)).where(
-        F.col("event_date").isin(*wanted)
-    )
+    silver = read_partitions(spark, tables.silver, row_arrivals)
+    assert silver is not None, "`row_arrivals` holds `day`, whose silver partition was checked above"
+    evts = transforms.events(silver).where(F.col("event_date").isin(*wanted))
     customer_daily = state.read_table(spark, settings.lake, "customer_daily", arrivals)
     merchant_daily = state.read_table(spark, settings.lake, "merchant_daily", arrivals)
     chargebacks = state.read_table(spark, settings.lake, "merchant_chargebacks", arrivals)
@@ -65,7 +65,7 @@ def build_gold(settings: Settings, day: date) -> dict:
             evts, chargebacks, transforms.merchant_base(merchant_daily, chargebacks, day), day
         ),
     }
-    record = {
+    record: dict[str, Any] = {
         "event_date": day.isoformat(),
         "lookback_from": window_start.isoformat(),
         "silver_arrivals_read": [a.isoformat() for a in row_arrivals],

@@ -98,6 +98,7 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
     tables = Tables(lake)
     arrivals = sorted(signatures)
     silver = read_partitions(spark, tables.silver, arrivals)
+    assert silver is not None, "every arrival in `signatures` has a silver partition"
     evts = transforms.events(silver)
     root = state_root(lake)
     written = {
@@ -109,7 +110,9 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
         reach = arrivals_with_silver(
             tables, min(arrivals) - timedelta(days=CHARGEBACK_REACH_DAYS), max(arrivals)
         )
-        merchants = read_partitions(spark, tables.silver, reach).select("transaction_id", "merchant_id")
+        reach_silver = read_partitions(spark, tables.silver, reach)
+        assert reach_silver is not None, "the reach includes `arrivals`, which have silver partitions"
+        merchants = reach_silver.select("transaction_id", "merchant_id")
         written["merchant_chargebacks"] = transforms.attributed_chargebacks(labels, merchants)
     for table in TABLES:
         target = root / table

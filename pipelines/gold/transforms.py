@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from pipelines.contracts import CURRENCY_PER_USD, HOME_COUNTRIES
@@ -171,11 +171,11 @@ def _on(evts: DataFrame, day: date, days_before: int) -> DataFrame:
     return evts.where(F.col("event_date") == F.lit(day - timedelta(days=days_before)))
 
 
-def _running(key: str) -> Window:
+def _running(key: str) -> WindowSpec:
     return Window.partitionBy(key).orderBy("_ms").rangeBetween(Window.unboundedPreceding, Window.currentRow)
 
 
-def _sliding(key: str, seconds: int) -> Window:
+def _sliding(key: str, seconds: int) -> WindowSpec:
     return Window.partitionBy(key).orderBy("_ms").rangeBetween(-(seconds * 1000 - 1), 0)
 
 

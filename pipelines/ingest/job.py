@@ -9,7 +9,7 @@ import functools
 import logging
 import math
 from datetime import date, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
@@ -231,7 +231,11 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     if arrival.problems:
         raise LandingFileError(day.isoformat(), arrival.problems)
     with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
-    record = {"arrival_date": day.isoformat(), "run_id": run_id, "files": [f.name for f in arrival.files]}
+    record: dict[str, Any] = {
+        "arrival_date": day.isoformat(),
+        "run_id": run_id,
+        "files": [f.name for f in arrival.files],
+    }
     silver_partition = Tables.partition(tables.silver_labels, day)
     quarantine_partition = Tables.partition(tables.quarantine_labels, day)
     if not with_rows:

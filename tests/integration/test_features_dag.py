@@ -76,21 +76,50 @@ def test_a_run_builds_versions_and_materializes_the_date(airflow_db, silver_days
     assert "materialize" not in dag.task_dict["version_gold"].upstream_task_ids
     assert dag.task_dict["materialize"].upstream_task_ids == {"validate_gold", "dates_to_compute"}
 
-    from features import online
+    from features.online import online_features
 
     gold = spark.read.parquet(str(silver_days.lake / "gold" / "customer_features")).where(
         f"event_date = '{LAST}'"
     )
     latest = gold.orderBy("event_timestamp", ascending=False).first()
-    online = online.online_features(
-        silver_days, [{"customer_id": latest.customer_id, "merchant_id": "m000000"}]
-    )
+    online = online_features(silver_days, [{"customer_id": latest.customer_id, "merchant_id": "m000000"}])
     same_customer = (
         gold.where(f"customer_id = '{latest.customer_id}'")
         .orderBy("event_timestamp", ascending=False)
         .first()
     )
     assert online["customer_txn_count_24h"][0] == same_customer.customer_txn_count_24h
+
+
+def test_each_date_of_a_run_is_its_own_task_instances_and_fails_alone(airflow_db, silver_days):
+    """A run over two dates, one of which has no silver: that date's build_gold fails (at once, no retry),
+    the other date goes through to the online store, and versioning, which needs every date, does not run."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    missing = LAST + timedelta(days=30)
+    dag = DagBag(dag_folder="dags").dags["build_features"]
+    run = dag.test(run_conf={"arrival_date": f"{missing}, {LAST}"})
+    with create_session() as session:
+        states = {
+            (ti.task_id, ti.rendered_map_index): str(ti.state)
+            for ti in session.query(TaskInstance).filter(
+                TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "build_features"
+            )
+        }
+    day, gone = LAST.isoformat(), missing.isoformat()
+    assert states == {
+        ("dates_to_compute", None): "success",
+        ("build_gold", day): "success",
+        ("validate_gold", day): "success",
+        ("materialize", day): "success",
+        ("build_gold", gone): "failed",
+        ("validate_gold", gone): "upstream_failed",
+        ("materialize", gone): "upstream_failed",
+        ("version_gold", None): "upstream_failed",
+    }
+    assert (silver_days.lake / "gold" / "customer_features" / f"event_date={day}").is_dir()
 
 
 def test_cli_features_prints_the_dataset_revision_and_rows(silver_days):

@@ -49,7 +49,7 @@ with DAG(
 
     @task(
         doc_md="The rows of one date in quarantine by reason, from its reconciliation record.",
-        map_index_template="{{ day }}",
+        map_index_template="{{ task.op_kwargs['day'] }}",
     )
     def report_quarantine(day: str) -> dict:
         from datetime import date
