@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 .PHONY: help install demo up down test test-fast lint format bench bench-e2e lock doctor clean
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # The virtual environment is rebuilt when the lock or the project metadata changes.
 $(STAMP): requirements.lock pyproject.toml scripts/bootstrap.sh

@@ -136,8 +136,9 @@ def historical_features(
     here (`_point_in_time`, numpy over Arrow) over the gold partitions the request can reach, not by
     Feast's file offline store, which in 0.67 drops an entity row whose entity has rows but none within
     [t - ttl, t] (every customer's first transaction; a strict-xfail test pins it), broke
-    created_timestamp ties nondeterministically and failed in dask's sort when several rows matched
-    nothing (seen while writing the tests), and reads the whole table (features/README.md).
+    created_timestamp ties nondeterministically, failed in dask's sort when several rows matched
+    nothing (seen while writing the tests), keeps one of several rows sharing a customer and a time, and
+    reads the whole table (features/README.md).
 
     `views`: the result of `service_views` for `project`, when the caller read the registry already."""
     import pandas as pd
