@@ -39,10 +39,8 @@ import pendulum
 from airflow.sdk import DAG, Param, task, task_group
 
 from orchestration.assets import FRAUD_FEATURES, FRAUD_FEATURES_ONLINE, SILVER_TRANSACTIONS
-from orchestration.tasks import run_step
+from orchestration.tasks import MAP_INDEX_BY_DATE, label_mapped_date, run_step
 
-# Each mapped task instance is labelled with its date in the grid (the value its `day` argument got).
-BY_DATE = "{{ task.op_kwargs['day'] }}"
 DEFAULT_ARGS = {
     "owner": "data-platform",
     "retries": 2,
@@ -89,25 +87,33 @@ with DAG(
             )
         return dates
 
-    @task(doc_md="Silver -> gold customer and merchant features for the date.", map_index_template=BY_DATE)
+    @task(
+        doc_md="Silver -> gold customer and merchant features for the date.",
+        map_index_template=MAP_INDEX_BY_DATE,
+    )
     def build_gold(day: str) -> dict:
         from datetime import date
 
         from pipelines.gold import job
 
+        label_mapped_date(day)
         return run_step(job.build_gold, date.fromisoformat(day))
 
-    @task(doc_md="GX suites gold_customer_features and gold_merchant_features.", map_index_template=BY_DATE)
+    @task(
+        doc_md="GX suites gold_customer_features and gold_merchant_features.",
+        map_index_template=MAP_INDEX_BY_DATE,
+    )
     def validate_gold(day: str) -> dict:
         from datetime import date
 
         from pipelines.gold import job
 
+        label_mapped_date(day)
         return {"validation": run_step(job.validate_gold, date.fromisoformat(day))}
 
     @task(
         outlets=[FRAUD_FEATURES_ONLINE],
-        map_index_template=BY_DATE,
+        map_index_template=MAP_INDEX_BY_DATE,
         doc_md="feast apply, then materialize the date's interval online. Emits fraud_features_online.",
     )
     def materialize(day: str, outlet_events=None) -> dict:
@@ -115,6 +121,7 @@ with DAG(
 
         from features.materialize import materialize_date
 
+        label_mapped_date(day)
         result = run_step(materialize_date, date.fromisoformat(day))
         outlet_events[FRAUD_FEATURES_ONLINE].extra = {"event_dates": [day]}
         return result

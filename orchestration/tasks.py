@@ -61,6 +61,18 @@ class ArrivalSensor(BaseSensorOperator):
         return str(self._marker())
 
 
+MAP_INDEX_BY_DATE = "{{ mapped_date }}"
+
+
+def label_mapped_date(day: str) -> None:
+    """Name a mapped task instance by its date in the grid: its `map_index_template` is
+    `MAP_INDEX_BY_DATE`, rendered from the task's context after it runs (set from inside the task, as
+    Airflow documents, since a TaskFlow argument is not in the template context)."""
+    from airflow.sdk import get_current_context
+
+    get_current_context()["mapped_date"] = day  # type: ignore[typeddict-unknown-key]
+
+
 def run_step(step: Callable[Concatenate[Settings, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
     """Call one typed step (`step(settings, *args)`) with the task's settings and its directories made,
     under the task error policy of `fail_fast_on_bad_data`. DAG tasks pass the function itself, so a reader

@@ -69,8 +69,8 @@ MISTAKES = {
     ),
     "no_owner": ('    "owner": "data-platform",\n', "", "declarations", "set default_args owner"),
     "heavy_import_at_parse_time": (
-        "from orchestration.tasks import run_step\n",
-        "from orchestration.tasks import run_step\nimport pyspark  # noqa: F401\n",
+        "from orchestration.assets import SILVER_TRANSACTIONS\n",
+        "from orchestration.assets import SILVER_TRANSACTIONS\nimport pyspark  # noqa: F401\n",
         "parse",
         r"imports \['pyspark'\] at parse time",
     ),

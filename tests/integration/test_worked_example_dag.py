@@ -32,6 +32,18 @@ def _states(run) -> dict[str, str]:
         return {ti.task_id: str(ti.state) for ti in rows}
 
 
+def _map_labels(run) -> dict[str, list[str]]:
+    """The names the grid shows for each mapped task's instances."""
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance).filter(
+            TaskInstance.run_id == run.run_id, TaskInstance.dag_id == run.dag_id, TaskInstance.map_index >= 0
+        )
+        return {ti.task_id: [ti.rendered_map_index] for ti in rows}
+
+
 @pytest.fixture
 def example_dag(airflow_db, tmp_path, monkeypatch):
     """The example as a deployment would have it: alone in a DAG folder, its module importable."""
@@ -68,6 +80,7 @@ def test_a_run_reports_what_quarantine_holds_by_reason(example_dag, spark):
 
     run = example_dag.test(run_conf={"arrival_date": DAY.isoformat()})
     assert _states(run) == {"dates_to_report": "success", "report_quarantine": "success"}
+    assert _map_labels(run) == {"report_quarantine": [DAY.isoformat()]}  # the date, not "0"
 
     report = json.loads((settings.lake / "reports" / "quarantine" / f"arrival_date={DAY}.json").read_text())
     quarantine = spark.read.parquet(str(Tables(settings.lake).quarantine)).where(

@@ -19,7 +19,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from orchestration.assets import SILVER_TRANSACTIONS
-from orchestration.tasks import run_step
+from orchestration.tasks import MAP_INDEX_BY_DATE, label_mapped_date, run_step
 
 DEFAULT_ARGS = {
     "owner": "data-platform",
@@ -49,13 +49,14 @@ with DAG(
 
     @task(
         doc_md="The rows of one date in quarantine by reason, from its reconciliation record.",
-        map_index_template="{{ task.op_kwargs['day'] }}",
+        map_index_template=MAP_INDEX_BY_DATE,
     )
     def report_quarantine(day: str) -> dict:
         from datetime import date
 
         from quarantine_report import write_quarantine_report
 
+        label_mapped_date(day)
         return run_step(write_quarantine_report, date.fromisoformat(day))
 
     report_quarantine.expand(day=dates_to_report())  # one task instance per date: failed and retried alone
