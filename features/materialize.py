@@ -296,7 +296,7 @@ def materialize(
     if missing:
         raise FeatureStoreError(
             f"feature views {missing} are not registered in project {project!r} "
-            f"(registry {settings.feast_dir / 'registry.db'}); run features.store.apply first"
+            f"(registry {settings.feast_dir / 'registry.db'}); run features.repo.apply first"
         )
     return [
         _materialize_view(store, registered[name], settings.lake, start, end, scan_rows, write_rows)

@@ -17,7 +17,7 @@ The writers here produce the same bytes column by column:
     cache of gold that a rerun rebuilds, so the last transactions before a power loss may be redone;
   - Redis: Feast's key (entity key + project), fields (`_ts:<view>` and murmur3 of `<view>:<feature>`,
     hashed once per batch) and `Timestamp` proto; one HSET per entity, one pipeline per batch (the
-    `skip_dedup: true` path of Feast, whose staleness check `features.store` does itself).
+    `skip_dedup: true` path of Feast, whose staleness check `features.materialize` does itself).
 
 Every other configuration (other stores, other value types, vector or versioned tables) goes through
 Feast's own `online_write_batch` (`FeastWriter`). tests/integration/test_online_store.py writes the same

@@ -3,7 +3,7 @@ under the folder it is given and collects the Feast objects it finds at module l
 
 This folder has no __init__.py on purpose: it is not part of the `features` package, so nothing imports
 it but the CLI, which is a composition root of its own and may read the settings when it loads the file.
-Usage (after `features.store.open_store` or `apply` has written the rendered configuration):
+Usage (after `features.repo.open_store` or `apply` has written the rendered configuration):
 
     feast -c features/feast_repo -f "$MLOPS_HOME/feast/feature_store.yaml" plan
 """
