@@ -1,9 +1,11 @@
-"""A small client of Airflow 3's REST API (v2) for `mlops demo`: log in, unpause, backfill, follow runs
-through their asset events, read task instances and XComs.
+"""Airflow 3's REST API (v2) for `mlops demo`, through the official client (`apache-airflow-client`, the
+server's minor version): log in, unpause, backfill, follow runs through their asset events, read task
+instances and XComs. Answers are the client's models (DAGRunResponse, TaskInstanceResponse, ...).
 
 Authentication is the simple auth manager's: POST /auth/token with a user's password returns a JWT that
-every /api/v2 call carries as a bearer token. The tests use the official `apache-airflow-client` against
-the same API; the demo does not depend on it (it is a dev dependency).
+every /api/v2 call carries as a bearer token. The client has no call for that endpoint (its LoginApi only
+redirects a browser to the auth manager's login page), so the login is one POST through the client's own
+HTTP layer (ApiClient.param_serialize / call_api): same transport, same errors.
 """
 
 from __future__ import annotations
@@ -12,14 +14,43 @@ import time
 from collections.abc import Callable
 from datetime import UTC, date, datetime
 from datetime import time as clock_time
-from typing import Any
+from typing import Any, TypeVar
 
-import httpx
+from airflow_client.client import (
+    ApiClient,
+    AssetApi,
+    BackfillApi,
+    BackfillPostBody,
+    Configuration,
+    DAGApi,
+    DAGPatchBody,
+    DagRunApi,
+    DagRunAssetReference,
+    DAGRunResponse,
+    DagRunState,
+    ImportErrorApi,
+    ImportErrorResponse,
+    ReprocessBehavior,
+    TaskInstanceApi,
+    TaskInstanceResponse,
+    XComApi,
+)
+from airflow_client.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
-FINISHED = {"success", "failed"}
+T = TypeVar("T")
+FINISHED = {DagRunState.SUCCESS, DagRunState.FAILED}
+PAGE = 100  # list calls page through their answers this many items at a time
 # SQLite serializes writers: while another component holds the lock the API answers 503 "database is
 # locked" (backfill creation says so) or 500 "Database error". Such calls are retried for this long.
 LOCKED_RETRY_SECONDS = 60.0
+WHAT_TO_DO = {
+    401: "the login token was refused (expired?): run the command again to log in anew",
+    403: "the user may not do this: log in as the admin user of the simple auth manager",
+    404: "no such DAG, run, task or XCom: check that the dag-processor parsed dags/ (Airflow UI, "
+    "Browse > DAG import errors) and that the run got this far",
+}
+SERVER_TROUBLE = "read the api-server's log: $MLOPS_HOME/run/api-server.log"
 
 
 class AirflowAPIError(RuntimeError):
@@ -33,143 +64,203 @@ class AirflowAPIError(RuntimeError):
 class AirflowAPI:
     def __init__(self, base_url: str, username: str, password: str, timeout: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
-        answer = httpx.post(
-            f"{self.base_url}/auth/token", json={"username": username, "password": password}, timeout=timeout
+        self.timeout = timeout
+        self.client = ApiClient(Configuration(host=self.base_url))
+        self.client.configuration.access_token = self._login(username, password)
+        self.dags_api = DAGApi(self.client)
+        self.import_errors_api = ImportErrorApi(self.client)
+        self.backfills_api = BackfillApi(self.client)
+        self.runs_api = DagRunApi(self.client)
+        self.task_instances_api = TaskInstanceApi(self.client)
+        self.xcoms_api = XComApi(self.client)
+        self.assets_api = AssetApi(self.client)
+
+    def _login(self, username: str, password: str) -> str:
+        request = self.client.param_serialize(
+            "POST",
+            "/auth/token",
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body={"username": username, "password": password},
         )
-        if answer.status_code != 201:
+        where = f"{self.base_url}/auth/token as {username!r}"
+        try:
+            answer = self.client.call_api(*request, _request_timeout=self.timeout)
+            answer.read()
+            token = self.client.response_deserialize(answer, {"201": "object"}).data
+            return token["access_token"]
+        except ApiException as exc:
             raise AirflowAPIError(
-                f"login to {self.base_url} as {username!r} failed ({answer.status_code}: "
-                f"{answer.text[:200]}); the password is in "
-                "$MLOPS_HOME/airflow/simple_auth_manager_passwords.json.generated"
-            )
-        self.client = httpx.Client(
-            base_url=f"{self.base_url}/api/v2",
-            headers={"Authorization": f"Bearer {answer.json()['access_token']}"},
-            timeout=timeout,
-        )
+                f"login to {where} failed ({exc.status}: {_body(exc)}); the password is in "
+                "$MLOPS_HOME/airflow/simple_auth_manager_passwords.json.generated",
+                exc.status,
+            ) from exc
+        except TransportError as exc:
+            raise AirflowAPIError(f"login to {where}: {_no_answer(exc)}") from exc
 
     def close(self) -> None:
-        self.client.close()
+        self.client.rest_client.pool_manager.clear()
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def call(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """One call of the client (a method of one of its *Api classes), retried while SQLite is locked;
+        any failure as an AirflowAPIError naming the call, the answer and what to do."""
         deadline = time.monotonic() + LOCKED_RETRY_SECONDS
         while True:
-            answer = self.client.request(method, path, **kwargs)
-            locked = (answer.status_code == 503 and "locked" in answer.text) or (
-                answer.status_code == 500 and "Database error" in answer.text
-            )
-            if not locked or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
-        if answer.is_error:
-            raise AirflowAPIError(
-                f"{method} {self.base_url}/api/v2{path} answered {answer.status_code}: {answer.text[:500]}",
-                answer.status_code,
-            )
-        return answer.json() if answer.content else None
+            try:
+                return call(*args, _request_timeout=self.timeout, **kwargs)
+            except ApiException as exc:
+                if _locked(exc) and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                advice = WHAT_TO_DO.get(exc.status or 0) or (
+                    SERVER_TROUBLE if (exc.status or 0) >= 500 else "the answer says why"
+                )
+                raise AirflowAPIError(
+                    f"{_named(call, args, kwargs)} to Airflow at {self.base_url} answered {exc.status}: "
+                    f"{_body(exc)}; {advice}",
+                    exc.status,
+                ) from exc
+            except TransportError as exc:
+                raise AirflowAPIError(f"{_named(call, args, kwargs)}: {_no_answer(exc)}") from exc
+
+    def _every(self, call: Callable[..., Any], field: str, *args: Any, **kwargs: Any) -> list:
+        """All items of a list call, a page at a time."""
+        items: list = []
+        while True:
+            page = getattr(self.call(call, *args, limit=PAGE, offset=len(items), **kwargs), field)
+            items += page
+            if len(page) < PAGE:
+                return items
 
     # DAGs
-    def dags(self) -> dict[str, dict]:
-        return {dag["dag_id"]: dag for dag in self.call("GET", "/dags", params={"limit": 100})["dags"]}
+    def dag_ids(self) -> set[str]:
+        return {dag.dag_id for dag in self._every(self.dags_api.get_dags, "dags")}
 
-    def import_errors(self) -> list[dict]:
-        return self.call("GET", "/importErrors", params={"limit": 100})["import_errors"]
+    def import_errors(self) -> list[ImportErrorResponse]:
+        return self._every(self.import_errors_api.get_import_errors, "import_errors")
 
     def unpause(self, dag_id: str) -> None:
-        self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        self.call(self.dags_api.patch_dag, dag_id, DAGPatchBody(is_paused=False), update_mask=["is_paused"])
 
-    def backfill(self, dag_id: str, first: date, last: date, max_active_runs: int = 1) -> dict:
+    def backfill(self, dag_id: str, first: date, last: date, max_active_runs: int = 1) -> None:
         """One run per schedule interval that starts in [first, last], oldest first."""
-        body = {
-            "dag_id": dag_id,
-            "from_date": _midnight(first),
-            "to_date": _midnight(last),
-            "run_backwards": False,
-            "reprocess_behavior": "none",
-            "max_active_runs": max_active_runs,
-        }
+        body = BackfillPostBody(
+            dag_id=dag_id,
+            from_date=midnight(first),
+            to_date=midnight(last),
+            run_backwards=False,
+            reprocess_behavior=ReprocessBehavior.NONE,
+            max_active_runs=max_active_runs,
+        )
         try:
-            return self.call("POST", "/backfills", json=body)
+            self.call(self.backfills_api.create_backfill, body)
         except AirflowAPIError as exc:
             # A retried request whose first try was committed after all: that backfill is the one.
             if exc.status != 409:
                 raise
-            for backfill in self.call("GET", "/backfills", params={"dag_id": dag_id})["backfills"]:
-                same = (backfill["from_date"][:10], backfill["to_date"][:10]) == (str(first), str(last))
-                if same and backfill["completed_at"] is None:
-                    return backfill
-            raise
-
-    def trigger(self, dag_id: str, conf: dict | None = None) -> dict:
-        return self.call("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
+            backfills = self._every(self.backfills_api.list_backfills, "backfills", dag_id)
+            if not any(
+                (b.from_date.date(), b.to_date.date()) == (first, last) and b.completed_at is None
+                for b in backfills
+            ):
+                raise
 
     # Runs
-    def dag_runs(self, dag_id: str, **params: Any) -> list[dict]:
-        params.setdefault("limit", 100)
-        params.setdefault("order_by", "run_after")
-        return self.call("GET", f"/dags/{dag_id}/dagRuns", params=params)["dag_runs"]
+    def dag_runs(self, dag_id: str, **filters: Any) -> list[DAGRunResponse]:
+        """The DAG's runs, oldest first; `filters` are get_dag_runs's (run_type=[...], ...)."""
+        return self._every(self.runs_api.get_dag_runs, "dag_runs", dag_id, order_by=["run_after"], **filters)
 
-    def dag_run(self, dag_id: str, run_id: str) -> dict:
-        return self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+    def dag_run(self, dag_id: str, run_id: str) -> DAGRunResponse:
+        return self.call(self.runs_api.get_dag_run, dag_id, run_id)
 
-    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
-        answer = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
-        return {ti["task_id"]: ti for ti in answer["task_instances"]}
+    def task_instances(self, dag_id: str, run_id: str) -> list[TaskInstanceResponse]:
+        """Every task instance of the run: a mapped task has one per map index (map_index 0..n-1)."""
+        return self._every(self.task_instances_api.get_task_instances, "task_instances", dag_id, run_id)
 
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
-        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
-        return self.call("GET", path, params={"deserialize": True})["value"]
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> TaskInstanceResponse:
+        """The task instance of a task that is not mapped."""
+        return self.call(self.task_instances_api.get_task_instance, dag_id, run_id, task_id)
 
-    def asset_events(self, source_dag_id: str, source_run_id: str) -> list[dict]:
-        params = {"source_dag_id": source_dag_id, "source_run_id": source_run_id, "limit": 100}
-        return self.call("GET", "/assets/events", params=params)["asset_events"]
+    def xcom(
+        self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1
+    ) -> Any:
+        """An XCom's value; a mapped task has one per map index."""
+        entry = self.call(
+            self.xcoms_api.get_xcom_entry,
+            dag_id=dag_id,
+            dag_run_id=run_id,
+            task_id=task_id,
+            xcom_key=key,
+            map_index=map_index,
+            deserialize=True,
+        )
+        return entry.actual_instance.value  # the API answers one of two schemas (native or string value)
 
     # Waiting
-    def wait_for_run(
-        self, dag_id: str, run_id: str, deadline: float, on_wait: Callable[[], None] | None = None
-    ):
+    def wait_for_run(self, dag_id: str, run_id: str, deadline: float) -> DAGRunResponse:
         """The run once it has finished (success or failed)."""
         return wait_until(
             lambda: _finished(self.dag_run(dag_id, run_id)),
             deadline,
             f"DAG run {dag_id} / {run_id} to finish",
-            on_wait,
         )
 
     def wait_for_created_runs(
         self, source_dag_id: str, source_run_id: str, asset: str, deadline: float
-    ) -> list[dict]:
+    ) -> list[DagRunAssetReference]:
         """The runs that the asset events of `asset` emitted by a run scheduled (empty if it emitted none)."""
 
-        def created() -> list[dict] | None:
+        def created() -> list[DagRunAssetReference] | None:
             try:
-                events = [e for e in self.asset_events(source_dag_id, source_run_id) if e["name"] == asset]
+                events = self._every(
+                    self.assets_api.get_asset_events,
+                    "asset_events",
+                    source_dag_id=source_dag_id,
+                    source_run_id=source_run_id,
+                )
             except AirflowAPIError as exc:
                 if exc.status != 500:
                     raise
                 # Airflow 3.3 answers 500 while a run that an event created is still queued (its start_date
                 # is empty: apache/airflow#71360, fixed after 3.3.2). The run starts once its DAG has room.
                 return None
-            if any(not e["created_dagruns"] for e in events):
+            events = [e for e in events if e.name == asset]
+            if any(not e.created_dagruns for e in events):
                 return None  # the scheduler has not consumed it yet (the consumer may be at max_active_runs)
-            return [run for e in events for run in e["created_dagruns"]]
+            return [run for e in events for run in e.created_dagruns]
 
         return wait_until(
             created, deadline, f"the {asset} event of {source_dag_id} / {source_run_id} to start a run"
         )
 
 
-def _finished(run: dict) -> dict | None:
-    return run if run["state"] in FINISHED else None
+def _finished(run: DAGRunResponse) -> DAGRunResponse | None:
+    return run if run.state in FINISHED else None
 
 
-def _midnight(day: date) -> str:
-    return datetime.combine(day, clock_time.min, tzinfo=UTC).isoformat()
+def _locked(exc: ApiException) -> bool:
+    body = exc.body or ""
+    return (exc.status == 503 and "locked" in body) or (exc.status == 500 and "Database error" in body)
 
 
-def wait_until(
-    condition: Callable[[], Any], deadline: float, what: str, on_wait: Callable[[], None] | None = None
-):
+def _body(exc: ApiException) -> str:
+    return (exc.body or exc.reason or "no body")[:500]
+
+
+def _no_answer(exc: Exception) -> str:
+    return f"no answer ({exc}); is the stack up? `make up` starts it, then {SERVER_TROUBLE}"
+
+
+def _named(call: Callable[..., Any], args: tuple, kwargs: dict) -> str:
+    """`DagRunApi.get_dag_run('ingest_transactions', 'backfill__...')`: the client call, for messages."""
+    shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{getattr(call, '__qualname__', call)}({', '.join(shown)})"[:300]
+
+
+def midnight(day: date) -> datetime:
+    return datetime.combine(day, clock_time.min, tzinfo=UTC)
+
+
+def wait_until(condition: Callable[[], T | None], deadline: float, what: str) -> T:
     """Poll `condition` every 2 s until it returns something truthy; fail at the deadline naming `what`."""
     while True:
         result = condition()
@@ -177,6 +268,4 @@ def wait_until(
             return result
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
-        if on_wait:
-            on_wait()
         time.sleep(2.0)

@@ -9,8 +9,9 @@ Two ways to run it, with the same summary (the dictionary `mlops demo --json` pr
   arrival); the history lands a day at a time, each once the day before has reached the retrain DAG; each
   run's `silver_transactions` event schedules `build_features`, whose `fraud_features` event schedules
   `retrain_fraud_model`. Then the last day lands, the chain runs again and the gate decides. The demo
-  follows the chain through the REST API (asset events name the runs they started) and reads rows,
-  revisions, versions and decisions from the tasks' XComs and the time per stage from their task instances.
+  follows the chain through the REST API with the official client, apache-airflow-client (asset events name
+  the runs they started), and reads rows, revisions, versions and decisions from the tasks' XComs (per map
+  index for the tasks mapped over dates) and the time per stage from their task instances.
 - in one process (`mlops demo --in-process`): every stage calls the same functions the DAG tasks call
   (mlops.chain, training.steps), in order, without Airflow.
 
@@ -383,22 +384,20 @@ def _wait_for_dags(api, deadline: float, console: Console) -> None:
     def parsed() -> bool:
         errors = api.import_errors()
         if errors:
-            details = "\n".join(f"{e['filename']}:\n{e['stack_trace'][-1500:]}" for e in errors)
+            details = "\n".join(f"{e.filename}:\n{e.stack_trace[-1500:]}" for e in errors)
             raise DemoError(f"Airflow cannot import these DAG files; fix them and run again:\n{details}")
-        return set(DAG_IDS) <= set(api.dags())
+        return set(DAG_IDS) <= api.dag_ids()
 
     console.print("waiting for the dag-processor to parse dags/ ...")
     wait_until(parsed, deadline, f"the DAGs {', '.join(DAG_IDS)} to be parsed")
 
 
 def _refuse_replay(api, settings: Settings, dates: list[date]) -> None:
-    from mlops.airflow_api import _midnight
+    from mlops.airflow_api import midnight
 
-    existing = api.dag_runs(
-        INGEST, logical_date_gte=_midnight(dates[0]), logical_date_lte=_midnight(dates[-1])
-    )
+    existing = api.dag_runs(INGEST, logical_date_gte=midnight(dates[0]), logical_date_lte=midnight(dates[-1]))
     if existing:
-        taken = sorted({run["logical_date"][:10] for run in existing})
+        taken = sorted({run.logical_date.date().isoformat() for run in existing})
         raise DemoError(
             f"MLOPS_HOME={settings.home} already has {INGEST} runs for {', '.join(taken)}; the demo replays "
             "its dates from the start. Use a fresh home (`make down`, then `rm -rf var` or set MLOPS_HOME "
@@ -408,16 +407,16 @@ def _refuse_replay(api, settings: Settings, dates: list[date]) -> None:
 
 def _backfill_runs(api, dates: list[date], deadline: float) -> dict[date, str]:
     """The backfill's run of each date (the API creates them with the backfill; read them back)."""
-    from mlops.airflow_api import _midnight, wait_until
+    from mlops.airflow_api import midnight, wait_until
 
     def created() -> dict[date, str] | None:
         runs = api.dag_runs(
             INGEST,
-            run_type="backfill",
-            logical_date_gte=_midnight(dates[0]),
-            logical_date_lte=_midnight(dates[-1]),
+            run_type=["backfill"],
+            logical_date_gte=midnight(dates[0]),
+            logical_date_lte=midnight(dates[-1]),
         )
-        by_date = {date.fromisoformat(run["logical_date"][:10]): run["dag_run_id"] for run in runs}
+        by_date = {run.logical_date.date(): run.dag_run_id for run in runs}
         return by_date if set(by_date) >= set(dates) else None
 
     return wait_until(created, deadline, f"the backfill of {INGEST} to create its runs")
@@ -437,23 +436,23 @@ def _follow_chain(
     retrain: list[str] = []
     for index, run_id in enumerate(ingest_run_ids):
         run = _finished_ok(api, INGEST, run_id, deadline)
-        arrived = api.task_instances(INGEST, run_id)[SENSOR_TASK]["end_date"]
-        seconds = _seconds_between(arrived, run["end_date"])
+        arrived = api.task_instance(INGEST, run_id, SENSOR_TASK).end_date
+        seconds = (run.end_date - arrived).total_seconds()
         console.print(
-            f"{INGEST} {run['logical_date'][:10]}: {run['state']} in {seconds:.0f}s "
+            f"{INGEST} {run.logical_date.date()}: {run.state.value} in {seconds:.0f}s "
             "(from its sensor seeing the arrival)"
         )
         started = [
-            r["run_id"] for r in api.wait_for_created_runs(INGEST, run_id, "silver_transactions", deadline)
+            r.run_id for r in api.wait_for_created_runs(INGEST, run_id, "silver_transactions", deadline)
         ]
         for features_run in (r for r in dict.fromkeys(started) if r not in features):
             features.append(features_run)
             run = _finished_ok(api, FEATURES, features_run, deadline)
             dates = api.xcom(FEATURES, features_run, "dates_to_compute")
-            console.print(f"{FEATURES} {', '.join(dates)}: {run['state']} in {run['duration']:.0f}s")
+            console.print(f"{FEATURES} {', '.join(dates)}: {run.state.value} in {run.duration:.0f}s")
             for created in api.wait_for_created_runs(FEATURES, features_run, "fraud_features", deadline):
-                if created["run_id"] not in retrain:
-                    retrain.append(created["run_id"])
+                if created.run_id not in retrain:
+                    retrain.append(created.run_id)
         if after_date:
             after_date(index)
     for run_id in retrain:
@@ -462,37 +461,51 @@ def _follow_chain(
         outcome = record["decision"] if record["decision"] == "skipped" else (
             f"model {record['model_version']} {record['decision']}"
         )  # fmt: skip
-        console.print(f"{RETRAIN} as of {record['as_of']}: {outcome} in {run['duration']:.0f}s")
+        console.print(f"{RETRAIN} as of {record['as_of']}: {outcome} in {run.duration:.0f}s")
     return {FEATURES: features, RETRAIN: retrain}
 
 
-def _seconds_between(first: str, last: str) -> float:
-    from datetime import datetime
-
-    return (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
-
-
-def _finished_ok(api, dag_id: str, run_id: str, deadline: float) -> dict:
+def _finished_ok(api, dag_id: str, run_id: str, deadline: float):
+    """The run (the client's DAGRunResponse) once it succeeded; a failed run names its failed tasks."""
     run = api.wait_for_run(dag_id, run_id, deadline)
-    if run["state"] != "success":
-        failed = [t for t, ti in api.task_instances(dag_id, run_id).items() if ti["state"] == "failed"]
+    if run.state != "success":
+        failed = [_task_label(ti) for ti in api.task_instances(dag_id, run_id) if ti.state == "failed"]
         where = f"task {', '.join(failed)}" if failed else "a task"
         raise DemoError(
-            f"{dag_id} run {run_id} {run['state']} at {where}; read its log in the Airflow UI "
+            f"{dag_id} run {run_id} {run.state.value} at {where}; read its log in the Airflow UI "
             f"({api.base_url}/dags/{dag_id}) or under $MLOPS_HOME/airflow/logs/dag_id={dag_id}/"
         )
     return run
+
+
+def _task_label(ti) -> str:
+    """A task instance as the Airflow UI names it: `build_gold[2026-01-02]` for a mapped one."""
+    if ti.map_index < 0:
+        return ti.task_id
+    return f"{ti.task_id}[{ti.rendered_map_index or ti.map_index}]"
+
+
+def _features_by_date(api, run_id: str) -> dict[str, dict]:
+    """A features run's gold rows, dataset revision and online rows per date. build_gold and materialize
+    are mapped over the run's dates (map index i computed dates_to_compute[i]) and return one dict each;
+    version_gold returns one dict per date, in the same order."""
+    dates = api.xcom(FEATURES, run_id, "dates_to_compute")
+    versions = api.xcom(FEATURES, run_id, "version_gold")
+    return {
+        day: {
+            **api.xcom(FEATURES, run_id, "build_gold", map_index=index),
+            **version,
+            **api.xcom(FEATURES, run_id, "materialize", map_index=index),
+        }
+        for index, (day, version) in enumerate(zip(dates, versions, strict=True))
+    }
 
 
 def _daily_rows(api, runs: dict[str, list[str]]) -> list[dict]:
     """One row per arrival date: the ingest run's counts and the features run's gold, revision and rows."""
     built: dict[str, dict] = {}
     for run_id in runs[FEATURES]:
-        parts = [api.xcom(FEATURES, run_id, task) for task in ("build_gold", "version_gold", "materialize")]
-        for day, gold, version, online in zip(
-            api.xcom(FEATURES, run_id, "dates_to_compute"), *parts, strict=True
-        ):
-            built[day] = {**gold, **version, **online}
+        built.update(_features_by_date(api, run_id))
     daily = []
     for run_id in runs[INGEST]:
         silver = api.xcom(INGEST, run_id, "build_silver")
@@ -505,9 +518,8 @@ def _daily_rows(api, runs: dict[str, list[str]]) -> list[dict]:
 
 def _retrain_record(api, run_id: str) -> dict:
     """What a retrain run decided, from its XComs; a run with nothing to train on says why it skipped."""
-    instances = api.task_instances(RETRAIN, run_id)
     as_of = api.xcom(RETRAIN, run_id, "as_of_date")
-    if instances["training_set"]["state"] == "skipped":
+    if api.task_instance(RETRAIN, run_id, "training_set").state == "skipped":
         reason = api.xcom(RETRAIN, run_id, "training_set", key="skipped")
         return {
             "as_of": as_of,
@@ -530,13 +542,14 @@ def _retrain_record(api, run_id: str) -> dict:
 
 
 def _run_timings(api, dag_id: str, run_ids: list[str]) -> dict:
-    """Seconds of task work (the arrival sensor's wait left out) and of whole runs, summed over the runs."""
+    """Seconds of task work (the arrival sensor's wait left out; every map index of a mapped task counted)
+    and of whole runs, summed over the runs."""
     task_seconds = run_seconds = 0.0
     for run_id in run_ids:
-        run_seconds += api.dag_run(dag_id, run_id)["duration"] or 0.0
-        for task_id, ti in api.task_instances(dag_id, run_id).items():
-            if task_id != SENSOR_TASK:
-                task_seconds += ti["duration"] or 0.0
+        run_seconds += api.dag_run(dag_id, run_id).duration or 0.0
+        for ti in api.task_instances(dag_id, run_id):
+            if ti.task_id != SENSOR_TASK:
+                task_seconds += ti.duration or 0.0
     return {"runs": len(run_ids), "task_seconds": task_seconds, "run_seconds": run_seconds}
 
 
@@ -544,23 +557,22 @@ def _arrival_to_model(api, runs: dict[str, list[str]], arrived: datetime) -> dic
     """From the last day's arrival (its _SUCCESS marker) to the end of the retrain run it started: wall
     seconds, the seconds when at least one task of the chain was running (the union of their intervals: the
     sensor's wait is not work), and the rest, Airflow's orchestration overhead (sensor latency, scheduling,
-    task start-up outside the tasks' own time). Stage seconds are the sums of task durations per DAG."""
+    task start-up outside the tasks' own time). Stage seconds are the sums of task durations per DAG; a
+    mapped task's seconds are summed over its map indexes."""
     intervals: list[tuple[datetime, datetime]] = []
     stages: dict[str, float] = {}
     tasks: dict[str, float] = {}
     ends: list[datetime] = []
     for dag_id, run_ids in runs.items():
         for run_id in run_ids:
-            ends.append(datetime.fromisoformat(api.dag_run(dag_id, run_id)["end_date"]))
-            for task_id, ti in api.task_instances(dag_id, run_id).items():
-                if task_id == SENSOR_TASK or not ti["start_date"] or not ti["end_date"]:
+            ends.append(api.dag_run(dag_id, run_id).end_date)
+            for ti in api.task_instances(dag_id, run_id):
+                if ti.task_id == SENSOR_TASK or not ti.start_date or not ti.end_date:
                     continue
-                start, end = datetime.fromisoformat(ti["start_date"]), datetime.fromisoformat(ti["end_date"])
-                intervals.append((start, end))
-                stages[STAGE_OF[dag_id]] = stages.get(STAGE_OF[dag_id], 0.0) + (end - start).total_seconds()
-                tasks[f"{dag_id}.{task_id}"] = (
-                    tasks.get(f"{dag_id}.{task_id}", 0.0) + (end - start).total_seconds()
-                )
+                intervals.append((ti.start_date, ti.end_date))
+                seconds = (ti.end_date - ti.start_date).total_seconds()
+                stages[STAGE_OF[dag_id]] = stages.get(STAGE_OF[dag_id], 0.0) + seconds
+                tasks[f"{dag_id}.{ti.task_id}"] = tasks.get(f"{dag_id}.{ti.task_id}", 0.0) + seconds
     busy = 0.0
     reach: datetime | None = None
     for start, end in sorted(intervals):
@@ -604,10 +616,10 @@ def _other_runs(api, runs: dict[str, list[str]]) -> list[str]:
     ours = {run_id for run_ids in runs.values() for run_id in run_ids}
     lines = []
     for dag_id in (INGEST, RETRAIN):
-        for run in api.dag_runs(dag_id, run_type="scheduled"):
-            if run["dag_run_id"] not in ours:
+        for run in api.dag_runs(dag_id, run_type=["scheduled"]):
+            if run.dag_run_id not in ours:
                 lines.append(
-                    f"not the demo's: {dag_id} run {run['dag_run_id']} ({run['state']}), made by the DAG's "
+                    f"not the demo's: {dag_id} run {run.dag_run_id} ({run.state.value}), made by the DAG's "
                     "own schedule for the current date rather than the demo's"
                 )
     return lines
