@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, date, datetime
 from datetime import time as clock_time
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from airflow_client.client import (
     ApiClient,
@@ -86,7 +86,8 @@ class AirflowAPI:
         try:
             answer = self.client.call_api(*request, _request_timeout=self.timeout)
             answer.read()
-            token = self.client.response_deserialize(answer, {"201": "object"}).data
+            # "object" deserializes to the JSON object; the client annotates `data` as the generic default.
+            token = cast(dict[str, Any], self.client.response_deserialize(answer, {"201": "object"}).data)
             return token["access_token"]
         except ApiException as exc:
             raise AirflowAPIError(
@@ -193,6 +194,8 @@ class AirflowAPI:
             map_index=map_index,
             deserialize=True,
         )
+        if entry.actual_instance is None:
+            raise AirflowAPIError(f"XCom {key!r} of {dag_id}/{run_id}/{task_id}[{map_index}] came back empty")
         return entry.actual_instance.value  # the API answers one of two schemas (native or string value)
 
     # Waiting

@@ -200,7 +200,7 @@ def _print_tables(console: Console, daily: list[dict], retrains: list[dict], sta
     for row in daily:
         table.add_row(row["date"], *(str(row[k]) for k in columns))
     console.print(table)
-    columns = ("as_of", "training_set_rev", "model_version", "auc_pr", "champion_auc_pr", "decision",
+    model_columns = ("as_of", "training_set_rev", "model_version", "auc_pr", "champion_auc_pr", "decision",
                "champion_version")  # fmt: skip
     table = Table(
         "as of", "training set", "model", "AUC-PR", "champion AUC-PR", "decision", "champion",
@@ -208,7 +208,7 @@ def _print_tables(console: Console, daily: list[dict], retrains: list[dict], sta
     )  # fmt: skip
     for record in retrains:
         row = _retrain_row(record)
-        table.add_row(*(_fmt(row[k]) for k in columns))
+        table.add_row(*(_fmt(row[k]) for k in model_columns))
     console.print(table)
     for record in retrains:
         what = (
