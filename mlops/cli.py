@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import date, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -26,6 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
+T = TypeVar("T")
 # `mlops demo` defaults: a few minutes on 2 cores through Airflow (measured: see docs/benchmarks.md).
 DEMO_DAYS, DEMO_ROWS_PER_DAY, DEMO_EPOCHS = 5, 3000, 8
 
@@ -44,7 +45,10 @@ def _date(value: datetime) -> date:
     return value.date()
 
 
-def _step(step_of, table: dict, name: str, command: str):
+def _step(table: dict[str, T], name: str, command: str) -> T:
+    """The function `--step NAME` names, or a usage error listing the names."""
+    from mlops.chain import step_of
+
     try:
         return step_of(table, name, command)
     except ValueError as exc:
@@ -169,9 +173,9 @@ def ingest(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Landing -> bronze + quarantine -> GX -> silver -> GX for one arrival date, with reconciliation."""
-    from mlops.chain import INGEST_STEPS, cli_run_id, step_of
+    from mlops.chain import INGEST_STEPS, cli_run_id
 
-    run = _step(step_of, INGEST_STEPS, step, "ingest")
+    run = _step(INGEST_STEPS, step, "ingest")
     settings = get_settings()
     settings.ensure_dirs()
     record = _run_step(
@@ -197,9 +201,9 @@ def features(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Silver -> gold features -> GX -> DVC version -> Feast online store, for one date."""
-    from mlops.chain import FEATURES_STEPS, step_of
+    from mlops.chain import FEATURES_STEPS
 
-    run = _step(step_of, FEATURES_STEPS, step, "features")
+    run = _step(FEATURES_STEPS, step, "features")
     settings = get_settings()
     settings.ensure_dirs()
     record = _run_step("features", "event_date", _date(day), step, lambda: run(settings, _date(day)), as_json)
