@@ -47,16 +47,19 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     tables = Tables(settings.lake)
     arrival = find_arrival(settings.landing, day)
     spark = spark_session(settings)
-    arrival.problems += json_key_problems(spark, arrival.files)
     with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
-    if not with_rows:
-        return _empty_arrival(settings, tables, day, run_id, [f.name for f in arrival.files])
-    arrival.problems += [
-        f"{name}: empty file (no rows) in an arrival that has data; a truncated upload? have it resent"
-        for name in arrival.empty_files
-    ]
+    arrival.problems += json_key_problems(spark, with_rows)
+    if with_rows:
+        arrival.problems += [
+            f"{name}: empty file (no rows) in an arrival that has data; a truncated upload? have it resent"
+            for name in arrival.empty_files
+        ]
+    # Unusable files stop the date before anything is written, even when no other file has rows: an
+    # arrival that only looks empty must not clear what an earlier run wrote.
     if arrival.problems:
         raise LandingFileError(day.isoformat(), arrival.problems)
+    if not with_rows:
+        return _empty_arrival(settings, tables, day, run_id, [f.name for f in arrival.files])
 
     raw = _parse_arrival(read_lines(spark, with_rows), arrival, with_rows, TRANSACTION_COLUMNS)
 
@@ -227,10 +230,10 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     tables = Tables(settings.lake)
     arrival = find_arrival(settings.landing, day, stem="labels", columns=LABEL_COLUMNS)
     spark = spark_session(settings)
-    arrival.problems += json_key_problems(spark, arrival.files, LABEL_COLUMNS)
+    with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
+    arrival.problems += json_key_problems(spark, with_rows, LABEL_COLUMNS)
     if arrival.problems:
         raise LandingFileError(day.isoformat(), arrival.problems)
-    with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
     record: dict[str, Any] = {
         "arrival_date": day.isoformat(),
         "run_id": run_id,

@@ -4,10 +4,12 @@ numbered for the reconciliation. The lake's tables and writes are in pipelines/l
 from __future__ import annotations
 
 import csv
+import gzip
 import logging
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
+from typing import IO
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -18,16 +20,32 @@ from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS, TRANSACTION_COLUMN
 log = logging.getLogger(__name__)
 
 DATA_SUFFIXES = {".csv": "csv", ".jsonl": "json", ".json": "json"}
+GZIP_SUFFIX = ".gz"  # Spark (Hadoop's codec factory) decompresses by this suffix, lower case only
+
+
+def data_format(name: str) -> tuple[str | None, bool]:
+    """The format of a landing file by its name, case-insensitively, and whether it is gzipped:
+    `transactions-1.CSV` is csv, `transactions-1.jsonl.gz` is gzipped json; (None, ...) when not data."""
+    lowered = name.lower()
+    compressed = lowered.endswith(GZIP_SUFFIX)
+    stem = lowered.removesuffix(GZIP_SUFFIX)
+    return DATA_SUFFIXES.get(Path(stem).suffix), compressed
 
 
 @dataclass(frozen=True)
 class LandingFile:
     path: Path
     fmt: str
+    compressed: bool = False
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    def open_text(self) -> IO[str]:
+        if self.compressed:
+            return gzip.open(self.path, "rt", encoding="utf-8", newline="")
+        return self.path.open("r", encoding="utf-8", newline="")
 
 
 @dataclass
@@ -51,19 +69,31 @@ def find_arrival(
             f"no arrival for {day}: {folder} does not exist. Wait for the producer to deliver it, or land "
             f"synthetic data with `mlops generate --start {day} --days 1`."
         )
-    files, ignored = [], []
+    files, ignored, problems = [], [], []
     for path in sorted(folder.iterdir()):
         other = "labels-" if stem == "transactions" else "transactions-"
         if path.name.startswith(("_", ".", other)):
             continue
-        fmt = DATA_SUFFIXES.get(path.suffix)
-        if path.name.startswith(f"{stem}-") and fmt and path.is_file():
-            files.append(LandingFile(path, fmt))
-        else:
+        fmt, compressed = data_format(path.name)
+        if not path.name.startswith(f"{stem}-") or not path.is_file():
             ignored.append(path.name)
-    arrival = Arrival(day=day, folder=folder, files=files, ignored=ignored)
+        elif fmt is None:
+            # Named as the feed's data but in no format we read: refusing it loses nothing, while
+            # ignoring it would make the date look empty and clear what an earlier run wrote.
+            problems.append(
+                f"{path.name}: a {stem} file in no format ingestion reads; deliver it as .csv, .jsonl or "
+                f".json, gzipped or not (.csv.gz)"
+            )
+        elif compressed and not path.name.endswith(GZIP_SUFFIX):
+            problems.append(
+                f"{path.name}: gzipped files must end in lower-case {GZIP_SUFFIX} to be decompressed; "
+                f"rename it to {path.name[: -len(GZIP_SUFFIX)]}{GZIP_SUFFIX}"
+            )
+        else:
+            files.append(LandingFile(path, fmt, compressed))
+    arrival = Arrival(day=day, folder=folder, files=files, ignored=ignored, problems=problems)
     for name in ignored:
-        log.warning("arrival %s: ignoring %s (not a %s-*.csv/.jsonl file)", day, name, stem)
+        log.warning("arrival %s: ignoring %s (not a %s-* file)", day, name, stem)
     for landing_file in files:
         _check_file(arrival, landing_file, columns)
     return arrival
@@ -74,10 +104,8 @@ def _check_file(arrival: Arrival, landing_file: LandingFile, columns: tuple[str,
     if path.stat().st_size == 0:
         arrival.empty_files.append(name)
         return
-    if landing_file.fmt == "json":
-        return  # JSON columns are checked over the whole file by `json_key_problems`
     try:
-        with path.open("r", encoding="utf-8", newline="") as handle:
+        with landing_file.open_text() as handle:
             first = handle.readline()
             has_rows = bool(handle.readline())
     except UnicodeDecodeError as exc:
@@ -85,6 +113,14 @@ def _check_file(arrival: Arrival, landing_file: LandingFile, columns: tuple[str,
             f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-export as UTF-8"
         )
         return
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError; a truncated gzip ends in EOFError
+        arrival.problems.append(f"{name}: not a readable gzip file ({exc}); have it resent")
+        return
+    if not first:  # a gzipped empty file has bytes but no text
+        arrival.empty_files.append(name)
+        return
+    if landing_file.fmt == "json":
+        return  # JSON columns are checked over the whole file by `json_key_problems`
     header = next(csv.reader([first.lstrip("\ufeff").rstrip("\r\n")]))
     arrival.headers[name] = header
     for column in columns:

@@ -210,3 +210,73 @@ def test_chargebacks_land_in_silver_labels_and_broken_ones_in_quarantine(spark, 
     )  # every chargeback refers to a landed transaction
     assert joined.where("label_timestamp <= event_timestamp").count() == 0
     assert labels.count() == sum(r["rows_silver"] for r in records) > 0
+
+
+def _silver_values(spark, settings: Settings) -> list[tuple]:
+    """Silver's rows as the producer sent them (not where they came from: file names, line numbers of a
+    file that changed name, run ids)."""
+    table = read_partition(spark, Tables(settings.lake).silver, DAY)
+    rows = table.select("transaction_id", "customer_id", "merchant_id", "amount", "currency",
+                        "country", "channel", "merchant_category", "event_timestamp")  # fmt: skip
+    return sorted(tuple(r) for r in rows.collect())
+
+
+def _redeliver(folder, rename) -> None:
+    """Re-deliver every data file of an arrival under another name (and encoding): what a producer does."""
+    import gzip
+    import shutil
+
+    for path in sorted(folder.glob("*-*.*")):
+        target = folder / rename(path.name)
+        if target.name.lower().endswith(".gz"):
+            with path.open("rb") as source, gzip.open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink)
+        else:
+            shutil.copyfile(path, target)
+        path.unlink()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "rename"),
+    [
+        ("csv", lambda name: f"{name}.gz"),
+        ("json", lambda name: f"{name}.gz"),
+        ("csv", lambda name: name.replace(".csv", ".CSV")),
+    ],
+    ids=["csv.gz", "jsonl.gz", "upper-case suffix"],
+)
+def test_a_gzipped_or_renamed_redelivery_gives_the_same_silver_and_labels(spark, settings, fmt, rename):
+    _land(settings, faults=ROW_FAULTS, fmt=fmt)
+    job.ingest(settings, DAY, "plain")
+    plain, labels = _silver_values(spark, settings), job.ingest_labels(settings, DAY, "plain")
+    _redeliver(settings.landing / DAY.isoformat(), rename)
+    record = job.ingest(settings, DAY, "redelivered")
+    assert record["status"] == "ok"
+    assert _silver_values(spark, settings) == plain and len(plain) > 0
+    again = job.ingest_labels(settings, DAY, "redelivered")
+    counts = ("rows_in", "rows_silver", "rows_quarantined")
+    assert [again[k] for k in counts] == [labels[k] for k in counts]
+    assert again["files"] != labels["files"]  # the re-delivered labels file was the one read
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "problem"),
+    [
+        ("transactions-00000.parquet", b"PAR1", "in no format ingestion reads"),
+        ("transactions-00000.csv.gz", b"not gzip at all", "not a readable gzip file"),
+        ("transactions-00000.csv.GZ", b"", "must end in lower-case .gz"),
+    ],
+)
+def test_a_data_file_that_cannot_be_read_stops_the_date_and_keeps_what_was_there(
+    spark, settings, name, content, problem
+):
+    _land(settings)
+    job.ingest(settings, DAY, "first")
+    before = _silver_digest(spark, settings)
+    folder = settings.landing / DAY.isoformat()
+    for path in folder.glob("transactions-*"):
+        path.unlink()
+    (folder / name).write_bytes(content)
+    with pytest.raises(LandingFileError, match=f"{name}: .*{problem}"):
+        job.ingest_to_bronze(settings, DAY, "second")
+    assert _silver_digest(spark, settings) == before  # not read as an empty arrival that clears the date
