@@ -128,8 +128,10 @@ def test_cli_retrain_history_and_rollback(home):
     assert code == 0, second
     assert second["training_set_rev"] == first["training_set_rev"]
     assert second["resumed_from_step"] is not None
-    # an identical model cannot beat the champion by the margin
-    assert second["decision"] == "rejected" or first["decision"] == "rejected"
+    # an identical model cannot beat the champion by the margin: the first is the champion (promoted) or lost
+    # to it (rejected), and either way the second, the same model, is rejected and the champion stays
+    assert second["decision"] == "rejected"
+    assert second["champion_version"] == first["champion_version"]
 
     code, history = _mlops("history")
     champion = history["champion_version"]
