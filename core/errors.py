@@ -34,3 +34,10 @@ class DataValidationError(PipelineError):
 
 class EmptyArrivalError(PipelineError):
     pass
+
+
+class LockTimeoutError(Exception):
+    """A shared resource (the DVC repository) stayed locked by another operation past the wait allowed.
+
+    Not a PipelineError: nothing is wrong with the data, so the task keeps its retries and a later attempt
+    can succeed once the other operation is done."""

@@ -46,10 +46,26 @@ class IngestSettings(BaseModel):
     """How strict ingestion is."""
 
     max_quarantine_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="fail above this share")
+    # Chargeback files are small (dozens of rows a day): their own limit, so one broken line of twenty
+    # can be allowed without loosening the transactions' gate.
+    max_label_quarantine_rate: float = Field(
+        default=0.10, ge=0.0, le=1.0, description="fail a labels arrival above this share"
+    )
+    # A transaction_id already in the bronze of an arrival this many days earlier is a resend (duplicate).
+    dedup_lookback_days: int = Field(default=30, ge=0, description="dedup across arrivals this far back")
     fail_on_empty_arrival: bool = False
     late_event_days: int = Field(default=1, ge=0, description="events may be this many days older")
     row_count_min_ratio: float = Field(default=0.5, gt=0.0, description="vs the previous arrival date")
     row_count_max_ratio: float = Field(default=2.0, gt=0.0)
+    # fnmatch globs of files an arrival folder may hold beside its data files and `_SUCCESS`; any other
+    # file or subfolder fails the date. Default: hidden files (.DS_Store, upload temporaries) and `_`
+    # control files (manifests, markers), the names Spark and Hadoop readers skip too. Data files
+    # (transactions-*, labels-*) are never ignored. From the environment, a JSON list that replaces the
+    # default: MLOPS_INGEST__IGNORE_FILES='[".*", "_*", "*.md5"]'.
+    ignore_files: list[str] = [".*", "_*"]
+    # An arrival without data rows normally never clears a date the lake holds rows of (its files were
+    # lost); set it true to rerun such a date when the producer really retracted the day.
+    allow_empty_overwrite: bool = False
 
 
 class TrainingSettings(BaseModel):
@@ -109,6 +125,9 @@ class Settings(BaseSettings):
     spark_remote: str | None = None
     spark_shuffle_partitions: int = Field(default=4, ge=1)
     suites_dir: Path = Field(default=REPO_ROOT / "great_expectations", description="GX suites as files")
+    # DVC operations (version_gold, training_set, promote's fetch) take turns on the repository; one waits
+    # this long for the others, then fails with a retryable LockTimeoutError.
+    dvc_lock_wait_s: float = Field(default=600.0, gt=0, description="wait for another DVC operation")
     ingest: IngestSettings = IngestSettings()
     training: TrainingSettings = TrainingSettings()
     gate: GateSettings = GateSettings()

@@ -2,11 +2,14 @@
 ### Build features: silver -> gold -> GX -> DVC version (and Feast online store)
 
 Scheduled on the `silver_transactions` asset. Each silver event names its arrival date (its `extra`);
-the run computes gold for exactly those dates, reading each date plus its 30-day lookback from silver, so
-a rerun of a date rewrites only that date's gold partitions. A manual run can name a date, or several
-comma-separated, in the `arrival_date` param instead.
+a manual run can name a date, or several comma-separated, in the `arrival_date` param instead. Gold is
+kept by event date and reconciled by it: `plan_gold` lists the event dates to (re)build - those of the
+arrivals' rows (an arrival carries events up to `MLOPS_INGEST__LATE_EVENT_DAYS` old), and every gold date
+whose inputs changed since it was built (late events, an arrival that came out of order, a re-delivered
+or rerun old date: each gold date records the arrivals it read and their file signatures). Each date
+reads its rows and its 30-day lookback from silver, so it rewrites only its own gold partitions.
 
-Each date is one mapped instance of the task group `build_gold >> validate_gold >> materialize`: a date
+Each event date is one mapped instance of the task group `build_gold >> validate_gold >> materialize`: a date
 that fails is failed on its own in the grid, the other dates go on, and clearing it retries that date
 alone. `version_gold` waits for every date's validation (one DVC lock, one `fraud_features` event for the
 run's dates, so a backfill starts one retrain), not for the online load.
@@ -64,7 +67,7 @@ with DAG(
     },
 ) as dag:
 
-    @task(doc_md="The dates to compute: from the arrival_date param, else the triggering silver events.")
+    @task(doc_md="The arrival dates: from the arrival_date param, else the triggering silver events.")
     def dates_to_compute(params: dict, triggering_asset_events=None) -> list[str]:
         from datetime import date
 
@@ -145,7 +148,19 @@ with DAG(
         outlet_events[FRAUD_FEATURES].extra = {"event_dates": sorted(dates)}
         return results
 
-    dates = dates_to_compute()
+    @task(
+        doc_md="The event dates to (re)build for these arrivals: their own, those their late events touch, "
+        "and every gold date whose inputs changed since it was built (out-of-order or re-delivered dates)."
+    )
+    def plan_gold(arrivals: list[str]) -> list[str]:
+        from datetime import date
+
+        from pipelines.gold import job
+
+        plan = run_step(job.plan_gold, [date.fromisoformat(a) for a in arrivals])
+        return plan["event_dates"]
+
+    dates = plan_gold(dates_to_compute())
     gold_for_date.expand(day=dates)
     # Versioning waits for every date's validation, not for the online load: a retrain does not wait on it.
     dag.get_task("validate_gold") >> version_gold(dates)

@@ -15,8 +15,9 @@ sensor defers to the triggerer, so waiting holds no worker slot.
 
 Data problems (unusable files, a quarantine rate above `MLOPS_INGEST__MAX_QUARANTINE_RATE`, failed GX
 expectations) fail the task at once with a message naming the file, column or expectation; they are not
-retried. Chargebacks (`labels-*`) of the date go to silver labels beside it, in a task of their own. The
-outlet assets `silver_transactions` and `silver_labels` schedule the features DAG.
+retried. Chargebacks (`labels-*`) of the date go to silver labels beside it, in a task of their own;
+`validate_silver` waits for it, so the `silver_transactions` event that schedules the features DAG (and,
+after it, the retrain) is only emitted once the date's labels are in.
 """
 
 from __future__ import annotations
@@ -87,5 +88,8 @@ with DAG(
 
         return run_step(job.ingest_labels, data_interval_start.date(), f"airflow:{run_id}")
 
-    arrival >> ingest_to_bronze() >> validate_bronze() >> build_silver() >> validate_silver()
-    arrival >> ingest_labels()
+    silver = validate_silver()
+    arrival >> ingest_to_bronze() >> validate_bronze() >> build_silver() >> silver
+    # The silver event starts the features DAG, whose gold counts the chargebacks reported by each date:
+    # it waits for the date's labels, so a features run (and the retrain after it) never starts without them.
+    arrival >> ingest_labels() >> silver

@@ -4,7 +4,9 @@
 Stands in for an upstream system: every day it lands one arrival date of synthetic card transactions and
 chargebacks in the landing zone (`$MLOPS_HOME/landing/<date>/`), written by the same generator as
 `mlops generate`. The arrival date is the run's data interval start, so a backfill or rerun of a date
-rewrites exactly that date, byte for byte. Each folder appears whole (written aside, then renamed).
+rewrites exactly that date, byte for byte. Each folder appears whole (written aside, then renamed) with a
+`_GENERATED_BY` marker; a date folder without it is a producer's delivery, and the task fails (no retries)
+rather than overwrite it.
 
 Params: `rows_per_day`, `seed`, `faults` (`KIND=RATE,...`, see `pipelines/synthetic/faults.py`) and
 `feed_start`, the first date of the feed: chargebacks landing on a date refer to transactions made since
@@ -47,18 +49,22 @@ with DAG(
         from datetime import date
 
         from core.settings import get_settings
+        from orchestration.tasks import fail_fast_on_bad_data
         from pipelines.synthetic.landing import land_synthetic
 
         if data_interval_start is None:
             raise ValueError("synthetic_landing needs a data interval: trigger it with a logical date")
-        (manifest,) = land_synthetic(
-            get_settings(),
-            start=data_interval_start.date(),
-            days=1,
-            rows_per_day=params["rows_per_day"],
-            seed=params["seed"],
-            faults=params["faults"] or None,
-            feed_start=date.fromisoformat(params["feed_start"]),
+        start = data_interval_start.date()
+        (manifest,) = fail_fast_on_bad_data(
+            lambda: land_synthetic(
+                get_settings(),
+                start=start,
+                days=1,
+                rows_per_day=params["rows_per_day"],
+                seed=params["seed"],
+                faults=params["faults"] or None,
+                feed_start=date.fromisoformat(params["feed_start"]),
+            )
         )
         return {
             "arrival_date": manifest["arrival_date"],

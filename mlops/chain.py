@@ -29,12 +29,26 @@ def validate_gold(settings: Settings, day: date) -> dict:
 
 
 def features(settings: Settings, day: date) -> dict:
-    """Every features step of a date in order, with the seconds each took (named as the DAG tasks)."""
+    """Every features step for arrival `day`, as the DAG runs them: plan which event dates to (re)build
+    (the date's own, those its late events touch, and those whose inputs changed since they were built),
+    then each in order; the seconds of each step summed over the dates (named as the DAG tasks).
+    Returns the record of event date `day` with, under `rebuilt`, the records of the other dates."""
     clock = StageClock()
-    record = clock.run("build_gold", lambda: gold.build_gold(settings, day))
-    record.update(clock.run("validate_gold", lambda: validate_gold(settings, day)))
-    record.update(clock.run("version_gold", lambda: gold.version_gold(settings, day)))
-    record.update(clock.run("materialize", lambda: materialize_date(settings, day)))
+    plan = clock.run("plan_gold", lambda: gold.plan_gold(settings, [day]))
+    records: dict[str, dict] = {}
+    for event_date in map(date.fromisoformat, plan["event_dates"]):
+        record = clock.run("build_gold", lambda d=event_date: gold.build_gold(settings, d))
+        if not record.get("removed"):
+            record.update(clock.run("validate_gold", lambda d=event_date: validate_gold(settings, d)))
+            record.update(clock.run("version_gold", lambda d=event_date: gold.version_gold(settings, d)))
+            record.update(clock.run("materialize", lambda d=event_date: materialize_date(settings, d)))
+        records[event_date.isoformat()] = record
+    record = records.pop(
+        day.isoformat(),
+        {"event_date": day.isoformat(), "rows_customer_features": 0, "rows_merchant_features": 0},
+    )
+    record["rebuilt"] = records
+    record["plan"] = plan
     record["seconds_per_step"] = clock.seconds
     record["rows_gold"] = record["rows_customer_features"] + record["rows_merchant_features"]
     record["status"] = "ok"
@@ -50,6 +64,7 @@ INGEST_STEPS: dict[str, IngestStep] = {
     "ingest": ingest.ingest,
 }
 FEATURES_STEPS: dict[str, FeaturesStep] = {
+    "plan_gold": lambda settings, day: gold.plan_gold(settings, [day]),
     "build_gold": gold.build_gold,
     "validate_gold": validate_gold,
     "version_gold": gold.version_gold,

@@ -448,7 +448,7 @@ def _follow_chain(
         for features_run in (r for r in dict.fromkeys(started) if r not in features):
             features.append(features_run)
             run = _finished_ok(api, FEATURES, features_run, deadline)
-            dates = api.xcom(FEATURES, features_run, "dates_to_compute")
+            dates = api.xcom(FEATURES, features_run, "plan_gold")
             console.print(f"{FEATURES} {', '.join(dates)}: {run.state.value} in {run.duration:.0f}s")
             for created in api.wait_for_created_runs(FEATURES, features_run, "fraud_features", deadline):
                 if created.run_id not in retrain:
@@ -487,9 +487,9 @@ def _task_label(ti) -> str:
 
 def _features_by_date(api, run_id: str) -> dict[str, dict]:
     """A features run's gold rows, dataset revision and online rows per date. build_gold and materialize
-    are mapped over the run's dates (map index i computed dates_to_compute[i]) and return one dict each;
-    version_gold returns one dict per date, in the same order."""
-    dates = api.xcom(FEATURES, run_id, "dates_to_compute")
+    are mapped over the event dates plan_gold listed (map index i computed plan_gold[i]) and return one
+    dict each; version_gold returns one dict per date, in the same order."""
+    dates = api.xcom(FEATURES, run_id, "plan_gold")
     versions = api.xcom(FEATURES, run_id, "version_gold")
     return {
         day: {

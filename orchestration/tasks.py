@@ -86,7 +86,8 @@ def run_step(step: Callable[Concatenate[Settings, P], R], *args: P.args, **kwarg
 
 def fail_fast_on_bad_data(step: Callable[[], R]) -> R:
     """Run a pipeline step; a data problem fails the task without retries (retrying cannot fix the data),
-    while anything else (a lost executor, a full disk) keeps the task's retries."""
+    while anything else (a lost executor, a full disk, a DVC repository still busy after its wait:
+    LockTimeoutError) keeps the task's retries."""
     from core.errors import PipelineError
 
     try:

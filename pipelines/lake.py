@@ -1,5 +1,6 @@
 """The lake's layout and its writes: where each table lives, partition writes that replace exactly what
-they contain, one writer per table, and JSON records written atomically.
+they contain (staged, then swapped in atomically: see `overwrite_partitions`), one writer per table, and JSON
+records written atomically.
 
 Tables are Parquet, partitioned by `arrival_date` (and `stage` for quarantine). Spark is imported only
 for type checking: the layout (`Tables`) is read by processes that have no Spark, such as the training pod.
@@ -7,11 +8,15 @@ for type checking: the layout (`Tables`) is read by processes that have no Spark
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import signal
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
@@ -74,30 +79,158 @@ def table_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def overwrite_partitions(
-    df: DataFrame, root: Path, partition_by: list[str], now_empty: tuple[Path, ...] = ()
-) -> None:
-    """Write `df` into `root`, replacing exactly the partitions it contains (dynamic overwrite).
+STAGING = ".staging"  # hidden: Spark and Arrow readers of a table skip names that start with "." or "_"
+KILL_AT_ENV = "MLOPS_LAKE_KILL_AT"
+RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
 
-    Spark stages the output in `root/.spark-staging-<job>` and moves each partition into place at job
-    commit; a job killed before that leaves the old partition untouched and only the hidden staging folder,
-    which the next write removes. Partitions in `now_empty` get no rows from this run: they are deleted, so
-    a rerun that finds nothing for them does not leave old rows behind.
+
+def overwrite_partitions(
+    df: DataFrame,
+    root: Path,
+    partition_by: list[str],
+    now_empty: tuple[Path, ...] = (),
+    before_swap: Callable[[Path], None] | None = None,
+) -> None:
+    """Write `df` into `root`, replacing exactly the partitions it contains; a reader never sees one of
+    them missing, empty or half-written, and a process killed at any point leaves each partition whole.
+
+    Spark writes the frame into a fresh folder `root/.staging/<run>/`; `before_swap` then runs on each
+    staged partition (the gold job rewrites its files there). Only then, one partition at a time, the staged
+    folder and the live one trade places in one atomic rename (`_swap_in`), and the old version, now in
+    the staging folder, is deleted with it. Partitions in `now_empty` get no rows from this run: they are
+    renamed aside and deleted, so a rerun that finds nothing for them does not leave old rows behind.
+    Leftovers of a killed run never hold the only copy of a partition: the next write deletes them.
+
+    A reader that listed a partition's files just before its swap and opens one after it fails with "file
+    not found" (a rerun reads the new version); it never reads a mix or a missing date as empty.
     """
     with table_lock(root):
-        for leftover in [*root.glob(".spark-staging-*"), *root.glob("_temporary")]:
-            shutil.rmtree(leftover, ignore_errors=True)
+        _clear_leftovers(root)
+        run = root / STAGING / uuid.uuid4().hex
+        staged_root = run / "data"
+        # A fresh folder: a static overwrite goes through Spark's committer, no rename per partition.
+        df.write.mode("overwrite").option("partitionOverwriteMode", "static").partitionBy(
+            *partition_by
+        ).parquet(str(staged_root))
+        staged = _leaves(staged_root, partition_by)
+        for partition in staged:
+            if before_swap is not None:
+                before_swap(partition)
+        _kill_point("staged")
+        produced = {root / p.relative_to(staged_root) for p in staged}
+        for number, partition in enumerate(staged, start=1):
+            _swap_in(partition, root / partition.relative_to(staged_root), run)
+            _kill_point(f"swapped-{number}")
         for partition in now_empty:
-            if partition.exists():
-                shutil.rmtree(partition)
-        df.write.mode("overwrite").partitionBy(*partition_by).parquet(str(root))
+            _remove_except(partition, produced, run)
+        _kill_point("swapped")
+        shutil.rmtree(run)
 
 
 def clear_partitions(root: Path, partitions: tuple[Path, ...]) -> None:
+    """Delete whole partitions; each is renamed aside first, so none is ever seen half-deleted."""
     with table_lock(root):
+        _clear_leftovers(root)
+        run = root / STAGING / uuid.uuid4().hex
         for partition in partitions:
-            if partition.exists():
-                shutil.rmtree(partition)
+            _remove_except(partition, set(), run)
+        if run.exists():
+            shutil.rmtree(run)
+
+
+def _kill_point(point: str) -> None:
+    """Fault injection for the tests of a kill inside the commit: with MLOPS_LAKE_KILL_AT=<point> (staged,
+    swapped-<n>, swapped, aside) the process kills itself there, as an OOM kill or a lost node would."""
+    if os.environ.get(KILL_AT_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _leaves(staged_root: Path, partition_by: list[str]) -> list[Path]:
+    """The partition folders Spark wrote (`a=1/b=2` for two columns), in order."""
+    level = [staged_root]
+    for column in partition_by:
+        level = [
+            child
+            for parent in level
+            for child in sorted(parent.iterdir())
+            if child.is_dir() and child.name.startswith(f"{column}=")
+        ]
+    return level
+
+
+def _swap_in(staged: Path, live: Path, run: Path) -> None:
+    """Put the staged partition in place of the live one in one step. The old version is left at the staged
+    path (deleted with the staging folder). A partition that did not exist is a plain rename."""
+    if not live.exists():
+        live.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staged, live)
+        return
+    if not _exchange(staged, live):
+        _swap_by_renames(staged, live, run)
+
+
+def _swap_by_renames(staged: Path, live: Path, run: Path) -> None:
+    """The swap where the filesystem cannot exchange (NFS, some FUSE filesystems): two renames, with a
+    journal so that the next write puts the old version back if a kill falls between them (`_recover`).
+    Readers may see the partition missing for that instant."""
+    root, aside = run.parent.parent, staged.with_name(staged.name + ".old")
+    journal = {"live": str(live.relative_to(root)), "aside": str(aside.relative_to(root))}
+    write_json(run / "swap.json", journal)
+    os.rename(live, aside)
+    _kill_point("aside")
+    os.rename(staged, live)
+    (run / "swap.json").unlink()
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2 RENAME_EXCHANGE); False where the filesystem, kernel
+    or C library cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(error, f"cannot exchange {second} with its new version {first}: {os.strerror(error)}")
+
+
+def _remove_except(partition: Path, keep: set[Path], run: Path) -> None:
+    """Delete `partition`, except the partitions in `keep` below it: each is renamed into the staging
+    folder first (atomic), then deleted with it."""
+    if partition in keep or not partition.exists():
+        return
+    if any(partition in k.parents for k in keep):
+        for child in sorted(partition.iterdir()):
+            _remove_except(child, keep, run)
+        return
+    removed = run / "removed"
+    removed.mkdir(parents=True, exist_ok=True)
+    os.rename(partition, removed / uuid.uuid4().hex)
+
+
+def _clear_leftovers(root: Path) -> None:
+    """Delete what killed writes left: staging folders (after putting back an old version a two-rename swap
+    had moved aside) and Spark's own staging folders of writes made before the staging root existed."""
+    for run in sorted((root / STAGING).glob("*")):
+        _recover(root, run)
+        shutil.rmtree(run)
+    for leftover in [*root.glob(".spark-staging-*"), *root.glob("_temporary")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _recover(root: Path, run: Path) -> None:
+    """A two-rename swap killed between its renames left the live partition missing and the old version
+    aside in `run`: put it back."""
+    journal = read_json(run / "swap.json")
+    if journal is None:
+        return
+    live, aside = root / journal["live"], root / journal["aside"]
+    if not live.exists() and aside.is_dir():
+        live.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(aside, live)
 
 
 def read_partitions(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:

@@ -17,14 +17,22 @@ Versioning costs one read of the data (DVC's md5) and no copy:
     folder in $MLOPS_HOME, on the cache's filesystem, so it gets links too. It still keeps every version
     when the lake or the cache is deleted or a partition is rewritten, but it is not a second physical copy
     of the bytes; a remote on another filesystem or in object storage (the cluster profile) gets copies.
+
+DVC operations take turns: DVC's own repository lock gives up after 3 s, while gold versioning, the
+training-set build and promotion's fetch of a holdout routinely overlap. So each operation first takes our
+lock, `$MLOPS_HOME/.dvc-wait.lock`, for its whole length, waiting up to `dvc_lock_wait_s`
+(MLOPS_DVC_LOCK_WAIT_S); past that, or when DVC's own lock is held by a process outside the pipeline (a
+`dvc` command), it fails with LockTimeoutError, which Airflow retries (it is not a data problem).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -33,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from core.errors import PipelineError
+from core.errors import LockTimeoutError, PipelineError
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -42,6 +50,9 @@ if TYPE_CHECKING:
 
 REMOTE_NAME = "storage"
 CACHE_TYPES = "hardlink,copy"
+# Beside `.dvc`, not in `.dvc/tmp`: the lock also covers making the repository (`dvc init` wants no `.dvc`).
+WAIT_LOCK = ".dvc-wait.lock"
+LOCK_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -59,11 +70,46 @@ def remote_url(settings: Settings) -> str:
 
 
 @contextmanager
+def _wait_for_repository(settings: Settings) -> Iterator[None]:
+    """Hold the installation's DVC repository for one operation, waiting up to `dvc_lock_wait_s` while
+    another operation of the pipeline holds it (an fcntl lock: the kernel releases it when its holder dies,
+    so a killed task never leaves it stuck)."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    path = settings.home / WAIT_LOCK
+    started = time.monotonic()
+    with path.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                if waited >= settings.dvc_lock_wait_s:
+                    raise _busy(settings, path, waited) from None
+                time.sleep(min(LOCK_POLL_S, settings.dvc_lock_wait_s - waited))
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _busy(settings: Settings, path: Path, waited: float) -> LockTimeoutError:
+    return LockTimeoutError(
+        f"the DVC repository {settings.home} stayed busy: another DVC operation (gold versioning, a "
+        f"training-set build or a promotion) held {path} for the {waited:.0f} s this one may wait "
+        f"(MLOPS_DVC_LOCK_WAIT_S={settings.dvc_lock_wait_s:g}). The task retries by itself; if it keeps "
+        f"failing, find the process that holds it (`fuser {path}`) or raise MLOPS_DVC_LOCK_WAIT_S."
+    )
+
+
+@contextmanager
 def _repo(settings: Settings) -> Iterator[Repo]:
-    """The installation's DVC repository, opened in this process; made, and configured with the linked cache
-    and the profile's remote as default, where it is not yet (the configuration is written only when it
-    differs). DVC's errors become PipelineError."""
+    """The installation's DVC repository, opened in this process once no other operation holds it (a bounded
+    wait, `_wait_for_repository`); made, and configured with the linked cache and the profile's remote as
+    default, where it is not yet (the configuration is written only when it differs). DVC's errors become
+    PipelineError, except a lock DVC could not get: LockTimeoutError, retryable."""
     from dvc.exceptions import DvcException
+    from dvc.lock import LockError
     from dvc.repo import Repo
 
     # Importing dvc installs INFO handlers on stdout; its messages would mix with a command's --json output.
@@ -72,22 +118,30 @@ def _repo(settings: Settings) -> Iterator[Repo]:
     if url == str(settings.dvc_remote):
         settings.dvc_remote.mkdir(parents=True, exist_ok=True)
     try:
-        if not (settings.home / ".dvc").is_dir():
-            settings.home.mkdir(parents=True, exist_ok=True)
-            Repo.init(str(settings.home), no_scm=True).close()
-        repo = Repo(str(settings.home))
-        try:
-            if not _configured(repo, url):
-                with repo.config.edit("repo") as config:
-                    config["core"]["analytics"] = False
-                    config["core"]["remote"] = REMOTE_NAME
-                    config["cache"]["type"] = CACHE_TYPES
-                    config["remote"][REMOTE_NAME] = {**config["remote"].get(REMOTE_NAME, {}), "url": url}
+        with _wait_for_repository(settings):
+            if not (settings.home / ".dvc").is_dir():
+                Repo.init(str(settings.home), no_scm=True).close()
+            repo = Repo(str(settings.home))
+            try:
+                if not _configured(repo, url):
+                    with repo.config.edit("repo") as config:
+                        config["core"]["analytics"] = False
+                        config["core"]["remote"] = REMOTE_NAME
+                        config["cache"]["type"] = CACHE_TYPES
+                        config["remote"][REMOTE_NAME] = {**config["remote"].get(REMOTE_NAME, {}), "url": url}
+                    repo.close()
+                    # The cache reads its link types when the repository opens.
+                    repo = Repo(str(settings.home))
+                yield repo
+            finally:
                 repo.close()
-                repo = Repo(str(settings.home))  # the cache reads its link types when the repository opens
-            yield repo
-        finally:
-            repo.close()
+    except LockError as exc:
+        lock = settings.home / ".dvc" / "tmp" / "lock"
+        raise LockTimeoutError(
+            f"DVC's own lock of the repository {settings.home} ({lock}) is held by a process outside the "
+            f"pipeline, such as a `dvc` command run by hand ({exc}). The task retries by itself; if it keeps "
+            "failing, wait for that process or end it."
+        ) from exc
     except DvcException as exc:
         raise PipelineError(f"DVC failed in the repository {settings.home}: {exc}") from exc
 

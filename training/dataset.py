@@ -23,6 +23,7 @@ calibrated probabilities of the population.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from core.settings import Settings
+
+log = logging.getLogger(__name__)
 
 LABEL = "label"
 SPLIT = "split"
@@ -340,6 +343,20 @@ def _split_and_sample(
     return kept, sampling
 
 
+def label_coverage(settings: Settings, day: date, window_days: int) -> dict:
+    """Which label arrivals a training set as of `day` could use: it reads the chargebacks reported
+    through `day`; the dates of its window whose labels were never ingested are named (the set is built
+    anyway, since a feed can skip a day, but the run states it and the record keeps it)."""
+    from pipelines.lake import Tables
+
+    tables = Tables(settings.lake)
+    window = [day - timedelta(days=k) for k in range(window_days - 1, -1, -1)]
+    missing = [d.isoformat() for d in window if not tables.labels_reconciliation(d).is_file()]
+    if missing:
+        log.warning("training set as of %s: no labels ingested for %s", day, ", ".join(missing))
+    return {"labels_reported_through": day.isoformat(), "label_arrivals_missing": missing}
+
+
 def build_training_frame(
     settings: Settings,
     day: date,
@@ -377,6 +394,7 @@ def build_training_frame(
     frame[SPLIT] = transactions[SPLIT]
     frame[WEIGHT] = transactions[WEIGHT]
     frame.attrs.update(sampling)
+    frame.attrs.update(label_coverage(settings, day, window_days))
     if frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
         raise TrainingSetError(
             f"the training set as of {day} has no known fraud in its train split "

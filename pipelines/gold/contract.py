@@ -52,3 +52,9 @@ def table_path(lake: Path, table: str) -> Path:
 def validation_path(lake: Path, day: date) -> Path:
     """Where validate_gold keeps the date's GX results (read back as lineage by training)."""
     return lake / "validation" / "gold" / f"{PARTITION_COLUMN}={day.isoformat()}.json"
+
+
+def build_path(lake: Path, day: date) -> Path:
+    """What a date's gold was built from (each input arrival's signature): the features stage rebuilds the
+    date when these change (late events, re-deliveries, out-of-order arrivals)."""
+    return gold_root(lake) / "_builds" / f"{PARTITION_COLUMN}={day.isoformat()}.json"

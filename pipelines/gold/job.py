@@ -18,10 +18,19 @@ from pipelines.gold.contract import (
     LOOKBACK_DAYS,
     MERCHANT_TABLE,
     PARTITION_COLUMN,
+    build_path,
+    gold_root,
     table_path,
     validation_path,
 )
-from pipelines.lake import Tables, overwrite_partitions, read_partitions, write_json
+from pipelines.lake import (
+    Tables,
+    clear_partitions,
+    overwrite_partitions,
+    read_json,
+    read_partitions,
+    write_json,
+)
 from pipelines.spark import spark_session
 from pipelines.validation import validate
 
@@ -33,26 +42,75 @@ log = logging.getLogger(__name__)
 REWRITE_BATCH_ROWS = 262_144
 
 
+def inputs_of(records: dict[date, dict], day: date) -> dict[str, str]:
+    """The arrivals the gold of event date `day` reads (rows or totals of event dates D-30 .. D, or
+    chargebacks reported then), each with the signature of its silver and labels."""
+    window = {day - timedelta(days=k) for k in range(LOOKBACK_DAYS + 1)}
+    return {
+        arrival.isoformat(): record["signature"]
+        for arrival, record in sorted(records.items())
+        if state.dates_of(record) & window
+    }
+
+
+def plan_gold(settings: Settings, arrivals: list[date]) -> dict:
+    """The gold event dates to (re)build now that `arrivals` reached silver, reconciled by event date.
+
+    An arrival holds events of its own date and up to `late_event_days` before it, so it adds rows to
+    earlier event dates; and the features of a date read the 30 days before it, so a change to event date
+    E changes every gold date in E .. E+30 that exists. Rather than reason from the triggering arrivals
+    alone, each gold date records the arrivals it was built from (with a signature of their files): a
+    date is rebuilt when those inputs differ now (a late event, an out-of-order arrival, a re-delivery or
+    a rerun of an old date, a resend quarantined in a later arrival), plus the event dates of `arrivals`
+    themselves. Returns the dates, oldest first, and why each is in the list."""
+    tables = Tables(settings.lake)
+    with_silver = state.arrivals_with_silver(tables)
+    gone = state.prune(settings.lake, with_silver)
+    records = state.ensure(spark_session(settings), settings.lake, with_silver)
+    reasons: dict[date, str] = {}
+    for arrival in arrivals:
+        if arrival not in records:  # its build_gold fails alone, naming the date, and the others go on
+            reasons[arrival] = f"arrival {arrival} has no silver transactions"
+            continue
+        for event_date in sorted(records[arrival]["event_dates"]):
+            reasons.setdefault(date.fromisoformat(event_date), f"events of arrival {arrival}")
+    builds = gold_root(settings.lake) / "_builds"
+    for path in sorted(builds.glob(f"{PARTITION_COLUMN}=*.json")) if builds.is_dir() else []:
+        built = read_json(path) or {}
+        day = date.fromisoformat(path.stem.removeprefix(f"{PARTITION_COLUMN}="))
+        if day not in reasons and built.get("inputs") != inputs_of(records, day):
+            changed = sorted(set(built.get("inputs", {}).items()) ^ set(inputs_of(records, day).items()))
+            reasons[day] = "inputs changed: arrivals " + ", ".join(sorted({a for a, _ in changed}))
+    plan = {
+        "arrivals": [a.isoformat() for a in arrivals],
+        "event_dates": [d.isoformat() for d in sorted(reasons)],
+        "reasons": {d.isoformat(): why for d, why in sorted(reasons.items())},
+        "arrivals_removed": [a.isoformat() for a in gone],
+    }
+    log.info("gold plan: %s", plan)
+    return plan
+
+
 def build_gold(settings: Settings, day: date) -> dict:
-    """Customer and merchant features for the transactions of `day`: silver rows of event dates D, D-1,
-    D-7 and D-30, plus the daily totals of D-30 .. D-1 (state.py), never the whole lookback row by row."""
+    """Customer and merchant features for the transactions of event date `day`, from every arrival that
+    holds rows of it (late events included): silver rows of event dates D, D-1, D-7 and D-30, plus the
+    daily totals of D-30 .. D-1 (state.py), never the whole lookback row by row."""
     tables = Tables(settings.lake)
     spark = spark_session(settings)
-    if not Tables.partition(tables.silver, day).is_dir():
-        raise PipelineError(
-            f"no silver transactions for {day} at {Tables.partition(tables.silver, day)}: ingest the date "
-            f"first (`mlops ingest --date {day}`)"
-        )
     window_start = day - timedelta(days=LOOKBACK_DAYS)
-    arrivals = state.arrivals_with_silver(tables, window_start, day)
+    # An arrival holds events of up to `late_event_days` before its own date.
+    arrivals = state.arrivals_with_silver(
+        tables, window_start, day + timedelta(days=settings.ingest.late_event_days)
+    )
     records = state.ensure(spark, settings.lake, arrivals)
+    expected = sum(r["event_dates"].get(day.isoformat(), 0) for r in records.values())
+    roots = [table_path(settings.lake, t) for t in (CUSTOMER_TABLE, MERCHANT_TABLE)]
+    if expected == 0:
+        return _no_events(settings, tables, day, roots, inputs_of(records, day))
     wanted = [day - timedelta(days=k) for k in transforms.ROW_OFFSETS]
-    # Events are accepted up to a day late, so a date's rows may sit in the next arrival too.
-    row_arrivals = [
-        a for a in arrivals if a == day or any(d.isoformat() in records[a]["event_dates"] for d in wanted)
-    ]
+    row_arrivals = [a for a in arrivals if any(d.isoformat() in records[a]["event_dates"] for d in wanted)]
     silver = read_partitions(spark, tables.silver, row_arrivals)
-    assert silver is not None, "`row_arrivals` holds `day`, whose silver partition was checked above"
+    assert silver is not None, "`row_arrivals` holds the rows of `day`, counted above"
     evts = transforms.events(silver).where(F.col("event_date").isin(*wanted))
     customer_daily = state.read_table(spark, settings.lake, "customer_daily", arrivals)
     merchant_daily = state.read_table(spark, settings.lake, "merchant_daily", arrivals)
@@ -69,26 +127,60 @@ def build_gold(settings: Settings, day: date) -> dict:
         "event_date": day.isoformat(),
         "lookback_from": window_start.isoformat(),
         "silver_arrivals_read": [a.isoformat() for a in row_arrivals],
+        "silver_rows": expected,
     }
     for table, frame in outputs.items():
         root = table_path(settings.lake, table)
         ordered = frame.repartition(1).sortWithinPartitions(*frame.columns[:2])
-        overwrite_partitions(ordered, root, [PARTITION_COLUMN], now_empty=(_gold_partition(root, day),))
         written = _gold_partition(root, day)
-        _stable_file_names(written)
+        # File names are made stable in staging, before the swap: the live partition is never half-rewritten.
+        overwrite_partitions(
+            ordered, root, [PARTITION_COLUMN], now_empty=(written,), before_swap=_stable_file_names
+        )
         record[f"rows_{table}"] = spark.read.parquet(str(written)).count() if written.is_dir() else 0
-    silver_rows = spark.read.parquet(str(Tables.partition(tables.silver, day))).count()
-    if record[f"rows_{CUSTOMER_TABLE}"] != silver_rows or record[f"rows_{MERCHANT_TABLE}"] != silver_rows:
+    if record[f"rows_{CUSTOMER_TABLE}"] != expected or record[f"rows_{MERCHANT_TABLE}"] != expected:
         raise PipelineError(
             f"gold {day}: {record[f'rows_{CUSTOMER_TABLE}']} customer and {record[f'rows_{MERCHANT_TABLE}']} "
-            f"merchant rows for {silver_rows} silver transactions; each transaction needs one row in each"
+            f"merchant rows for {expected} silver transactions of event date {day} (arrivals "
+            f"{', '.join(record['silver_arrivals_read'])}); each transaction needs one row in each"
         )
+    write_json(
+        build_path(settings.lake, day), {"event_date": day.isoformat(), "inputs": inputs_of(records, day)}
+    )
     log.info("gold %s: %s", day, record)
     return record
 
 
+def _no_events(
+    settings: Settings, tables: Tables, day: date, roots: list[Path], inputs: dict[str, str]
+) -> dict:
+    """No silver row has event date `day`: an error for a date never built, and the removal of its gold
+    when rows it was built from are gone (a re-delivery that retracted them)."""
+    partitions = [_gold_partition(root, day) for root in roots]
+    if not any(p.is_dir() for p in partitions):
+        raise PipelineError(
+            f"no silver transactions with event date {day} under {tables.silver}: ingest the date first "
+            f"(`mlops ingest --date {day}`)"
+        )
+    for root, partition in zip(roots, partitions, strict=True):
+        clear_partitions(root, (partition,))
+    write_json(
+        build_path(settings.lake, day), {"event_date": day.isoformat(), "inputs": inputs, "removed": True}
+    )
+    log.warning("gold %s removed: no silver transaction has this event date any more", day)
+    return {
+        "event_date": day.isoformat(),
+        "silver_arrivals_read": [],
+        "silver_rows": 0,
+        f"rows_{CUSTOMER_TABLE}": 0,
+        f"rows_{MERCHANT_TABLE}": 0,
+        "removed": True,
+    }
+
+
 def _stable_file_names(partition: Path) -> None:
-    """Rewrite Spark's files of a gold partition so the same rows give the same bytes and names everywhere.
+    """Rewrite Spark's files of a staged gold partition so the same rows give the same bytes and names
+    everywhere (run by `overwrite_partitions` before the partition is swapped in).
 
     Spark names files after a random job id, and parquet-mr writes each column chunk's list of encodings
     in the order of a hash set keyed by identity hash codes, so two JVMs write the same rows with different
@@ -124,6 +216,8 @@ def version_gold(settings: Settings, day: date) -> dict:
         (f"gold/{table}/{PARTITION_COLUMN}={day}", _gold_partition(table_path(settings.lake, table), day))
         for table in tables
     ]
+    if not any(path.is_dir() for _, path in partitions):
+        return {"dataset_rev": None, "members": {}, "skipped": f"no gold for event date {day}"}
     members = dict(zip(tables, track_many(settings, partitions), strict=True))
     rev = record_revision(settings, members)
     return {"dataset_rev": rev, "members": {k: v.md5 for k, v in members.items()}}
@@ -138,6 +232,8 @@ def validate_gold(settings: Settings, day: date) -> list[dict]:
     results = []
     for table in (CUSTOMER_TABLE, MERCHANT_TABLE):
         partition = _gold_partition(table_path(settings.lake, table), day)
+        if not partition.is_dir() and (read_json(build_path(settings.lake, day)) or {}).get("removed"):
+            continue  # removed by build_gold: no transaction has this event date any more
         df = spark.read.parquet(str(partition)).withColumn(PARTITION_COLUMN, F.lit(day))
         results.append(validate(df, f"gold_{table}", settings.suites_dir, settings.home, {}))
     # Kept for lineage: the model trained on this gold records which suites passed.

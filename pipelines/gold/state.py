@@ -66,9 +66,42 @@ def _signature(tables: Tables, arrival: date) -> str:
     return digest.hexdigest()
 
 
-def arrivals_with_silver(tables: Tables, first: date, last: date) -> list[date]:
-    days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
-    return [d for d in days if Tables.partition(tables.silver, d).is_dir()]
+def arrivals_with_silver(tables: Tables, first: date | None = None, last: date | None = None) -> list[date]:
+    """Arrival dates with a silver partition, between `first` and `last` when given."""
+    prefix = "arrival_date="
+    found = (
+        sorted(
+            date.fromisoformat(p.name.removeprefix(prefix))
+            for p in tables.silver.iterdir()
+            if p.name.startswith(prefix) and p.is_dir()
+        )
+        if tables.silver.is_dir()
+        else []
+    )
+    return [d for d in found if (first is None or d >= first) and (last is None or d <= last)]
+
+
+def known_arrivals(lake: Path) -> dict[date, dict]:
+    """The arrivals whose totals were derived, with their records as last derived."""
+    folder = state_root(lake) / "_sources"
+    records = (read_json(p) for p in sorted(folder.glob("arrival_date=*.json"))) if folder.is_dir() else ()
+    return {date.fromisoformat(r["arrival_date"]): r for r in records if r}
+
+
+def prune(lake: Path, keep: list[date]) -> list[date]:
+    """Drop the totals of arrivals whose silver is gone (not in `keep`); return them."""
+    gone = sorted(set(known_arrivals(lake)) - set(keep))
+    for table in TABLES:
+        target = state_root(lake) / table
+        clear_partitions(target, tuple(Tables.partition(target, a) for a in gone))
+    for arrival in gone:
+        forget(lake, arrival)
+    return gone
+
+
+def dates_of(record: dict) -> set[date]:
+    """The event dates an arrival holds rows of, and the dates its chargebacks were reported on."""
+    return {date.fromisoformat(d) for d in (*record["event_dates"], *record.get("label_dates", ()))}
 
 
 def ensure(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, dict]:
@@ -124,6 +157,8 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
             clear_partitions(target, now_empty)
     daily = read_partitions(spark, root / "merchant_daily", arrivals)
     counts = daily.groupBy("arrival_date", "event_date").agg(F.sum("n").alias("n")).collect() if daily else []
+    reported = read_partitions(spark, root / "merchant_chargebacks", arrivals)
+    label_dates = reported.select("arrival_date", "label_date").distinct().collect() if reported else []
     records = {}
     for arrival in arrivals:
         event_dates = {
@@ -135,6 +170,7 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
             "arrival_date": arrival.isoformat(),
             "signature": signatures[arrival],
             "event_dates": event_dates,
+            "label_dates": sorted(r.label_date.isoformat() for r in label_dates if r.arrival_date == arrival),
         }
         write_json(_signature_path(lake, arrival), record)
         records[arrival] = record

@@ -23,13 +23,21 @@ from core.errors import (
 )
 from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
 from pipelines.ingest import transforms
-from pipelines.ingest.landing import Arrival, LandingFile, find_arrival, json_key_problems, read_lines
+from pipelines.ingest.landing import (
+    Arrival,
+    LandingFile,
+    find_arrival,
+    json_key_problems,
+    read_lines,
+    refuse_to_clear,
+)
 from pipelines.lake import (
     Tables,
     clear_partitions,
     overwrite_partitions,
     read_json,
     read_partition,
+    read_partitions,
     write_json,
 )
 from pipelines.spark import spark_session
@@ -45,7 +53,7 @@ ROWS_PER_SILVER_FILE = 2_000_000
 def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     """Landing files of `day` -> bronze (typed) and quarantine (with reasons); write the reconciliation."""
     tables = Tables(settings.lake)
-    arrival = find_arrival(settings.landing, day)
+    arrival = find_arrival(settings.landing, day, ignore=settings.ingest.ignore_files)
     spark = spark_session(settings)
     with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
     arrival.problems += json_key_problems(spark, with_rows)
@@ -59,7 +67,7 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     if arrival.problems:
         raise LandingFileError(day.isoformat(), arrival.problems)
     if not with_rows:
-        return _empty_arrival(settings, tables, day, run_id, [f.name for f in arrival.files])
+        return _empty_arrival(settings, tables, arrival, run_id)
 
     raw = _parse_arrival(read_lines(spark, with_rows), arrival, with_rows, TRANSACTION_COLUMNS)
 
@@ -131,9 +139,21 @@ def _parse_arrival(
     return functools.reduce(DataFrame.unionByName, parsed)
 
 
-def _empty_arrival(settings: Settings, tables: Tables, day: date, run_id: str, files: list[str]) -> dict:
-    """An arrival with no rows at all: clear the date's partitions, say so, fail only if configured."""
-    for root in (tables.bronze, tables.silver, tables.quarantine):
+def _empty_arrival(settings: Settings, tables: Tables, arrival: Arrival, run_id: str) -> dict:
+    """An arrival with no rows at all: clear the date's partitions, say so, fail only if configured. A date
+    the lake holds rows of is not cleared (its files were lost) unless MLOPS_INGEST__ALLOW_EMPTY_OVERWRITE."""
+    day, files = arrival.day, [f.name for f in arrival.files]
+    roots = {"bronze": tables.bronze, "silver": tables.silver, "quarantine": tables.quarantine}
+    cleared = refuse_to_clear(
+        spark_session(settings),
+        arrival.folder,
+        "transactions",
+        {name: Tables.partition(root, day) for name, root in roots.items()},
+        tables.reconciliation(day),
+        arrival.empty_files,
+        allow=settings.ingest.allow_empty_overwrite,
+    )
+    for root in roots.values():
         clear_partitions(root, (Tables.partition(root, day),))
     record = {
         "arrival_date": day.isoformat(),
@@ -148,6 +168,8 @@ def _empty_arrival(settings: Settings, tables: Tables, day: date, run_id: str, f
         "rows_silver": 0,
         "duplicates_removed": 0,
     }
+    if cleared:
+        record["cleared_rows"] = cleared
     write_json(tables.reconciliation(day), record)
     message = f"arrival {day} is empty: {len(files)} file(s) with no rows ({', '.join(files) or 'no files'})"
     log.warning(message)
@@ -184,13 +206,44 @@ def _validate(settings: Settings, day: date, layer: str) -> dict:
 
 
 def build_silver(settings: Settings, day: date, run_id: str) -> dict:
-    """Bronze of `day` -> silver (deduplicated, sorted), removed copies -> quarantine; update the record."""
+    """Bronze of `day` -> silver (deduplicated against itself and the bronze of the arrivals of the
+    lookback, sorted), removed copies -> quarantine; update the record.
+
+    Silver of a date depends only on bronze of [date - lookback, date], so when `day` arrives after a later
+    date was built, the later dates whose silver holds a copy of one of `day`'s ids (or lost a copy `day`
+    no longer has) are rebuilt the same way; the record lists them as `rebuilt_arrivals`.
+    """
     tables = Tables(settings.lake)
     record = _reconciliation(tables, day)
     if record["status"] == "empty":
         return record
+    record.update(_write_silver(settings, tables, day, run_id, record), status="silver")
+    rebuilt = []
+    for later in _later_arrivals_to_rebuild(settings, tables, day):
+        later_record = _reconciliation(tables, later)
+        later_record.update(_write_silver(settings, tables, later, run_id, later_record))
+        later_record["rebuilt_after_arrival"] = day.isoformat()
+        write_json(tables.reconciliation(later), later_record)
+        log.info("rebuilt silver of %s after arrival %s: %s", later, day, later_record)
+        rebuilt.append(later.isoformat())
+    record["rebuilt_arrivals"] = rebuilt
+    write_json(tables.reconciliation(day), record)
+    log.info("reconciliation %s: %s", day, record)
+    return record
+
+
+def _write_silver(settings: Settings, tables: Tables, day: date, run_id: str, record: dict) -> dict:
+    """Silver and silver-stage quarantine of `day`, deterministic from bronze; the counts written."""
     spark = spark_session(settings)
-    silver, duplicates = transforms.deduplicate(read_partition(spark, tables.bronze, day), run_id)
+    lookback = settings.ingest.dedup_lookback_days
+    earlier = read_partitions(spark, tables.bronze, [day - timedelta(days=k) for k in range(1, lookback + 1)])
+    silver, duplicates = transforms.deduplicate(
+        read_partition(spark, tables.bronze, day),
+        run_id,
+        None
+        if earlier is None
+        else earlier.select("transaction_id", "arrival_date", "source_file", "line_number"),
+    )
     files = max(1, math.ceil(record["rows_bronze"] / ROWS_PER_SILVER_FILE))
     ordered = silver.repartitionByRange(files, "event_timestamp", "transaction_id").sortWithinPartitions(
         "event_timestamp", "transaction_id"
@@ -208,10 +261,47 @@ def build_silver(settings: Settings, day: date, run_id: str) -> dict:
             f"arrival {day}: silver has {rows_silver} rows and {removed} duplicates were removed, but bronze "
             f"has {record['rows_bronze']}; rows were lost between bronze and silver. Rerun build_silver."
         )
-    record.update(status="silver", rows_silver=rows_silver, duplicates_removed=removed)
-    write_json(tables.reconciliation(day), record)
-    log.info("reconciliation %s: %s", day, record)
-    return record
+    return {"rows_silver": rows_silver, "duplicates_removed": removed}
+
+
+def _later_arrivals_to_rebuild(settings: Settings, tables: Tables, day: date) -> list[date]:
+    """Later arrivals within the lookback whose silver `day`'s bronze changes: their silver holds an id of
+    `day` (now the later copy), or they removed a copy as a resend of a row `day` no longer has."""
+    lookback = settings.ingest.dedup_lookback_days
+    later = [
+        day + timedelta(days=k)
+        for k in range(1, lookback + 1)
+        if Tables.partition(tables.silver, day + timedelta(days=k)).is_dir()
+    ]
+    if not later:
+        return []
+    spark = spark_session(settings)
+    ids = read_partition(spark, tables.bronze, day).select("transaction_id")
+    silver = read_partitions(spark, tables.silver, later)
+    shadowed = (
+        {
+            r.arrival_date
+            for r in silver.join(ids, "transaction_id", "left_semi")
+            .select("arrival_date")
+            .distinct()
+            .collect()
+        }
+        if silver is not None
+        else set()
+    )
+    stages = [p for d in later if (p := Tables.partition(tables.quarantine, d, stage="silver")).is_dir()]
+    orphaned: set[date] = set()
+    if stages:
+        copies = spark.read.option("basePath", str(tables.quarantine)).parquet(*map(str, stages))
+        pointing = copies.where(F.col("detail").startswith(f"transaction_id first seen in arrival {day} "))
+        orphaned = {
+            r.arrival_date
+            for r in pointing.join(ids, "transaction_id", "left_anti")
+            .select("arrival_date")
+            .distinct()
+            .collect()
+        }
+    return sorted(shadowed | orphaned)
 
 
 def _reconciliation(tables: Tables, day: date) -> dict:
@@ -228,7 +318,9 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     """Chargebacks reported on `day` -> silver labels (first copy of a transaction_id wins) and quarantine.
     A header-only labels file is normal: no chargeback was reported that day."""
     tables = Tables(settings.lake)
-    arrival = find_arrival(settings.landing, day, stem="labels", columns=LABEL_COLUMNS)
+    arrival = find_arrival(
+        settings.landing, day, stem="labels", columns=LABEL_COLUMNS, ignore=settings.ingest.ignore_files
+    )
     spark = spark_session(settings)
     with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
     arrival.problems += json_key_problems(spark, with_rows, LABEL_COLUMNS)
@@ -242,11 +334,22 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     silver_partition = Tables.partition(tables.silver_labels, day)
     quarantine_partition = Tables.partition(tables.quarantine_labels, day)
     if not with_rows:
+        cleared = refuse_to_clear(
+            spark,
+            arrival.folder,
+            "labels",
+            {"silver": silver_partition, "quarantine": quarantine_partition},
+            tables.labels_reconciliation(day),
+            arrival.empty_files,
+            allow=settings.ingest.allow_empty_overwrite,
+        )
         clear_partitions(tables.silver_labels, (silver_partition,))
         clear_partitions(tables.quarantine_labels, (quarantine_partition,))
         record.update(
             rows_in=0, rows_silver=0, rows_quarantined=0, duplicates_removed=0, quarantined_by_reason={}
         )
+        if cleared:
+            record["cleared_rows"] = cleared
         write_json(tables.labels_reconciliation(day), record)
         return record
     raw = _parse_arrival(read_lines(spark, with_rows), arrival, with_rows, LABEL_COLUMNS)
@@ -266,23 +369,51 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
         "line_number",
         F.lit(day).alias("arrival_date"),
     )
-    overwrite_partitions(
-        rejected, tables.quarantine_labels, ["arrival_date"], now_empty=(quarantine_partition,)
-    )
-    overwrite_partitions(labels, tables.silver_labels, ["arrival_date"], now_empty=(silver_partition,))
     by_reason = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
-    classified.unpersist()
     rows_in = sum(by_reason.values())
-    rows_silver = spark.read.parquet(str(silver_partition)).count() if silver_partition.exists() else 0
     rows_quarantined = rows_in - by_reason.get(None, 0)
     record.update(
         rows_in=rows_in,
-        rows_silver=rows_silver,
         rows_quarantined=rows_quarantined,
-        duplicates_removed=by_reason.get(None, 0) - rows_silver,
         quarantined_by_reason={r: n for r, n in by_reason.items() if r is not None},
+        quarantine_rate=rows_quarantined / rows_in,
+    )
+    # The rejected rows are kept either way, to be inspected; silver labels only when the gate passes.
+    overwrite_partitions(
+        rejected, tables.quarantine_labels, ["arrival_date"], now_empty=(quarantine_partition,)
+    )
+    limit = settings.ingest.max_label_quarantine_rate
+    if record["quarantine_rate"] > limit:
+        classified.unpersist()
+        record["status"] = "failed"
+        write_json(tables.labels_reconciliation(day), record)
+        ranked_reasons = sorted(record["quarantined_by_reason"].items(), key=lambda kv: -kv[1])[:3]
+        worst = ", ".join(f"{reason}={count}" for reason, count in ranked_reasons)
+        raise QuarantineRateError(
+            f"labels arrival {day}: {rows_quarantined} of {rows_in} rows quarantined "
+            f"({record['quarantine_rate']:.2%}), above the limit of {limit:.2%}; top reasons: {worst}. "
+            f"Silver labels of the date were not written. Inspect {quarantine_partition}; fix the feed "
+            f"and rerun the date, or raise MLOPS_INGEST__MAX_LABEL_QUARANTINE_RATE if this is expected."
+        )
+    overwrite_partitions(labels, tables.silver_labels, ["arrival_date"], now_empty=(silver_partition,))
+    classified.unpersist()
+    rows_silver = spark.read.parquet(str(silver_partition)).count() if silver_partition.exists() else 0
+    kept_in_quarantine = (
+        spark.read.parquet(str(quarantine_partition)).count() if quarantine_partition.exists() else 0
+    )
+    if rows_silver + kept_in_quarantine != rows_in:
+        raise PipelineError(
+            f"labels arrival {day}: {rows_in} rows in, but silver labels hold {rows_silver} and quarantine "
+            f"{kept_in_quarantine} (duplicates included); rows were lost or doubled. Rerun ingest_labels."
+        )
+    record.update(
+        status="ok", rows_silver=rows_silver, duplicates_removed=by_reason.get(None, 0) - rows_silver
     )
     write_json(tables.labels_reconciliation(day), record)
+    if rows_silver:
+        df = read_partition(spark, tables.silver_labels, day)
+        record["validation"] = validate(df, "silver_labels", settings.suites_dir, settings.home, {})
+        write_json(tables.labels_reconciliation(day), record)
     log.info("labels reconciliation %s: %s", day, record)
     return record
 

@@ -4,8 +4,11 @@ numbered for the reconciliation. The lake's tables and writes are in pipelines/l
 from __future__ import annotations
 
 import csv
+import fnmatch
 import gzip
+import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -14,13 +17,24 @@ from typing import IO
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from core.errors import ArrivalNotFoundError
+from core.errors import ArrivalNotFoundError, PipelineError
 from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS, TRANSACTION_COLUMNS
 
 log = logging.getLogger(__name__)
 
 DATA_SUFFIXES = {".csv": "csv", ".jsonl": "json", ".json": "json"}
 GZIP_SUFFIX = ".gz"  # Spark (Hadoop's codec factory) decompresses by this suffix, lower case only
+FEEDS = ("transactions", "labels")
+# The producer's completion marker, written last (the ingest DAG waits for it; the same name as
+# orchestration.tasks.COMPLETE_MARKER), and what the synthetic generator writes beside its data
+# (pipelines/synthetic/landing.py): an arrival folder may always hold these, whatever is ignored.
+COMPLETE_MARKER = "_SUCCESS"
+CONTROL_FILES = frozenset({COMPLETE_MARKER, "_GENERATED_BY", "_manifest.json"})
+DEFAULT_IGNORE_FILES = (".*", "_*")  # IngestSettings.ignore_files
+
+
+class LostArrivalError(PipelineError):
+    """An arrival folder without data rows for a date whose rows the lake holds: its files were lost."""
 
 
 def data_format(name: str) -> tuple[str | None, bool]:
@@ -60,9 +74,18 @@ class Arrival:
 
 
 def find_arrival(
-    landing: Path, day: date, stem: str = "transactions", columns=TRANSACTION_COLUMNS
+    landing: Path,
+    day: date,
+    stem: str = "transactions",
+    columns=TRANSACTION_COLUMNS,
+    ignore: Sequence[str] = DEFAULT_IGNORE_FILES,
 ) -> Arrival:
-    """List the `stem-*` files (transactions or labels) of one arrival date and check each as a whole."""
+    """List the `stem-*` files (transactions or labels) of one arrival date and check each as a whole.
+
+    Every other entry of the folder must be a data file of the other feed, a control file (`_SUCCESS`) or
+    match an `ignore` glob; anything else (`notes.txt`, `transactions.csv`, a subfolder) is a problem: a
+    re-delivery under a name ingestion does not read must fail the date, not make it look empty.
+    """
     folder = landing / day.isoformat()
     if not folder.is_dir():
         raise ArrivalNotFoundError(
@@ -71,32 +94,103 @@ def find_arrival(
         )
     files, ignored, problems = [], [], []
     for path in sorted(folder.iterdir()):
-        other = "labels-" if stem == "transactions" else "transactions-"
-        if path.name.startswith(("_", ".", other)):
-            continue
-        fmt, compressed = data_format(path.name)
-        if not path.name.startswith(f"{stem}-") or not path.is_file():
-            ignored.append(path.name)
-        elif fmt is None:
+        name = path.name
+        feed = next((f for f in FEEDS if name.startswith(f"{f}-")), None)
+        fmt, compressed = data_format(name)
+        if feed is not None and fmt is not None and path.is_file():
+            if feed != stem:
+                continue  # the other feed's data, checked by its own step
+            if compressed and not name.endswith(GZIP_SUFFIX):
+                problems.append(
+                    f"{name}: gzipped files must end in lower-case {GZIP_SUFFIX} to be decompressed; "
+                    f"rename it to {name[: -len(GZIP_SUFFIX)]}{GZIP_SUFFIX}"
+                )
+            else:
+                files.append(LandingFile(path, fmt, compressed))
+        elif feed == stem and path.is_file():
             # Named as the feed's data but in no format we read: refusing it loses nothing, while
             # ignoring it would make the date look empty and clear what an earlier run wrote.
             problems.append(
-                f"{path.name}: a {stem} file in no format ingestion reads; deliver it as .csv, .jsonl or "
+                f"{name}: a {stem} file in no format ingestion reads; deliver it as .csv, .jsonl or "
                 f".json, gzipped or not (.csv.gz)"
             )
-        elif compressed and not path.name.endswith(GZIP_SUFFIX):
-            problems.append(
-                f"{path.name}: gzipped files must end in lower-case {GZIP_SUFFIX} to be decompressed; "
-                f"rename it to {path.name[: -len(GZIP_SUFFIX)]}{GZIP_SUFFIX}"
-            )
+        elif feed is None and name in CONTROL_FILES and path.is_file():
+            continue
+        elif feed is None and any(fnmatch.fnmatchcase(name, pattern) for pattern in ignore):
+            ignored.append(name)
         else:
-            files.append(LandingFile(path, fmt, compressed))
+            problems.append(_unexpected_entry(path, feed, ignore))
     arrival = Arrival(day=day, folder=folder, files=files, ignored=ignored, problems=problems)
-    for name in ignored:
-        log.warning("arrival %s: ignoring %s (not a %s-* file)", day, name, stem)
+    if ignored:
+        log.info("arrival %s: ignoring %s (MLOPS_INGEST__IGNORE_FILES)", day, ", ".join(ignored))
     for landing_file in files:
         _check_file(arrival, landing_file, columns)
     return arrival
+
+
+def _unexpected_entry(path: Path, feed: str | None, ignore: Sequence[str]) -> str:
+    """Why an entry of an arrival folder that is no data file, control file or ignored one stops the date."""
+    what = "a folder" if path.is_dir() else "a file"
+    hint = ""
+    if feed is None and path.name.lower().startswith(FEEDS):
+        hint = f" (data files are named <feed>-<part>, e.g. {FEEDS[0]}-00000.csv: rename it if it is data)"
+    elif feed is not None:
+        hint = " (data files must be files directly in the arrival folder)"
+    if feed is not None:  # named as data: never ignorable, it must be fixed
+        return f"{path.name}: {what} named as {feed} data that ingestion cannot read{hint}"
+    return (
+        f"{path.name}: {what} that is neither a data file (transactions-*/labels-* ending in .csv, .jsonl "
+        f"or .json, gzipped or not) nor the completion marker {COMPLETE_MARKER}{hint}. Move it out of the "
+        f"arrival folder, or, if the producer always sends it, ignore it: "
+        f"MLOPS_INGEST__IGNORE_FILES='{json.dumps([*ignore, path.name])}'"
+    )
+
+
+def refuse_to_clear(
+    spark: SparkSession,
+    folder: Path,
+    feed: str,
+    partitions: dict[str, Path],
+    record_path: Path,
+    empty_files: Sequence[str],
+    allow: bool,
+) -> dict[str, int]:
+    """Before an arrival without data rows clears its date: the rows the lake holds of the date, by table.
+
+    None held (a first delivery of a quiet day): nothing to lose. Some held, or a reconciliation record
+    that counted rows in: the folder lost its files, so raise LostArrivalError, unless `allow` (the
+    producer retracted the day), which returns what is about to be cleared.
+    """
+    held = {
+        table: spark.read.parquet(str(partition)).count()
+        for table, partition in partitions.items()
+        if partition.is_dir() and any(partition.rglob("*.parquet"))
+    }
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if not any(held.values()) and not record.get("rows_in"):
+        return {}
+    rows = ", ".join(f"{table} {count} rows" for table, count in held.items()) or "no partition rows"
+    if allow:
+        log.warning(
+            "arrival %s has no %s rows: clearing %s of the date (MLOPS_INGEST__ALLOW_EMPTY_OVERWRITE)",
+            folder.name,
+            feed,
+            rows,
+        )
+        return held
+    source = (
+        f"ingested by run {record.get('run_id')} from {', '.join(record.get('files') or []) or 'no files'} "
+        f"({record.get('rows_in', 0)} rows in; record {record_path})"
+        if record
+        else f"no reconciliation record at {record_path}"
+    )
+    found = f"only empty files: {', '.join(empty_files)}" if empty_files else f"no {feed}-* data files"
+    raise LostArrivalError(
+        f"arrival {folder.name}: {folder} has no {feed} data rows ({found}), but the lake holds {rows} of "
+        f"this date, {source}. Nothing was cleared or written. If the files were lost or moved, restore "
+        f"them to {folder} and rerun the date; if the producer really retracted the day, rerun it with "
+        f"MLOPS_INGEST__ALLOW_EMPTY_OVERWRITE=true to clear the date."
+    )
 
 
 def _check_file(arrival: Arrival, landing_file: LandingFile, columns: tuple[str, ...]) -> None:

@@ -1,20 +1,33 @@
 """Pure transforms of the ingestion: DataFrames in, DataFrames out. No paths, sessions or clock.
 
 Every input line is classified exactly once: it becomes a typed bronze row, or a quarantine row with one
-reason code. Reasons are checked in this order and the first that applies wins:
+reason code and a detail naming the column, the value and the rule. The row rules are derived from the
+table's data contract (`pipelines/contracts.py`), the same one the GX suites are generated from. Reasons
+are checked in this order and the first that applies wins:
 
 | reason           | meaning                                                                      |
 |------------------|------------------------------------------------------------------------------|
 | malformed        | unparseable: fewer CSV tokens than the header, unbalanced quotes, not JSON   |
 | extra_column     | more CSV tokens than the header, or JSON keys outside the contract          |
 | missing_required | a required field is null or blank                                            |
-| wrong_type       | amount is not a decimal number, or event_timestamp not an ISO 8601 instant   |
-| out_of_range     | amount <= 0 or above the maximum; event date outside the arrival window      |
-| invalid_value    | currency, country, channel or merchant_category outside the allowed values   |
+| wrong_type       | not the contract's type, or not exactly: a decimal with more decimal places  |
+|                  | than the scale or more integer digits than precision - scale (never rounded),|
+|                  | a timestamp that is not ISO 8601 with an offset or has non-zero digits past  |
+|                  | the microsecond, an integer that is not plain digits                         |
+| out_of_range     | a number outside the contract's min/max; a timestamp whose UTC date is       |
+|                  | outside the arrival window [arrival - late days, arrival]                    |
+| invalid_value    | a string too long, off its pattern (ids), or outside the allowed values      |
 
-Silver keeps the first copy of each transaction_id in (source_file, line_number) order: producers resend
-identical rows on retry, so the first one is the original. The later copies go to quarantine with reason
-`duplicate` (stage `silver`) and their full record, so a resend with different content stays visible.
+Values are taken as sent: no trimming, no case folding. ` 12.5`, `1,000.00`, `EUR `, an id with a trailing
+space, a Unicode look-alike or a control character are quarantined, never cleaned. Decimals are plain
+notation with an optional sign and exponent (`+3`, `-0`, `1e3` are numbers; `.5`, `5.` are not); a JSON
+number keeps the text it was sent as (Spark would read it through a double). A byte-order mark at the start
+of a JSON Lines file is not data and is skipped (a CSV file's first line is its header).
+
+Silver keeps the first copy of each transaction_id by (arrival_date, source_file, line_number), looking
+back `lookback` arrival dates: producers resend identical rows on retry, also on a later day, so the first
+one is the original. The later copies go to quarantine with reason `duplicate` (stage `silver`), a detail
+naming the first copy and their full record, so a resend with different content stays visible.
 """
 
 from __future__ import annotations
@@ -26,27 +39,31 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StringType
 
 from pipelines.contracts import (
-    AMOUNT_MAX,
-    CHANNELS,
-    COUNTRIES,
-    CURRENCY_PER_USD,
-    LABEL_COLUMNS,
-    MERCHANT_CATEGORIES,
-    REQUIRED_TRANSACTION_COLUMNS,
+    DECIMAL_TEXT,
+    INTEGER_TEXT,
+    LABELS_CONTRACT,
     TRANSACTION_COLUMNS,
+    TRANSACTIONS_CONTRACT,
+    FieldContract,
+    TableContract,
 )
-from pipelines.ingest.schemas import AMOUNT_TYPE, BRONZE_TRANSACTIONS, QUARANTINE, SILVER_TRANSACTIONS
+from pipelines.ingest.schemas import BRONZE_TRANSACTIONS, QUARANTINE, SILVER_TRANSACTIONS
 
-TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss[.SSS]XXX"
+# Up to 9 fractional digits are read; the contract's pattern has already refused non-zero digits past the
+# 6th (Spark timestamps hold microseconds), so nothing is rounded.
+TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss[.SSSSSSSSS]XXX"
 ROW_REASONS = ("malformed", "extra_column", "missing_required", "wrong_type", "out_of_range", "invalid_value")
-ALLOWED_VALUES = {
-    "currency": tuple(CURRENCY_PER_USD),
-    "country": COUNTRIES,
-    "channel": CHANNELS,
-    "merchant_category": MERCHANT_CATEGORIES,
+ALLOWED_VALUES = {f.name: f.allowed for f in TRANSACTIONS_CONTRACT.fields if f.allowed is not None}
+_NUMERIC_FIELDS = {
+    f.name
+    for c in (TRANSACTIONS_CONTRACT, LABELS_CONTRACT)
+    for f in c.fields
+    if f.kind in ("decimal", "integer")
 }
 # A quoted CSV field, with "" as an escaped quote inside it.
 _QUOTED_FIELD = r'"([^"]|"")*"'
+# A JSON number, as the producer wrote it.
+_JSON_NUMBER = r"(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*[,}]"
 
 
 def parse_csv_lines(
@@ -60,7 +77,8 @@ def parse_csv_lines(
     tokens = F.size(F.split(F.regexp_replace("value", _QUOTED_FIELD, "Q"), ",", -1))
     quote_chars = F.length("value") - F.length(F.regexp_replace("value", '"', ""))
     ddl = ", ".join(f"`{name}` STRING" for name in header)
-    parsed = F.from_csv(F.col("value"), ddl, {"mode": "PERMISSIVE"})
+    # RFC 4180 quoting, as Python's csv and pandas write it: "" inside a quoted field is one quote.
+    parsed = F.from_csv(F.col("value"), ddl, {"mode": "PERMISSIVE", "escape": '"'})
     parse_error = (
         F.when((F.col("value") == "") | (quote_chars % 2 == 1) | (tokens < len(header)), F.lit("malformed"))
         .when(tokens > len(header), F.lit("extra_column"))
@@ -70,16 +88,27 @@ def parse_csv_lines(
 
 
 def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_COLUMNS) -> DataFrame:
-    """Read JSON Lines (`value`) into string columns; numbers keep their JSON text."""
-    record = F.from_json(F.col("value"), MapType(StringType(), StringType()))
+    """Read JSON Lines (`value`) into string columns. A number keeps the text it was sent as (from_json
+    would read it through a double: 10.000000000000000001 would become 10.0)."""
+    text = F.when(F.col("line_number") == 1, F.regexp_replace("value", "^\ufeff", "")).otherwise(
+        F.col("value")
+    )
+    record = F.from_json(text, MapType(StringType(), StringType()))
     unknown_keys = F.filter(F.map_keys(record), lambda k: ~k.isin(*columns))
     parse_error = (
         F.when(record.isNull(), F.lit("malformed"))
         .when(F.size(unknown_keys) > 0, F.lit("extra_column"))
         .otherwise(F.lit(None).cast(StringType()))
     )
+
+    def value(name: str) -> Column:
+        if name not in _NUMERIC_FIELDS:
+            return record[name]
+        sent = F.regexp_extract(text, f'"{name}"\\s*:\\s*{_JSON_NUMBER}', 1)
+        return F.when(record[name].isNotNull() & (sent != ""), sent).otherwise(record[name])
+
     return _parsed(
-        lines, [F.when(record.isNotNull(), record[name]).alias(name) for name in columns], parse_error
+        lines, [F.when(record.isNotNull(), value(name)).alias(name) for name in columns], parse_error
     )
 
 
@@ -94,57 +123,178 @@ def _parsed(lines: DataFrame, values: list[Column], parse_error: Column) -> Data
     )
 
 
-def classify(raw: DataFrame, arrival: date, late_days: int) -> DataFrame:
-    """Type the string columns and give each row its reason (null for a clean row) and a detail."""
-    amount = F.expr(f"try_cast(amount AS {AMOUNT_TYPE.simpleString()})")
-    event_ts = F.try_to_timestamp(F.col("event_timestamp"), F.lit(TIMESTAMP_FORMAT))
-    event_date = F.to_date(event_ts)
-    earliest = arrival - timedelta(days=late_days)
+def _shown(value: Column) -> Column:
+    """A value as JSON text, so a trailing space or a control character is visible in a detail."""
+    return F.regexp_extract(F.to_json(F.array(value)), r"^\[(.*)\]$", 1)
 
-    missing = [(F.col(c).isNull() | (F.trim(F.col(c)) == ""), c) for c in REQUIRED_TRANSACTION_COLUMNS]
-    wrong_type = [
-        (amount.isNull(), F.concat(F.lit("amount is not a decimal number: "), F.col("amount"))),
-        (event_ts.isNull(), F.concat(F.lit("event_timestamp is not ISO 8601: "), F.col("event_timestamp"))),
-    ]
-    out_of_range = [
-        (
-            (amount <= 0) | (amount > AMOUNT_MAX),
-            F.concat(F.lit("amount "), amount.cast("string"), F.lit(f" outside (0, {AMOUNT_MAX:g}]")),
-        ),
-        (
-            (event_date < F.lit(earliest)) | (event_date > F.lit(arrival)),
-            F.concat(
-                F.lit("event date "), event_date.cast("string"), F.lit(f" outside [{earliest}, {arrival}]")
+
+def _decimal_digits(text: Column) -> tuple[Column, Column]:
+    """(decimal places, integer digits) the exact value of a DECIMAL_TEXT string needs: computed on the
+    text, since Spark's cast to a decimal type rounds to its scale (10.005 -> 10.01)."""
+    parts = r"^[+-]?([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?$"
+    whole, fraction = F.regexp_extract(text, parts, 1), F.regexp_extract(text, parts, 2)
+    exponent_text = F.regexp_extract(text, parts, 3)
+    exponent = F.when(exponent_text != "", exponent_text.try_cast("int")).otherwise(F.lit(0))
+    digits = F.concat(whole, fraction)
+    point = F.length(whole) + exponent  # digits before the decimal point
+    significant = F.length(F.regexp_replace(digits, "0+$", ""))
+    leading_zeros = F.length(digits) - F.length(F.regexp_replace(digits, "^0+", ""))
+    return F.greatest(significant - point, F.lit(0)), F.greatest(point - leading_zeros, F.lit(0))
+
+
+def _field_rules(
+    f: FieldContract, arrival: date, late_days: int
+) -> tuple[Column, list[tuple[str, Column, Column]]]:
+    """The typed value of a contract field and its rules: (reason, condition, detail), in reason order."""
+    text = F.col(f.name)
+    present = text.isNotNull() & (F.trim(text) != "") if f.required else text.isNotNull()
+    rules: list[tuple[str, Column, Column]] = []
+    if f.required:
+        rules.append(("missing_required", ~present, F.lit(f"{f.name} is null or blank")))
+    if f.kind == "decimal":
+        assert f.precision is not None and f.scale is not None
+        places, integer_digits = _decimal_digits(text)
+        exact = text.rlike(DECIMAL_TEXT) & (places <= f.scale) & (integer_digits <= f.precision - f.scale)
+        typed = F.when(exact, F.expr(f"try_cast(`{f.name}` AS DECIMAL({f.precision},{f.scale}))"))
+        rules += [
+            (
+                "wrong_type",
+                ~text.rlike(DECIMAL_TEXT),
+                F.concat(F.lit(f"{f.name} is not a decimal number: "), text),
             ),
-        ),
-    ]
-    invalid = [
-        (F.col(c).isNotNull() & ~F.col(c).isin(*allowed), F.concat(F.lit(f"{c} not allowed: "), F.col(c)))
-        for c, allowed in ALLOWED_VALUES.items()
-    ]
+            (
+                "wrong_type",
+                places > f.scale,
+                F.concat(
+                    F.lit(f"{f.name} "),
+                    text,
+                    F.lit(" has "),
+                    places.cast("string"),
+                    F.lit(f" decimal places; the contract allows {f.scale}"),
+                ),
+            ),
+            (
+                "wrong_type",
+                integer_digits > f.precision - f.scale,
+                F.concat(
+                    F.lit(f"{f.name} "),
+                    text,
+                    F.lit(" has "),
+                    integer_digits.cast("string"),
+                    F.lit(f" integer digits; the contract allows {f.precision - f.scale}"),
+                ),
+            ),
+        ]
+    elif f.kind == "integer":
+        typed = F.when(text.rlike(INTEGER_TEXT), F.expr(f"try_cast(`{f.name}` AS INT)"))
+        rules.append(("wrong_type", typed.isNull(), F.concat(F.lit(f"{f.name} is not an integer: "), text)))
+    elif f.kind == "timestamp":
+        assert f.pattern is not None
+        typed = F.when(text.rlike(f.pattern), F.try_to_timestamp(text, F.lit(TIMESTAMP_FORMAT)))
+        rules += [
+            (
+                "wrong_type",
+                typed.isNull(),
+                F.concat(F.lit(f"{f.name} is not ISO 8601: "), text),
+            ),
+            (
+                "wrong_type",
+                text.rlike(r"\.[0-9]{6}0*[1-9][0-9]*(Z|[+-])"),
+                F.concat(
+                    F.lit(f"{f.name} "),
+                    text,
+                    F.lit(" has non-zero digits past the microsecond; the lake holds microseconds"),
+                ),
+            ),
+        ]
+    else:
+        typed = text
+    if f.minimum is not None and f.maximum is not None:
+        low = (typed <= f.minimum) if f.min_exclusive else (typed < f.minimum)
+        high = (typed >= f.maximum) if f.max_exclusive else (typed > f.maximum)
+        rules.append(
+            (
+                "out_of_range",
+                low | high,
+                F.concat(F.lit(f"{f.name} "), typed.cast("string"), F.lit(f" outside {f.range_text}")),
+            )
+        )
+    if f.in_arrival_window:
+        earliest = arrival - timedelta(days=late_days)
+        day = F.to_date(typed)
+        rules.append(
+            (
+                "out_of_range",
+                (day < F.lit(earliest)) | (day > F.lit(arrival)),
+                F.concat(
+                    F.lit(f"{f.name.removesuffix('_timestamp')} date "),
+                    day.cast("string"),
+                    F.lit(f" outside [{earliest}, {arrival}]"),
+                ),
+            )
+        )
+    if f.kind == "string":
+        if f.max_length is not None:
+            rules.append(
+                (
+                    "invalid_value",
+                    present & (F.length(text) > f.max_length),
+                    F.concat(
+                        F.lit(f"{f.name} "),
+                        _shown(F.substring(text, 1, 40)),
+                        F.lit(" is "),
+                        F.length(text).cast("string"),
+                        F.lit(f" characters long; the contract allows {f.max_length}"),
+                    ),
+                )
+            )
+        if f.pattern is not None:
+            rules.append(
+                (
+                    "invalid_value",
+                    present & ~text.rlike(f.pattern),
+                    F.concat(F.lit(f"{f.name} "), _shown(text), F.lit(f" does not match {f.pattern}")),
+                )
+            )
+        if f.allowed is not None:
+            rules.append(
+                (
+                    "invalid_value",
+                    present & ~text.isin(*f.allowed),
+                    F.concat(F.lit(f"{f.name} not allowed: "), text),
+                )
+            )
+    return typed, rules
+
+
+def classify_table(raw: DataFrame, contract: TableContract, arrival: date, late_days: int) -> DataFrame:
+    """Type the string columns by `contract` and give each row its reason (null for a clean row) and a
+    detail: the first rule that applies, reasons in ROW_REASONS order, fields in contract order."""
+    typed: dict[str, Column] = {}
+    by_reason: dict[str, list[tuple[Column, Column]]] = {r: [] for r in ROW_REASONS}
+    for f in contract.fields:
+        typed[f.name], rules = _field_rules(f, arrival, late_days)
+        for name, condition, text in rules:
+            by_reason[name].append((condition, text))
     reason: Column = F.when(F.col("parse_error").isNotNull(), F.col("parse_error"))
     detail: Column = F.when(F.col("parse_error").isNotNull(), F.lit(None).cast(StringType()))
-    for condition, column in missing:
-        reason = reason.when(condition, F.lit("missing_required"))
-        detail = detail.when(condition, F.lit(f"{column} is null or blank"))
-    for name, checks in (
-        ("wrong_type", wrong_type),
-        ("out_of_range", out_of_range),
-        ("invalid_value", invalid),
-    ):
-        for condition, text in checks:
+    for name in ROW_REASONS:
+        for condition, text in by_reason[name]:
             reason = reason.when(condition, F.lit(name))
             detail = detail.when(condition, text)
     return raw.select(
-        *(F.col(c) for c in TRANSACTION_COLUMNS if c not in ("amount", "event_timestamp")),
-        amount.alias("amount"),
-        event_ts.alias("event_timestamp"),
+        *(typed[name].alias(name) for name in contract.columns),
         reason.alias("reason"),
         detail.alias("detail"),
         "raw_record",
         "source_file",
         "line_number",
     )
+
+
+def classify(raw: DataFrame, arrival: date, late_days: int) -> DataFrame:
+    """Transactions: typed by TRANSACTIONS_CONTRACT, each row with its reason and detail."""
+    return classify_table(raw, TRANSACTIONS_CONTRACT, arrival, late_days)
 
 
 def to_bronze(classified: DataFrame, arrival: date, run_id: str) -> DataFrame:
@@ -178,8 +328,15 @@ def to_quarantine(classified: DataFrame, arrival: date, run_id: str) -> DataFram
     )
 
 
-def deduplicate(bronze: DataFrame, run_id: str) -> tuple[DataFrame, DataFrame]:
-    """(silver rows, quarantine rows for the removed copies). The first copy by file and line wins."""
+def deduplicate(
+    bronze: DataFrame, run_id: str, earlier: DataFrame | None = None
+) -> tuple[DataFrame, DataFrame]:
+    """(silver rows, quarantine rows for the removed copies) of one arrival's bronze.
+
+    The first copy by (arrival_date, source_file, line_number) wins. `earlier` holds the
+    (transaction_id, arrival_date, source_file, line_number) of the bronze rows of earlier arrivals within
+    the lookback: a row of `bronze` whose id is there is a resend, removed with the place of its first copy.
+    """
     order = Window.partitionBy("transaction_id").orderBy("source_file", "line_number")
     ranked = bronze.select(
         "*",
@@ -188,15 +345,38 @@ def deduplicate(bronze: DataFrame, run_id: str) -> tuple[DataFrame, DataFrame]:
         .over(order)
         .alias("_first"),
     )
-    silver = ranked.where(F.col("_copy") == 1).select(
+    seen_before = F.lit(None).cast(StringType())
+    if earlier is not None:
+        first_copies = (
+            earlier.join(bronze.select("transaction_id").distinct(), "transaction_id", "left_semi")
+            .groupBy("transaction_id")
+            .agg(F.min(F.struct("arrival_date", "source_file", "line_number")).alias("_earliest"))
+        )
+        ranked = ranked.join(first_copies, "transaction_id", "left")
+        seen_before = F.when(
+            F.col("_earliest").isNotNull(),
+            F.concat(
+                F.lit("transaction_id first seen in arrival "),
+                F.col("_earliest.arrival_date").cast("string"),
+                F.lit(" "),
+                F.col("_earliest.source_file"),
+                F.lit(":"),
+                F.col("_earliest.line_number").cast("string"),
+            ),
+        )
+    ranked = ranked.withColumn("_seen_before", seen_before)
+    is_copy = (F.col("_copy") > 1) | F.col("_seen_before").isNotNull()
+    silver = ranked.where(~is_copy).select(
         *(F.col(f.name) for f in SILVER_TRANSACTIONS.fields if f.name != "event_date"),
         F.to_date("event_timestamp").alias("event_date"),
     )
     business = list(TRANSACTION_COLUMNS)
-    duplicates = ranked.where(F.col("_copy") > 1).select(
+    duplicates = ranked.where(is_copy).select(
         F.lit("silver").alias("stage"),
         F.lit("duplicate").alias("reason"),
-        F.concat(F.lit("transaction_id first seen at "), F.col("_first")).alias("detail"),
+        F.coalesce(
+            F.col("_seen_before"), F.concat(F.lit("transaction_id first seen at "), F.col("_first"))
+        ).alias("detail"),
         "source_file",
         "line_number",
         F.to_json(F.struct(*business)).alias("raw_record"),
@@ -209,47 +389,5 @@ def deduplicate(bronze: DataFrame, run_id: str) -> tuple[DataFrame, DataFrame]:
 
 def classify_labels(raw: DataFrame, arrival: date, late_days: int) -> DataFrame:
     """Chargebacks: `transaction_id`, `is_fraud` (0 or 1), `label_timestamp` reported on the arrival date
-    (or up to `late_days` before it). Same reason codes as transactions."""
-    is_fraud = F.expr("try_cast(is_fraud AS INT)")
-    label_ts = F.try_to_timestamp(F.col("label_timestamp"), F.lit(TIMESTAMP_FORMAT))
-    label_date = F.to_date(label_ts)
-    earliest = arrival - timedelta(days=late_days)
-    reason: Column = F.when(F.col("parse_error").isNotNull(), F.col("parse_error"))
-    detail: Column = F.when(F.col("parse_error").isNotNull(), F.lit(None).cast(StringType()))
-    checks = [
-        *(
-            (F.col(c).isNull() | (F.trim(F.col(c)) == ""), "missing_required", F.lit(f"{c} is null or blank"))
-            for c in LABEL_COLUMNS
-        ),
-        (is_fraud.isNull(), "wrong_type", F.concat(F.lit("is_fraud is not an integer: "), F.col("is_fraud"))),
-        (
-            label_ts.isNull(),
-            "wrong_type",
-            F.concat(F.lit("label_timestamp is not ISO 8601: "), F.col("label_timestamp")),
-        ),
-        (
-            ~is_fraud.isin(0, 1),
-            "out_of_range",
-            F.concat(F.lit("is_fraud must be 0 or 1: "), F.col("is_fraud")),
-        ),
-        (
-            (label_date < F.lit(earliest)) | (label_date > F.lit(arrival)),
-            "out_of_range",
-            F.concat(
-                F.lit("label date "), label_date.cast("string"), F.lit(f" outside [{earliest}, {arrival}]")
-            ),
-        ),
-    ]
-    for condition, name, text in checks:
-        reason = reason.when(condition, F.lit(name))
-        detail = detail.when(condition, text)
-    return raw.select(
-        "transaction_id",
-        is_fraud.alias("is_fraud"),
-        label_ts.alias("label_timestamp"),
-        reason.alias("reason"),
-        detail.alias("detail"),
-        "raw_record",
-        "source_file",
-        "line_number",
-    )
+    (or up to `late_days` before it), by LABELS_CONTRACT. Same reason codes as transactions."""
+    return classify_table(raw, LABELS_CONTRACT, arrival, late_days)

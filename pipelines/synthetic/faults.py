@@ -13,8 +13,10 @@ values of clean rows while keeping them valid; file faults hit a whole file of a
 | extra_column   | row             | one token (CSV) or key (JSON) more than the header                |
 | duplicates     | row (added)     | an exact copy of a clean row, right after it                      |
 | drift          | row             | valid but shifted: amount x2.5 and channel online                 |
+| late           | row (moved)     | a clean row held back and delivered with the next arrival date    |
 | missing_column | arrival date    | the date's first file lacks one required column                   |
 | empty          | arrival date    | an extra file with a header only (JSON: zero bytes)               |
+| out_of_order   | arrival date    | the date's folder is delivered after the next date's              |
 
 For row kinds RATE is the share of the date's transactions; for file kinds, the chance per arrival date.
 """
@@ -37,6 +39,8 @@ class FaultKind(StrEnum):
     DRIFT = "drift"
     MISSING_COLUMN = "missing_column"
     EMPTY = "empty"
+    LATE = "late"
+    OUT_OF_ORDER = "out_of_order"
 
 
 # Faults that replace a row, in the order positions are handed out.
@@ -47,8 +51,10 @@ REPLACING_FAULTS = (
     FaultKind.OUT_OF_RANGE,
     FaultKind.EXTRA_COLUMN,
 )
-ROW_FAULTS = (*REPLACING_FAULTS, FaultKind.DUPLICATES, FaultKind.DRIFT)
+ROW_FAULTS = (*REPLACING_FAULTS, FaultKind.DUPLICATES, FaultKind.DRIFT, FaultKind.LATE)
 FILE_FAULTS = (FaultKind.MISSING_COLUMN, FaultKind.EMPTY)
+# Faults of delivery, drawn from their own random stream so they change nothing else of a date.
+DELIVERY_FAULTS = (FaultKind.OUT_OF_ORDER,)
 VARIANTS = {
     FaultKind.MALFORMED: 3,
     FaultKind.WRONG_TYPE: 2,

@@ -3,6 +3,8 @@
 This is the I/O layer of the generator: it streams batches from `simulate` to disk (no date is held in
 memory), injects faults, and moves each finished folder into place with a rename, so a watcher never sees a
 half-written arrival. Files whose names start with `_` or `.` (the manifest) are ignored by Spark readers.
+It writes only into folders it owns: each carries a `_GENERATED_BY` marker, and a date folder without it
+(a producer's delivery) is never overwritten.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Literal
 import numpy as np
 import pandas as pd
 
+from core.errors import PipelineError
 from pipelines.contracts import (
     CHANNELS,
     COUNTRIES,
@@ -31,6 +34,7 @@ from pipelines.contracts import (
     TRANSACTION_COLUMNS,
 )
 from pipelines.synthetic.faults import (
+    DELIVERY_FAULTS,
     FILE_FAULTS,
     REPLACING_FAULTS,
     VARIANTS,
@@ -56,6 +60,9 @@ GENERATOR_VERSION = 1
 MANIFEST_NAME = "_manifest.json"
 # The arrival contract: a producer marks a date's folder complete with this empty file, written last.
 COMPLETE_MARKER = "_SUCCESS"
+# Marks a date folder this generator wrote (written first): it may rewrite it, so reruns are idempotent,
+# but never a folder without it, which is a producer's delivery. Ingestion accepts it (CONTROL_FILES).
+GENERATED_MARKER = "_GENERATED_BY"
 Format = Literal["csv", "json"]
 
 _COUNTRY_NAMES = np.array(COUNTRIES)
@@ -65,6 +72,7 @@ _CATEGORY_NAMES = np.array(MERCHANT_CATEGORIES)
 _CLEAN = -1
 _DUPLICATE = len(REPLACING_FAULTS)
 _DRIFT = _DUPLICATE + 1
+_LATE = _DRIFT + 1
 
 
 @dataclass(frozen=True)
@@ -144,24 +152,74 @@ def land_synthetic(
 
 
 def generate_landing(request: GenerateRequest, progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Generate every arrival date of `request`; return their manifests, in date order."""
+    """Generate every arrival date of `request`; return their manifests in the order they were delivered:
+    date order, except that a date hit by `out_of_order` is delivered right after the next date."""
     world = build_world(request.seed, request.customer_count, request.merchant_count)
     request.landing.mkdir(parents=True, exist_ok=True)
+    days = [request.start + timedelta(days=offset) for offset in range(request.days)]
+    order: list[tuple[date, date | None]] = []  # (date, the date delivered before it out of order)
+    index = 0
+    while index < len(days):
+        day = days[index]
+        if index + 1 < len(days) and _delivery_fault(request, day, FaultKind.OUT_OF_ORDER):
+            order += [(days[index + 1], None), (day, days[index + 1])]
+            index += 2
+        else:
+            order.append((day, None))
+            index += 1
     manifests = []
-    for offset in range(request.days):
-        day = request.start + timedelta(days=offset)
-        manifests.append(_write_day(request, world, day, progress))
+    for day, after in order:
+        manifest = _write_day(request, world, day, progress)
+        if after is not None:
+            manifest["delivered_after"] = after.isoformat()
+        manifests.append(manifest)
     return manifests
+
+
+def _delivery_fault(request: GenerateRequest, day: date, kind: FaultKind) -> bool:
+    assert kind in DELIVERY_FAULTS
+    rng = np.random.default_rng([request.seed, day.toordinal(), 0xDE11, DELIVERY_FAULTS.index(kind)])
+    return bool(rng.random() < request.faults.get(kind, 0.0))
+
+
+def _late_lines(request: GenerateRequest, world, day: date, fmt: str, columns: list[str]) -> list[str]:
+    """The rows of `day` that the `late` fault held back, rendered clean for the next date's files. The
+    day is simulated again (deterministic from the seed), so any date can be generated on its own."""
+    if request.faults.get(FaultKind.LATE, 0.0) == 0.0 or day < request.first_feed_date:
+        return []
+    rows = rows_for_day(request.rows_per_day, day)
+    plan = _plan_row_faults(
+        np.random.default_rng([request.seed, day.toordinal(), 0xFA17]), rows, request.faults
+    )
+    lines: list[str] = []
+    position = 0
+    for batch in simulate_day(world, day, rows, request.seed):
+        late = plan[position : position + len(batch)] == _LATE
+        position += len(batch)
+        if late.any():
+            frame = _frame(world, batch)[late]
+            clean = np.full(int(late.sum()), _CLEAN, dtype=np.int8)
+            lines += _render(frame, clean, np.zeros(len(clean), np.int64), fmt, columns, {})
+    return lines
+
+
+class ProducerFolderError(PipelineError):
+    """A date folder the generator would overwrite holds a producer's delivery."""
 
 
 def _write_day(request, world, day: date, progress) -> dict:
     final = request.landing / day.isoformat()
+    _refuse_a_producers_folder(final)
     staging = request.landing / f".{day.isoformat()}.tmp-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     try:
+        (staging / GENERATED_MARKER).write_text(
+            f"mlops generate (synthetic data), generator version {GENERATOR_VERSION}\n"
+        )
         manifest = _write_day_files(request, world, day, staging, progress)
+        _refuse_a_producers_folder(final)  # again: a producer may have delivered while it was generated
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -209,6 +267,10 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
         position += len(batch)
         if progress:
             progress(len(batch))
+    late = _late_lines(request, world, day - timedelta(days=1), request.fmt, columns_for(writer.index))
+    if late:
+        writer.ensure_header(columns_for(writer.index))
+        writer.write(late)
     if writer.rows or not files:
         writer.ensure_header(columns_for(writer.index))
         files.append(writer.close())
@@ -245,6 +307,7 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
         },
         "faults": counts,
         "file_faults": file_fault_records,
+        "late_from_previous_date": len(late),
         "labels": {**labels_file, "due_after_this_date": labels_later},
     }
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -253,9 +316,9 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
 
 
 def _plan_row_faults(rng: np.random.Generator, rows: int, rates: dict[FaultKind, float]) -> np.ndarray:
-    """Per row: -1 for clean, else the index of its fault (replacing kinds, then duplicate, then drift)."""
+    """Per row: -1 for clean, else the index of its fault (replacing kinds, duplicate, drift, late)."""
     plan = np.full(rows, _CLEAN, dtype=np.int8)
-    order = (*REPLACING_FAULTS, FaultKind.DUPLICATES, FaultKind.DRIFT)
+    order = (*REPLACING_FAULTS, FaultKind.DUPLICATES, FaultKind.DRIFT, FaultKind.LATE)
     wanted = [round(rates.get(kind, 0.0) * rows) for kind in order]
     chosen = rng.choice(rows, size=sum(wanted), replace=False) if sum(wanted) else np.zeros(0, np.int64)
     start = 0
@@ -307,7 +370,9 @@ def _render(
     out: list[str] = []
     for i, line in enumerate(lines):
         code = int(kinds[i])
-        if _CLEAN < code < _DUPLICATE:
+        if code == _LATE:  # held back: delivered with the next arrival date
+            counts[FaultKind.LATE.value] += 1
+        elif _CLEAN < code < _DUPLICATE:
             kind = REPLACING_FAULTS[code]
             record = {c: _plain(frame.iat[i, frame.columns.get_loc(c)]) for c in TRANSACTION_COLUMNS}
             out.append(corrupt(kind, int(variants[i]) % VARIANTS[kind], record, fmt, columns))
@@ -408,6 +473,32 @@ class _PartWriter:
         self._handle = None
         self._digest = hashlib.sha256()
         return info
+
+
+def _refuse_a_producers_folder(folder: Path) -> None:
+    """Raise unless `folder` is absent, empty or the generator's own. Folders of generator versions
+    without the marker are recognised by their manifest."""
+    if not folder.is_dir() or (folder / GENERATED_MARKER).is_file():
+        return
+    names = sorted(path.name for path in folder.iterdir())
+    if not names or _is_generator_manifest(folder / MANIFEST_NAME):
+        return
+    listing = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise ProducerFolderError(
+        f"{folder} holds files the synthetic generator did not write ({listing}) and no {GENERATED_MARKER} "
+        f"marker: it is a producer's delivery, which synthetic data never overwrites; nothing was written "
+        f"into it. Generate other dates or into another landing zone (`mlops generate --landing`), or move "
+        f"the folder away first if it really is to be replaced."
+    )
+
+
+def _is_generator_manifest(path: Path) -> bool:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    generator = manifest.get("generator") if isinstance(manifest, dict) else None
+    return isinstance(generator, dict) and {"version", "seed", "rows_per_day"} <= generator.keys()
 
 
 def _swap_into_place(staging: Path, final: Path) -> None:

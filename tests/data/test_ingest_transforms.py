@@ -7,7 +7,7 @@ from datetime import date
 
 import pytest
 
-from pipelines.contracts import TRANSACTION_COLUMNS
+from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
 from pipelines.ingest import transforms
 
 ARRIVAL = date(2026, 1, 10)
@@ -150,3 +150,169 @@ def test_deduplicate_keeps_the_first_copy_by_file_and_line(spark):
     assert dropped.detail == "transaction_id first seen at transactions-00000.csv:9"
     assert json.loads(dropped.raw_record)["amount"] == 12.5
     assert kept[GOOD["transaction_id"]].event_date == ARRIVAL
+
+
+# --- Hand-written values of every class the contract meets: each is typed exactly or quarantined with a
+# reason whose detail names the column and the value as sent; none is trimmed, rounded or dropped.
+TYPED = [
+    ("amount", "1e3", "1000.00"),
+    ("amount", "+3", "3.00"),
+    ("amount", "10.000", "10.00"),  # trailing zeros past the scale: the value is held exactly
+    ("amount", "0012.5", "12.50"),
+    ("amount", "49999.99", "49999.99"),
+    ("amount", "5e4", "50000.00"),  # the maximum is inclusive
+    ("event_timestamp", "2026-01-10T13:30:00+05:30", "2026-01-10 08:00:00"),
+    ("event_timestamp", "2026-01-10T01:00:00+05:30", "2026-01-09 19:30:00"),  # the UTC date decides
+    ("event_timestamp", "2026-01-10T08:00:00.123456Z", "2026-01-10 08:00:00.123456"),
+    ("event_timestamp", "2026-01-10T08:00:00.123456000-02:00", "2026-01-10 10:00:00.123456"),
+    ("event_timestamp", "2026-01-10T08:00:00.5Z", "2026-01-10 08:00:00.500000"),
+]
+QUARANTINED = [
+    ("amount", "10.005", "wrong_type", "amount 10.005 has 3 decimal places; the contract allows 2"),
+    ("amount", "1.0005e1", "wrong_type", "amount 1.0005e1 has 3 decimal places; the contract allows 2"),
+    ("amount", "1e-30", "wrong_type", "amount 1e-30 has 30 decimal places; the contract allows 2"),
+    (
+        "amount",
+        "12345678901",
+        "wrong_type",
+        "amount 12345678901 has 11 integer digits; the contract allows 10",
+    ),
+    ("amount", '"1,000.00"', "wrong_type", "amount is not a decimal number: 1,000.00"),
+    ("amount", " 12.5", "wrong_type", "amount is not a decimal number:  12.5"),
+    ("amount", "12.5 ", "wrong_type", "amount is not a decimal number: 12.5 "),
+    ("amount", ".5", "wrong_type", "amount is not a decimal number: .5"),
+    ("amount", "0x10", "wrong_type", "amount is not a decimal number: 0x10"),
+    ("amount", "-0", "out_of_range", "amount 0.00 outside (0, 50000]"),
+    ("amount", "5.00001e4", "out_of_range", "amount 50000.10 outside (0, 50000]"),
+    ("transaction_id", "tx12", "invalid_value", 'transaction_id "tx12" does not match ^tx[0-9a-f]{16}$'),
+    ("transaction_id", "TX0123456789ABCDEF", "invalid_value", 'transaction_id "TX0123456789ABCDEF" does not'),
+    ("transaction_id", "tx0123456789abcdef ", "invalid_value", 'transaction_id "tx0123456789abcdef " is 19'),
+    (
+        "transaction_id",
+        "tx0123456789abcd\u0435f",
+        "invalid_value",
+        'transaction_id "tx0123456789abcd\u0435f"',
+    ),
+    ("customer_id", "c1", "invalid_value", 'customer_id "c1" does not match ^c[0-9]{7}$'),
+    ("customer_id", "c\uff10000001", "invalid_value", "customer_id"),  # a full-width digit
+    ("merchant_id", "m00000\x07", "invalid_value", 'merchant_id "m00000\\u0007" does not match ^m[0-9]{6}$'),
+    ("currency", "EUR ", "invalid_value", "currency not allowed: EUR "),
+    ("currency", "eur", "invalid_value", "currency not allowed: eur"),
+    ("channel", "pos\t", "invalid_value", "channel not allowed: pos\t"),
+    (
+        "event_timestamp",
+        "2026-01-10 08:00:00Z",
+        "wrong_type",
+        "event_timestamp is not ISO 8601: 2026-01-10 08:00:00Z",
+    ),
+    (
+        "event_timestamp",
+        "2026-01-10T08:00:00",
+        "wrong_type",
+        "event_timestamp is not ISO 8601: 2026-01-10T08:00:00",
+    ),
+    ("event_timestamp", "2026-01-10T08:00:00+0530", "wrong_type", "event_timestamp is not ISO 8601: "),
+    ("event_timestamp", "2026-02-30T08:00:00Z", "wrong_type", "event_timestamp is not ISO 8601: "),
+    (
+        "event_timestamp",
+        "2026-01-10T08:00:00.1234567Z",
+        "wrong_type",
+        "event_timestamp 2026-01-10T08:00:00.1234567Z has non-zero digits past the microsecond",
+    ),
+    (
+        "event_timestamp",
+        "2026-01-10T08:00:00.123456789+05:30",
+        "wrong_type",
+        "event_timestamp 2026-01-10T08:00:00.123456789+05:30 has non-zero digits past the microsecond",
+    ),
+]
+
+
+@pytest.mark.parametrize(("column", "value", "expected"), TYPED)
+def test_a_value_the_contract_holds_is_typed_exactly(spark, column, value, expected):
+    (row,) = _classify_csv(spark, [_csv(**{column: value})])
+    assert (row.reason, row.detail) == (None, None)
+    assert str(row[column]) == expected
+
+
+@pytest.mark.parametrize(("column", "value", "reason", "detail"), QUARANTINED)
+def test_a_value_the_contract_cannot_hold_is_quarantined_naming_column_and_value(
+    spark, column, value, reason, detail
+):
+    line = _csv(**{column: value})
+    (row,) = _classify_csv(spark, [line])
+    assert row.reason == reason, row.detail
+    if reason is not None:
+        assert row.detail.startswith(detail) and column in row.detail
+    assert row.raw_record == line
+
+
+def test_a_quoted_field_with_escaped_quotes_and_commas_is_one_value_and_is_judged_as_sent(spark):
+    line = _csv(merchant_category='"grocery, ""fresh"""')
+    (row,) = _classify_csv(spark, [line])
+    assert row.reason == "invalid_value"
+    assert row.detail == 'merchant_category not allowed: grocery, "fresh"'
+
+
+@pytest.mark.parametrize(
+    ("amount", "reason", "typed"),
+    [
+        ("10.000000000000000001", "wrong_type", None),  # through a double it would read 10.0
+        ("1e3", None, "1000.00"),
+        ("12.50", None, "12.50"),
+        ('"12.505"', "wrong_type", None),
+        ("10.005", "wrong_type", None),
+    ],
+)
+def test_a_json_number_is_judged_by_the_text_it_was_sent_as(spark, amount, reason, typed):
+    record = json.dumps({k: v for k, v in GOOD.items() if k != "amount"})[:-1] + f', "amount": {amount}}}'
+    (row,) = transforms.classify(transforms.parse_json_lines(_lines(spark, [record])), ARRIVAL, 1).collect()
+    assert row.reason == reason, row.detail
+    assert (None if row.amount is None or reason else str(row.amount)) == typed
+
+
+def test_a_byte_order_mark_opening_a_json_lines_file_is_not_data(spark):
+    first = "\ufeff" + json.dumps(GOOD)
+    lines = spark.createDataFrame(
+        [(first, "transactions-00000.jsonl", 1)], "value string, source_file string, line_number long"
+    )
+    (row,) = transforms.classify(transforms.parse_json_lines(lines), ARRIVAL, 1).collect()
+    assert row.reason is None and row.transaction_id == GOOD["transaction_id"] and row.raw_record == first
+
+
+@pytest.mark.parametrize(
+    ("line", "reason", "detail"),
+    [
+        ("tx0123456789abcdef,1,2026-01-10T08:00:00Z", None, None),
+        ("tx0123456789abcdef,1,2026-01-10 08:00:00Z", "wrong_type", "label_timestamp is not ISO 8601: "),
+        ("tx0123456789abcdef,1.0,2026-01-10T08:00:00Z", "wrong_type", "is_fraud is not an integer: 1.0"),
+        ("tx0123456789abcdef,2,2026-01-10T08:00:00Z", "out_of_range", "is_fraud 2 outside [0, 1]"),
+        ("tx12,1,2026-01-10T08:00:00Z", "invalid_value", 'transaction_id "tx12" does not match'),
+    ],
+)
+def test_labels_follow_their_contract(spark, line, reason, detail):
+    parsed = transforms.parse_csv_lines(_lines(spark, [line]), list(LABEL_COLUMNS), LABEL_COLUMNS)
+    (row,) = transforms.classify_labels(parsed, ARRIVAL, 1).collect()
+    assert row.reason == reason, row.detail
+    if detail:
+        assert row.detail.startswith(detail)
+
+
+def test_a_resend_in_a_later_arrival_is_a_duplicate_naming_the_first_copy(spark):
+    later = date(2026, 1, 11)
+    today = transforms.parse_csv_lines(
+        _lines(spark, [_csv(), _csv(transaction_id="tx00000000000000aa")]), HEADER
+    )
+    bronze = transforms.to_bronze(transforms.classify(today, later, 1), later, "r")
+    earlier = spark.createDataFrame(
+        [
+            (GOOD["transaction_id"], ARRIVAL, "transactions-00003.csv", 17),
+            (GOOD["transaction_id"], ARRIVAL, "transactions-00001.csv", 40),
+        ],
+        "transaction_id string, arrival_date date, source_file string, line_number long",
+    )
+    silver, duplicates = transforms.deduplicate(bronze, "r", earlier)
+    assert [r.transaction_id for r in silver.collect()] == ["tx00000000000000aa"]
+    (copy,) = duplicates.collect()
+    assert (copy.line_number, copy.arrival_date) == (2, later)
+    assert copy.detail == "transaction_id first seen in arrival 2026-01-10 transactions-00001.csv:40"

@@ -74,7 +74,7 @@ def test_a_run_builds_versions_and_materializes_the_date(airflow_db, silver_days
         "fraud_features_online": ("materialize", {"event_dates": [LAST.isoformat()]}),
     }
     assert "materialize" not in dag.task_dict["version_gold"].upstream_task_ids
-    assert dag.task_dict["materialize"].upstream_task_ids == {"validate_gold", "dates_to_compute"}
+    assert dag.task_dict["materialize"].upstream_task_ids == {"validate_gold", "plan_gold"}
 
     from features.online import online_features
 
@@ -111,6 +111,7 @@ def test_each_date_of_a_run_is_its_own_task_instances_and_fails_alone(airflow_db
     day, gone = LAST.isoformat(), missing.isoformat()
     assert states == {
         ("dates_to_compute", None): "success",
+        ("plan_gold", None): "success",
         ("build_gold", day): "success",
         ("validate_gold", day): "success",
         ("materialize", day): "success",

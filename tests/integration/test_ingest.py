@@ -179,6 +179,7 @@ def test_cli_ingest_reports_a_missing_arrival_as_one_json_line(tmp_path, monkeyp
 def test_chargebacks_land_in_silver_labels_and_broken_ones_in_quarantine(spark, settings):
     from datetime import timedelta
 
+    settings.ingest.max_label_quarantine_rate = 0.5  # two broken lines among a dozen, on purpose
     for offset in range(4):
         _land(settings, day=DAY + timedelta(days=offset), rows=2000, feed_start=DAY)
     last = DAY + timedelta(days=3)

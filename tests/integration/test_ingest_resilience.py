@@ -64,18 +64,18 @@ def test_a_silver_write_killed_midway_leaves_the_previous_partition_whole(spark,
     )
     # Kill while a task is still writing its attempt file, well before the job commits.
     wait_for(
-        lambda: any(silver_root.glob(".spark-staging-*/_temporary/*/_temporary/attempt_*/**/*.parquet")),
+        lambda: any(silver_root.glob(".staging/*/data/_temporary/*/_temporary/attempt_*/**/*.parquet")),
         300,
         "a task to start writing its output",
     )
     os.killpg(writer.pid, signal.SIGKILL)  # the Python driver and its JVM
     writer.wait(timeout=30)
-    assert list(silver_root.glob(".spark-staging-*")), "the job committed before the kill; nothing was tested"
+    assert list(silver_root.glob(".staging/*")), "the job committed before the kill; nothing was tested"
     assert _digest(spark, home) == before  # readers see the old partition, whole
 
     after = _ingest(home, step="build_silver")
     assert _digest(spark, home) == before
-    assert not list(silver_root.glob(".spark-staging-*"))
+    assert not list(silver_root.glob(".staging/*"))
     assert after["rows_silver"] == before[0]
 
 

@@ -43,3 +43,21 @@ def test_a_dag_run_lands_its_interval_date_exactly_as_the_cli_does(airflow_db, t
         )
     )
     assert _digests(landed) == _digests(tmp_path / "2026-01-02")
+
+
+def test_a_dag_run_fails_without_retries_rather_than_overwrite_a_producers_folder(airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    producer = get_settings().landing / "2026-01-04"
+    producer.mkdir(parents=True)
+    (producer / "transactions-00000.csv").write_text("transaction_id,amount\nt-1,9.99\n")
+    (producer / "_SUCCESS").touch()
+    before = _digests(producer)
+
+    dag = DagBag(dag_folder="dags").dags["synthetic_landing"]
+    run = dag.test(logical_date=pendulum.datetime(2026, 1, 5, tz="UTC"), run_conf={"rows_per_day": 100})
+    assert run.state == DagRunState.FAILED
+    (attempt,) = run.get_task_instances()
+    assert attempt.state == TaskInstanceState.FAILED and attempt.try_number == 1  # not retried
+    assert _digests(producer) == before

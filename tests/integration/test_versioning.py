@@ -4,6 +4,7 @@ the stock `dvc` command reads what the pipeline wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -11,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
@@ -18,9 +20,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from core.errors import PipelineError
+from core.errors import LockTimeoutError, PipelineError
 from core.settings import Settings
 from pipelines.versioning import CACHE_TYPES, TrackedFolder, fetch, record_revision, track, track_many
+from tests.conftest import wait_for
 
 DAY = "2026-01-07"
 
@@ -210,3 +213,79 @@ def test_rewriting_a_training_set_keeps_the_earlier_revision(settings, monkeypat
         assert list(holdout.columns) == [dataset.LABEL]  # no weight column in this set: not asked for
         assert holdout[dataset.LABEL].tolist() == [i % 2 for i in range(rows) if i % 3 == 2]
     _assert_cache_intact(settings)
+
+
+# Another process holds the DVC repository: through the pipeline's own way in (`_repo`, as version_gold,
+# the training set and promotion do), or by DVC's lock alone (as a `dvc` command run by hand does).
+HOLDER = """
+import sys, time
+from pathlib import Path
+from dvc.repo import Repo, lock_repo
+from core.settings import Settings
+from pipelines.versioning import _repo
+
+home, ready, leaving = map(Path, sys.argv[1:4])
+seconds, how = float(sys.argv[4]), sys.argv[5]
+with (_repo(Settings(home=home)) if how == "pipeline" else Repo(str(home))) as repo, lock_repo(repo):
+    ready.touch()
+    time.sleep(seconds)
+    leaving.touch()
+"""
+
+
+@contextlib.contextmanager
+def _held(settings: Settings, tmp_path: Path, seconds: float, how: str = "pipeline") -> Iterator[Path]:
+    """Hold the repository in another process for `seconds`; yields the file it writes just before it lets
+    go."""
+    ready, leaving = tmp_path / "ready", tmp_path / "leaving"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(settings.home), str(ready), str(leaving), str(seconds), how],
+        cwd=Path(__file__).resolve().parents[2],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: ready.exists() or holder.poll() is not None, 120, "the holder to take the lock")
+        assert ready.exists(), holder.communicate()[1][-2000:]
+        yield leaving
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_dvc_operation_waits_while_another_process_holds_the_repository(settings, tmp_path):
+    folder = _partition(settings, "customer_features")
+    _write(folder, seed=7)
+    with _held(settings, tmp_path, seconds=5) as leaving:  # longer than DVC's own 3 s
+        member = track(settings, "gold/customer_features", folder)
+        assert leaving.exists(), "the operation ran while the other process still held the repository"
+    restored = fetch(settings, record_revision(settings, {"t": member}), settings.home / "restore")["t"]
+    assert {p.name for p in restored.iterdir()} == {p.name for p in folder.iterdir()}
+
+
+def test_a_wait_past_its_limit_is_a_retryable_error_naming_the_lock(tmp_path):
+    from orchestration.tasks import fail_fast_on_bad_data
+
+    settings = Settings(home=tmp_path / "home", dvc_lock_wait_s=0.5)
+    folder = _partition(settings, "customer_features")
+    _write(folder, seed=8)
+    with (
+        _held(settings, tmp_path, seconds=120),
+        pytest.raises(LockTimeoutError, match=r"MLOPS_DVC_LOCK_WAIT_S=0\.5") as caught,
+    ):
+        fail_fast_on_bad_data(lambda: track(settings, "gold/customer_features", folder))
+    assert str(settings.home / ".dvc-wait.lock") in str(caught.value)
+    assert not isinstance(caught.value, PipelineError), (
+        "a busy repository is not bad data: Airflow retries it"
+    )
+
+
+def test_dvcs_own_lock_held_outside_the_pipeline_is_a_retryable_error(settings, tmp_path):
+    folder = _partition(settings, "customer_features")
+    _write(folder, seed=9)
+    track(settings, "gold/customer_features", folder)  # makes the repository
+    with (
+        _held(settings, tmp_path, seconds=120, how="dvc"),
+        pytest.raises(LockTimeoutError, match=r"\.dvc/tmp/lock"),
+    ):
+        track(settings, "gold/customer_features", folder)

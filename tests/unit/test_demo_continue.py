@@ -55,9 +55,10 @@ class FakeAPI:
         mapped = [
             ti(t, i, 10.0 * (i + 1)) for t in ("build_gold", "validate_gold", "materialize") for i in (0, 1)
         ]
-        self.instances = [ti("dates_to_compute"), *mapped, ti("version_gold", seconds=5.0)]
+        self.instances = [ti("dates_to_compute"), ti("plan_gold"), *mapped, ti("version_gold", seconds=5.0)]
         self.xcoms = {
             ("dates_to_compute", -1): DAYS,
+            ("plan_gold", -1): DAYS,
             ("version_gold", -1): [{"dataset_rev": f"rev-{day}"} for day in DAYS],
             **{
                 ("build_gold", i): {"rows_customer_features": i + 1, "rows_merchant_features": 10}
@@ -102,6 +103,6 @@ def test_task_seconds_count_every_map_index_and_a_failed_one_is_named_by_its_dat
     from mlops.demo import _finished_ok, _run_timings
 
     timings = _run_timings(FakeAPI(), "build_features", [FEATURES_RUN])
-    assert timings == {"runs": 1, "task_seconds": 1.0 + 3 * (10.0 + 20.0) + 5.0, "run_seconds": 80.0}
+    assert timings == {"runs": 1, "task_seconds": 2 * 1.0 + 3 * (10.0 + 20.0) + 5.0, "run_seconds": 80.0}
     with pytest.raises(DemoError, match=r"failed at task build_gold\[2026-01-03\];"):
         _finished_ok(FakeAPI(failed_index=1), "build_features", FEATURES_RUN, deadline=0)

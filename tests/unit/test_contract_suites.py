@@ -1,0 +1,48 @@
+"""The GX suites of the landing tables are generated from their data contracts: a suite file that
+disagrees with the contract (edited by hand, or the contract changed without `python -m pipelines.suites`)
+fails here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT
+from pipelines.suites import GENERATED_SUITES, build_suite
+
+SUITES_DIR = Path(__file__).resolve().parents[2] / "great_expectations"
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED_SUITES))
+def test_each_suite_file_is_what_its_contract_generates(name):
+    path = SUITES_DIR / f"{name}.json"
+    assert path.is_file(), f"{path.name} is missing: run `python -m pipelines.suites`"
+    assert json.loads(path.read_text()) == build_suite(name), (
+        f"{path.name} disagrees with pipelines/contracts.py: run `python -m pipelines.suites`"
+    )
+
+
+@pytest.mark.parametrize("contract", [TRANSACTIONS_CONTRACT, LABELS_CONTRACT], ids=lambda c: c.name)
+def test_every_string_field_is_constrained_so_no_stray_character_passes(contract):
+    """A string field without a pattern or a set of allowed values would let a control character, a
+    trailing space or a look-alike letter through unquarantined."""
+    loose = [
+        f.name for f in contract.fields if f.kind == "string" and f.pattern is None and f.allowed is None
+    ]
+    assert loose == []
+
+
+def test_the_bronze_suite_checks_every_id_pattern_the_row_rules_quarantine():
+    kinds = {
+        (e["type"], e["kwargs"].get("column")): e["kwargs"]
+        for e in build_suite("bronze_transactions")["expectations"]
+    }
+    for column in ("transaction_id", "customer_id", "merchant_id"):
+        regex = kinds[("expect_column_values_to_match_regex", column)]["regex"]
+        assert regex == TRANSACTIONS_CONTRACT.field(column).pattern
+    assert ("expect_column_values_to_be_unique", "transaction_id") not in kinds  # a silver (batch) rule
+    assert ("expect_column_values_to_be_unique", "transaction_id") in {
+        (e["type"], e["kwargs"].get("column")) for e in build_suite("silver_labels")["expectations"]
+    }
