@@ -14,6 +14,7 @@ batch, not by the number of rows. tests/integration/test_feast_contract.py compa
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from core.settings import Settings
 from features.feast_private import provider
-from features.online_store import open_writer
+from features.online_store import OnlineWriter, open_writer
 from features.repo import DEFAULT_PROJECT, FeatureStoreError, apply, open_store
 from features.sources import KEY_OF_VIEW, TABLE_OF_VIEW, gold_dataset
 from pipelines.gold.contract import CREATED_TIMESTAMP, EVENT_TIMESTAMP, PARTITION_COLUMN
@@ -49,6 +50,10 @@ class ViewMaterialization:
     rows_written: int  # rows written to the online store (one per entity, fewer when guarded)
     rows_kept_newer: int  # entities whose online value is newer than this window's (left as they are)
     seconds: float
+    # Entities whose online value came from an earlier load of this window and that the window's gold no
+    # longer holds (rows retracted by a re-delivery): removed, or set back to their latest earlier gold row.
+    entities_retracted: int = 0
+    entities_restored: int = 0  # of those, set back to an earlier gold row (the others were removed)
 
 
 def _window_filter(start: datetime, end: datetime):
@@ -164,28 +169,110 @@ def _entity_keys(view: FeatureView, keys: list[str]):
     return [EntityKey(join_keys=[join_key], entity_values=[Value(string_val=k)]) for k in keys]
 
 
-def _drop_stale(store: FeatureStore, view: FeatureView, rows: pa.Table, key: str) -> pa.Table:
-    """Rows whose entity holds a value from a later event in the online store are left out, so that
-    re-materializing an older window (late data) never moves an entity back in time. The stored times
-    are read `GUARD_ROWS` entities at a time (Feast's SQLite read binds one parameter per entity, and
-    SQLite takes at most 32,766)."""
+def _one_per_entity(rows: pa.Table, key: str, columns: list[str]) -> pa.Table:
+    """Two gold rows of one entity at the same latest event and created time (two transactions of a
+    customer in the same millisecond) both match the winners: keep one, as Feast's own join keeps one of
+    such ties. Columns are picked by name: Arrow's output order of keys and aggregates (keys first since
+    pyarrow 25, last before) is not something to rely on."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    if pc.count_distinct(rows[key]).as_py() == rows.num_rows:
+        return rows
+    grouped = rows.group_by(key, use_threads=False).aggregate(
+        [(name, "first") for name in columns if name != key]
+    )
+    return pa.table({name: grouped[name if name == key else f"{name}_first"] for name in columns})
+
+
+def _stored_times(store: FeatureStore, view: FeatureView, keys: list[str]) -> list[datetime | None]:
+    """The event time of each entity's value in the online store (None: no value), read `GUARD_ROWS`
+    entities at a time (Feast's SQLite read binds one parameter per entity, and SQLite takes at most
+    32,766)."""
     online = provider(store)
-    keep: list[bool] = []
-    for offset in range(0, rows.num_rows, GUARD_ROWS):
-        part = rows.slice(offset, GUARD_ROWS)
+    times: list[datetime | None] = []
+    for offset in range(0, len(keys), GUARD_ROWS):
         stored = online.online_read(
             config=store.config,
             table=view,
-            entity_keys=_entity_keys(view, part[key].to_pylist()),
+            entity_keys=_entity_keys(view, keys[offset : offset + GUARD_ROWS]),
             requested_features=[view.features[0].name],
         )
-        keep += [
-            stored_ts is None or stored_ts.replace(tzinfo=stored_ts.tzinfo or UTC) <= new_ts
-            for (stored_ts, _), new_ts in zip(stored, part[EVENT_TIMESTAMP].to_pylist(), strict=True)
-        ]
+        times += [None if ts is None else ts.replace(tzinfo=ts.tzinfo or UTC) for ts, _ in stored]
+    return times
+
+
+def _drop_stale(store: FeatureStore, view: FeatureView, rows: pa.Table, key: str, end: datetime) -> pa.Table:
+    """Rows whose entity holds a value from a later window (an event at or after `end`) in the online store
+    are left out, so that re-materializing an older window (late data) never moves an entity back in time.
+    A stored value from this window or an earlier one is replaced, even by an older row: this window's gold
+    was rebuilt and its latest row for the entity is now that one (a re-delivery retracted the later)."""
+    import pyarrow as pa
+
+    stored = _stored_times(store, view, rows[key].to_pylist())
+    keep = [ts is None or ts < end for ts in stored]
     return rows.filter(pa.array(keep, type=pa.bool_()))
+
+
+def _manifest_path(folder: Path, view: FeatureView, start: datetime, end: datetime) -> Path:
+    stamp = "%Y%m%dT%H%M%S%f"
+    return folder / view.name / f"{start.strftime(stamp)}-{end.strftime(stamp)}.parquet"
+
+
+def _write_manifest(path: Path, keys: pa.Table) -> None:
+    """The entities a window's gold held when it was loaded (written aside, then renamed into place)."""
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(f".{path.name}.tmp")
+    pq.write_table(keys, aside)
+    os.replace(aside, path)
+
+
+def _retract(
+    store: FeatureStore,
+    view: FeatureView,
+    writer: OnlineWriter,
+    dataset,
+    manifest: Path,
+    winners: pa.Table,
+    start: datetime,
+    end: datetime,
+) -> tuple[int, int]:
+    """Entities the window held at its previous load and holds no more (their rows were retracted by a
+    re-delivery, or the date's gold removed): where the online value still comes from this window, it is
+    set back to the entity's latest gold row before the window (within the view's TTL), or removed when
+    there is none. Returns (entities retracted, of which restored)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    if not manifest.is_file():
+        return 0, 0
+    key = KEY_OF_VIEW[view.name]
+    before = pq.read_table(manifest)[key]
+    gone = pc.filter(before, pc.invert(pc.is_in(before, value_set=winners[key]))).to_pylist()
+    if not gone:
+        return 0, 0
+    stored = _stored_times(store, view, gone)
+    stale = [k for k, ts in zip(gone, stored, strict=True) if ts is not None and start <= ts < end]
+    if not stale:
+        return 0, 0
+    since = start - view.ttl if view.ttl else datetime(1970, 1, 1, tzinfo=UTC)
+    earlier = _window_filter(since, start) & ds.field(key).isin(stale)
+    columns = [key, EVENT_TIMESTAMP, CREATED_TIMESTAMP, *(f.name for f in view.features)]
+    previous, _ = _window_winners(dataset, key, earlier, SCAN_ROWS)
+    restored = 0
+    if previous.num_rows:
+        batches = list(_latest_rows(dataset, columns, earlier, previous, SCAN_ROWS))
+        rows = _one_per_entity(pa.Table.from_batches(batches).combine_chunks(), key, columns)
+        writer.write(rows)
+        restored = rows.num_rows
+    removed = sorted(set(stale) - set(previous[key].to_pylist()))
+    if removed:
+        writer.delete(removed)
+    return len(stale), restored
 
 
 def _materialize_view(
@@ -196,9 +283,9 @@ def _materialize_view(
     end: datetime,
     scan_rows: int,
     write_rows: int,
+    manifests: Path | None = None,
 ) -> ViewMaterialization:
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     started = time.perf_counter()
     key = KEY_OF_VIEW[view.name]
@@ -215,19 +302,10 @@ def _materialize_view(
 
     def flush() -> None:
         nonlocal written, kept_newer, pending, pending_rows
-        rows = pa.Table.from_batches(pending).combine_chunks()
+        rows = _one_per_entity(pa.Table.from_batches(pending).combine_chunks(), key, columns)
         pending, pending_rows = [], 0
-        # Two gold rows of one entity at the same latest event and created time (two transactions of a
-        # customer in the same millisecond) both match: keep one, as Feast's own join keeps one of such
-        # ties. Columns are picked by name: Arrow's output order of keys and aggregates (keys first since
-        # pyarrow 25, last before) is not something to rely on.
-        if pc.count_distinct(rows[key]).as_py() < rows.num_rows:
-            grouped = rows.group_by(key, use_threads=False).aggregate(
-                [(name, "first") for name in columns if name != key]
-            )
-            rows = pa.table({name: grouped[name if name == key else f"{name}_first"] for name in columns})
         if guard:
-            fresh = _drop_stale(store, view, rows, key)
+            fresh = _drop_stale(store, view, rows, key, end)
             kept_newer += rows.num_rows - fresh.num_rows
             rows = fresh
         for offset in range(0, rows.num_rows, write_rows):
@@ -243,6 +321,11 @@ def _materialize_view(
                     flush()
             if pending_rows:
                 flush()
+        retracted = restored = 0
+        if manifests is not None:
+            manifest = _manifest_path(manifests, view, start, end)
+            retracted, restored = _retract(store, view, writer, dataset, manifest, winners, start, end)
+            _write_manifest(manifest, winners.select([key]))
     finally:
         writer.close()
     store.registry.apply_materialization(view, store.project, start, end, commit=True)
@@ -255,6 +338,8 @@ def _materialize_view(
         rows_written=written,
         rows_kept_newer=kept_newer,
         seconds=time.perf_counter() - started,
+        entities_retracted=retracted,
+        entities_restored=restored,
     )
 
 
@@ -286,8 +371,11 @@ def materialize(
     write_rows: int = WRITE_ROWS,
 ) -> list[ViewMaterialization]:
     """Load the gold rows with start <= event_timestamp < end into the online store: per entity, its
-    latest row in the window, unless the store already holds a later event for it. Rerunning a window
-    after gold was rewritten (late data) writes the rewritten rows. Needs `apply` first."""
+    latest row in the window, unless the store holds a value from a later window for it. Rerunning a window
+    after gold was rewritten (late data, a re-delivery) writes the rewritten rows, and an entity whose rows
+    in the window were retracted goes back to its latest earlier gold row, or out of the store (each load
+    keeps the window's entities in `feast/materialized/`, so the next load of it knows what left). Needs
+    `apply` first."""
     start, end = _check_window(start, end)
     store = open_store(settings, project)
     registered = {v.name: v for v in store.list_feature_views()}
@@ -298,8 +386,11 @@ def materialize(
             f"feature views {missing} are not registered in project {project!r} "
             f"(registry {settings.feast_dir / 'registry.db'}); run features.repo.apply first"
         )
+    manifests = settings.feast_dir / "materialized"
     return [
-        _materialize_view(store, registered[name], settings.lake, start, end, scan_rows, write_rows)
+        _materialize_view(
+            store, registered[name], settings.lake, start, end, scan_rows, write_rows, manifests
+        )
         for name in wanted
     ]
 

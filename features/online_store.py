@@ -54,6 +54,9 @@ class OnlineWriter(Protocol):
         """Write one row per entity: the join key, event and created time (timestamp[us, UTC], created
         never null) and the view's features."""
 
+    def delete(self, keys: list[str]) -> None:
+        """Remove the view's values of these entities (their gold rows were retracted)."""
+
     def close(self) -> None: ...
 
 
@@ -103,6 +106,17 @@ class FeastWriter:
         data = arrow_to_proto(batch, self.view, join_keys)
         provider(self.store).online_write_batch(
             config=self.store.config, table=self.view, data=data, progress=None
+        )
+
+    def delete(self, keys: list[str]) -> None:
+        from features.repo import FeatureStoreError
+
+        online = self.store.config.online_store
+        raise FeatureStoreError(
+            f"online store {online.type!r} as configured here cannot remove the {len(keys)} entities of view "
+            f"{self.view.name} whose gold rows were retracted (first: {', '.join(keys[:5])}); Feast has no "
+            "call for it. Reload the online store from gold (feast teardown, apply, then materialize every "
+            "date of the views' TTL) or use the SQLite or Redis store with the default settings."
         )
 
     def close(self) -> None:
@@ -236,6 +250,7 @@ class SqliteWriter:
             f"INSERT INTO {quoted} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
             f"ON CONFLICT(entity_key, feature_name) DO UPDATE SET {updates};"
         )
+        self.delete_sql = f"DELETE FROM {quoted} WHERE entity_key = ?"
         # The adapter sqlite3 applies to the datetimes Feast passes (Feast registers its own at import).
         self.adapt = sqlite3.adapters.get((datetime, sqlite3.PrepareProtocol), lambda value: value)
         self.conn = sqlite3.connect(sqlite_path(config), timeout=60)
@@ -291,6 +306,12 @@ class SqliteWriter:
             strict=True,
         )
 
+    def delete(self, keys: list[str]) -> None:
+        head = self.key_head
+        encoded = [head + _U32.pack(len(b)) + b for b in (k.encode("utf-8") for k in keys)]
+        with self.conn:
+            self.conn.executemany(self.delete_sql, ((k,) for k in encoded))
+
     def close(self) -> None:
         self.conn.close()
 
@@ -329,6 +350,14 @@ class RedisWriter:
                     if self.key_ttl:
                         pipe.expire(name, self.key_ttl)
                 pipe.execute()
+
+    def delete(self, keys: list[str]) -> None:
+        """Feast keeps every view of an entity in one hash: only this view's fields are removed."""
+        head = self.key_head
+        with self.client.pipeline(transaction=False) as pipe:
+            for raw in (k.encode("utf-8") for k in keys):
+                pipe.hdel(head + _U32.pack(len(raw)) + raw + self.project, self.ts_field, *self.fields)
+            pipe.execute()
 
     def close(self) -> None:
         pass

@@ -41,7 +41,8 @@ def features(settings: Settings, day: date) -> dict:
         if not record.get("removed"):
             record.update(clock.run("validate_gold", lambda d=event_date: validate_gold(settings, d)))
             record.update(clock.run("version_gold", lambda d=event_date: gold.version_gold(settings, d)))
-            record.update(clock.run("materialize", lambda d=event_date: materialize_date(settings, d)))
+        # A removed date is loaded too: its entities leave the online store (or go back to earlier rows).
+        record.update(clock.run("materialize", lambda d=event_date: materialize_date(settings, d)))
         records[event_date.isoformat()] = record
     record = records.pop(
         day.isoformat(),

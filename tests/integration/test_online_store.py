@@ -228,3 +228,76 @@ def test_two_gold_rows_of_an_entity_at_the_same_latest_time_materialize_one_of_t
     served = online.open_online(settings, project)
     value = served.get([{"customer_id": customer, "merchant_id": "m0"}])["customer_txn_count_1h"][0]
     assert value in {latest["customer_txn_count_1h"][0].as_py(), twin["customer_txn_count_1h"][0].as_py()}
+
+
+def _customer_gold(rows: list[tuple[str, datetime, int]]) -> pa.Table:
+    """Customer gold rows (key, event time, a value every feature carries)."""
+    from pipelines.gold.contract import CUSTOMER_FEATURES
+
+    columns = {
+        "customer_id": pa.array([r[0] for r in rows], pa.string()),
+        EVENT_TIMESTAMP: pa.array([r[1] for r in rows], TS),
+        CREATED_TIMESTAMP: pa.array([r[1] + timedelta(minutes=5) for r in rows], TS),
+    }
+    for name in CUSTOMER_FEATURES:
+        kind = pa.int64() if name in INTEGER_FEATURES else pa.float64()
+        columns[name] = pa.array([r[2] for r in rows], kind)
+    return pa.table(columns)
+
+
+def _write_customer_day(settings: Settings, day: datetime, rows: list[tuple[str, datetime, int]]) -> None:
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from pipelines.gold.contract import CUSTOMER_TABLE, table_path
+
+    folder = table_path(settings.lake, CUSTOMER_TABLE) / f"event_date={day.date().isoformat()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    if rows:
+        folder.mkdir(parents=True)
+        pq.write_table(_customer_gold(rows), folder / "part-0.parquet")
+
+
+def test_reloading_a_rebuilt_date_follows_gold_when_rows_were_retracted(profile, projects):
+    """A re-delivery retracts rows of a date whose gold was loaded already: the reload sets each entity to
+    its latest gold row again, even an older one (c1), an earlier date's (c2), or none at all (c3), while
+    an entity whose value comes from a later date keeps it (c4)."""
+    settings = Settings()
+    project = projects[0]
+    first, second, third = DAY - timedelta(days=1), DAY, DAY + timedelta(days=1)
+    _write_customer_day(settings, first, [("c1", first + timedelta(hours=1), 1), ("c2", first, 2)])
+    _write_customer_day(
+        settings,
+        second,
+        [
+            ("c1", second + timedelta(hours=1), 11),
+            ("c1", second + timedelta(hours=9), 12),
+            ("c2", second + timedelta(hours=2), 21),
+            ("c3", second + timedelta(hours=3), 31),
+            ("c4", second + timedelta(hours=4), 41),
+        ],
+    )
+    _write_customer_day(settings, third, [("c4", third + timedelta(hours=1), 42)])
+    repo.apply(settings, project)
+
+    def load(day: datetime) -> list[materialization.ViewMaterialization]:
+        return materialization.materialize(settings, day, day + timedelta(days=1), project, [CUSTOMER_VIEW])
+
+    def values() -> list:
+        served = online.open_online(settings, project)
+        rows = [{"customer_id": c, "merchant_id": "m0"} for c in ("c1", "c2", "c3", "c4")]
+        return served.get(rows)["customer_txn_count_1h"]
+
+    for day in (first, second, third):
+        load(day)
+    assert values() == [12, 21, 31, 42]
+
+    # The producer re-delivers the second date without c1's later row, c2's and c3's rows, and c4's.
+    _write_customer_day(settings, second, [("c1", second + timedelta(hours=1), 11)])
+    (report,) = load(second)
+    assert values() == [11, 2, None, 42]
+    assert (report.entities_retracted, report.entities_restored) == (2, 1)
+    served = online.open_online(settings, project)
+    rows = [{"customer_id": c, "merchant_id": "m0"} for c in ("c1", "c2", "c3", "c4")]
+    assert same(served.get(rows), served.feast_get(rows))
