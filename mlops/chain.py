@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import date
+from functools import partial
 from typing import TypeVar
 
 from core.clock import StageClock
@@ -37,12 +38,12 @@ def features(settings: Settings, day: date) -> dict:
     plan = clock.run("plan_gold", lambda: gold.plan_gold(settings, [day]))
     records: dict[str, dict] = {}
     for event_date in map(date.fromisoformat, plan["event_dates"]):
-        record = clock.run("build_gold", lambda d=event_date: gold.build_gold(settings, d))
+        record = clock.run("build_gold", partial(gold.build_gold, settings, event_date))
         if not record.get("removed"):
-            record.update(clock.run("validate_gold", lambda d=event_date: validate_gold(settings, d)))
-            record.update(clock.run("version_gold", lambda d=event_date: gold.version_gold(settings, d)))
+            record.update(clock.run("validate_gold", partial(validate_gold, settings, event_date)))
+            record.update(clock.run("version_gold", partial(gold.version_gold, settings, event_date)))
         # A removed date is loaded too: its entities leave the online store (or go back to earlier rows).
-        record.update(clock.run("materialize", lambda d=event_date: materialize_date(settings, d)))
+        record.update(clock.run("materialize", partial(materialize_date, settings, event_date)))
         records[event_date.isoformat()] = record
     record = records.pop(
         day.isoformat(),
