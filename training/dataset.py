@@ -345,13 +345,19 @@ def _split_and_sample(
 
 def label_coverage(settings: Settings, day: date, window_days: int) -> dict:
     """Which label arrivals a training set as of `day` could use: it reads the chargebacks reported
-    through `day`; the dates of its window whose labels were never ingested are named (the set is built
-    anyway, since a feed can skip a day, but the run states it and the record keeps it)."""
-    from pipelines.lake import Tables
+    through `day`; the dates of its window whose labels file was never delivered (not ingested, or
+    ingested with no labels file: a header-only file is a day without chargebacks, not a missing one) are
+    named. The set is built anyway, since a feed can skip a day, but the run states it and the record
+    keeps it."""
+    from pipelines.lake import Tables, read_json
 
     tables = Tables(settings.lake)
     window = [day - timedelta(days=k) for k in range(window_days - 1, -1, -1)]
-    missing = [d.isoformat() for d in window if not tables.labels_reconciliation(d).is_file()]
+    missing = [
+        d.isoformat()
+        for d in window
+        if not (read_json(tables.labels_reconciliation(d)) or {}).get("files")
+    ]
     if missing:
         log.warning("training set as of %s: no labels ingested for %s", day, ", ".join(missing))
     return {"labels_reported_through": day.isoformat(), "label_arrivals_missing": missing}

@@ -54,7 +54,14 @@ def validation_path(lake: Path, day: date) -> Path:
     return lake / "validation" / "gold" / f"{PARTITION_COLUMN}={day.isoformat()}.json"
 
 
+def builds_root(lake: Path) -> Path:
+    """Where build_gold records what each date's gold was built from. Beside gold, not in it: the records
+    name silver files (Spark's random names) and their times, so inside gold they would make its bytes, and
+    its DVC hash, differ between two builds of the same rows."""
+    return lake / "state" / "gold_builds"
+
+
 def build_path(lake: Path, day: date) -> Path:
     """What a date's gold was built from (each input arrival's signature): the features stage rebuilds the
     date when these change (late events, re-deliveries, out-of-order arrivals)."""
-    return gold_root(lake) / "_builds" / f"{PARTITION_COLUMN}={day.isoformat()}.json"
+    return builds_root(lake) / f"{PARTITION_COLUMN}={day.isoformat()}.json"

@@ -19,7 +19,7 @@ from pipelines.gold.contract import (
     MERCHANT_TABLE,
     PARTITION_COLUMN,
     build_path,
-    gold_root,
+    builds_root,
     table_path,
     validation_path,
 )
@@ -74,7 +74,7 @@ def plan_gold(settings: Settings, arrivals: list[date]) -> dict:
             continue
         for event_date in sorted(records[arrival]["event_dates"]):
             reasons.setdefault(date.fromisoformat(event_date), f"events of arrival {arrival}")
-    builds = gold_root(settings.lake) / "_builds"
+    builds = builds_root(settings.lake)
     for path in sorted(builds.glob(f"{PARTITION_COLUMN}=*.json")) if builds.is_dir() else []:
         built = read_json(path) or {}
         day = date.fromisoformat(path.stem.removeprefix(f"{PARTITION_COLUMN}="))

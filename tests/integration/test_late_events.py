@@ -8,19 +8,20 @@ the online store must hold each entity's latest gold row.
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 from datetime import date, timedelta
-from pathlib import Path
-
-import pytest
 
 from core.settings import Settings, get_settings
 from mlops import chain
-from pipelines.gold import job as gold
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.faults import parse_faults
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests.integration.gold_checks import (
+    assert_gold_is_a_rebuild_from_scratch,
+    assert_online_holds_latest_gold,
+    counts_by_event_date,
+    gold_tables,
+    silver_by_event_date,
+)
 
 FIRST = date(2026, 2, 2)
 DAYS = [FIRST + timedelta(days=i) for i in range(3)]
@@ -47,54 +48,6 @@ def _arrive(settings: Settings, day: date) -> dict:
     return chain.features(settings, day)
 
 
-def _counts_by_event_date(root: Path, column: str = "event_date") -> dict[str, int]:
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
-    table = ds.dataset(root, format="parquet", partitioning="hive").to_table(columns=[column])
-    counts = pc.value_counts(pc.cast(table[column], "string"))
-    return {c["values"].as_py(): c["counts"].as_py() for c in counts}
-
-
-def _silver_by_event_date(settings: Settings) -> dict[str, int]:
-    return _counts_by_event_date(settings.lake / "silver" / "transactions")
-
-
-def _digests(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*.parquet"))
-    }
-
-
-def _gold_tables(settings: Settings) -> list[Path]:
-    return [settings.lake / "gold" / t for t in ("customer_features", "merchant_features")]
-
-
-def _assert_gold_is_a_rebuild_from_scratch(settings: Settings, tmp_path: Path) -> None:
-    kept = {t.name: _digests(t) for t in _gold_tables(settings)}
-    fresh = settings.model_copy(update={"home": tmp_path / "scratch-home"})
-    shutil.copytree(settings.lake / "silver", fresh.lake / "silver")  # transactions and labels
-    for event_date in sorted(_silver_by_event_date(settings)):
-        gold.build_gold(fresh, date.fromisoformat(event_date))
-    rebuilt = {t.name: _digests(t) for t in _gold_tables(fresh)}
-    assert kept == rebuilt
-
-
-def _assert_online_holds_latest_gold(settings: Settings) -> None:
-    import pyarrow.dataset as ds
-
-    from features.online import online_features
-
-    table = ds.dataset(_gold_tables(settings)[0], format="parquet", partitioning="hive").to_table()
-    frame = table.to_pandas().sort_values(["event_timestamp", "created_timestamp"])
-    latest = frame.groupby("customer_id").tail(1).set_index("customer_id").sort_index()
-    rows = [{"customer_id": c, "merchant_id": "m000000"} for c in latest.index]
-    online = online_features(settings, rows)
-    for feature in ("customer_txn_count_30d", "customer_amount_sum_30d", "customer_txn_count_24h"):
-        assert online[feature] == pytest.approx(latest[feature].tolist()), feature
-
-
 def test_late_events_reach_gold_and_rebuild_the_dates_they_touch(spark, tmp_path):
     settings = get_settings()
     manifests = _land(settings, faults="late=0.03")
@@ -108,15 +61,15 @@ def test_late_events_reach_gold_and_rebuild_the_dates_they_touch(spark, tmp_path
     assert DAYS[0].isoformat() in second["rebuilt"]
     _arrive(settings, DAYS[2])
 
-    silver = _silver_by_event_date(settings)
+    silver = silver_by_event_date(settings)
     # Every silver transaction, late ones included, has one gold row on its event date.
-    assert _counts_by_event_date(_gold_tables(settings)[0]) == silver
-    assert _counts_by_event_date(_gold_tables(settings)[1]) == silver
+    assert counts_by_event_date(gold_tables(settings)[0]) == silver
+    assert counts_by_event_date(gold_tables(settings)[1]) == silver
     late_rows = sum(m["late_from_previous_date"] for m in manifests[1:])
     assert sum(silver.values()) == sum(m["transactions"]["rows_written"] for m in manifests)
     assert late_rows > 0
-    _assert_gold_is_a_rebuild_from_scratch(settings, tmp_path)
-    _assert_online_holds_latest_gold(settings)
+    assert_gold_is_a_rebuild_from_scratch(settings, tmp_path)
+    assert_online_holds_latest_gold(settings)
 
 
 def test_out_of_order_and_redelivered_arrivals_rebuild_downstream_gold(spark, tmp_path):
@@ -127,7 +80,7 @@ def test_out_of_order_and_redelivered_arrivals_rebuild_downstream_gold(spark, tm
     record = _arrive(settings, DAYS[1])
     assert record["plan"]["event_dates"] == [DAYS[1].isoformat(), DAYS[2].isoformat()]
     assert record["plan"]["reasons"][DAYS[2].isoformat()].startswith("inputs changed")
-    _assert_gold_is_a_rebuild_from_scratch(settings, tmp_path / "out-of-order")
+    assert_gold_is_a_rebuild_from_scratch(settings, tmp_path / "out-of-order")
 
     # The producer re-delivers the first date with its last 40 rows withdrawn; every later date read it.
     data = next((settings.landing / DAYS[0].isoformat()).glob("transactions-*.csv"))
@@ -135,6 +88,6 @@ def test_out_of_order_and_redelivered_arrivals_rebuild_downstream_gold(spark, tm
     data.write_text("".join(lines[:-40]))
     record = _arrive(settings, DAYS[0])
     assert record["plan"]["event_dates"] == [d.isoformat() for d in DAYS]
-    assert _counts_by_event_date(_gold_tables(settings)[0]) == _silver_by_event_date(settings)
-    _assert_gold_is_a_rebuild_from_scratch(settings, tmp_path / "redelivered")
-    _assert_online_holds_latest_gold(settings)
+    assert counts_by_event_date(gold_tables(settings)[0]) == silver_by_event_date(settings)
+    assert_gold_is_a_rebuild_from_scratch(settings, tmp_path / "redelivered")
+    assert_online_holds_latest_gold(settings)
