@@ -56,6 +56,51 @@ def _silver_digest(spark, settings: Settings, day=DAY) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_late_and_out_of_order_deliveries_reconcile_with_every_row_fault_by_arrival(spark, settings, fmt):
+    """The delivery faults on top of every row fault: dates delivered in the generator's order (each date
+    after the next), rows held back a day; every arrival reconciles exactly, and each late row lands in
+    silver of the arrival that carried it with its own (earlier) event date."""
+    from datetime import timedelta
+
+    settings.ingest.max_quarantine_rate = 0.2
+    manifests = generate_landing(
+        GenerateRequest(
+            start=DAY,
+            days=3,
+            rows_per_day=900,
+            seed=3,
+            landing=settings.landing,
+            faults=parse_faults(f"{ROW_FAULTS},late=0.02,out_of_order=1.0"),
+            fmt=fmt,
+        )
+    )
+    order = [m["arrival_date"] for m in manifests]
+    assert order == [str(DAY + timedelta(days=1)), str(DAY), str(DAY + timedelta(days=2))]
+    tables = Tables(settings.lake)
+    for manifest in manifests:
+        day = date.fromisoformat(manifest["arrival_date"])
+        bronze = job.ingest_to_bronze(settings, day, "run-a")
+        silver = job.build_silver(settings, day, "run-a")
+        assert bronze["rows_in"] == manifest["transactions"]["rows_written"]
+        assert bronze["rows_in"] == bronze["rows_bronze"] + bronze["rows_quarantined"]
+        for fault, reason in EXPECTED_REASON.items():
+            assert bronze["quarantined_by_reason"][reason] == manifest["faults"][fault], (day, reason)
+        assert silver["duplicates_removed"] == manifest["faults"]["duplicates"]
+        assert silver["rows_silver"] + silver["duplicates_removed"] == bronze["rows_bronze"]
+        earlier = (
+            read_partition(spark, tables.silver, day)
+            .where(f"event_date = '{day - timedelta(days=1)}'")
+            .count()
+        )
+        assert earlier == manifest["late_from_previous_date"], day
+    by_date = {m["arrival_date"]: m for m in manifests}
+    held_back = {d: by_date[d]["faults"]["late"] for d in order if d != max(order)}
+    assert all(n > 0 for n in held_back.values())
+    for day, n in held_back.items():  # what a date held back, the next date carried
+        assert by_date[str(date.fromisoformat(day) + timedelta(days=1))]["late_from_previous_date"] == n
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_every_fault_kind_reconciles_exactly_with_the_generator_manifest(spark, settings, fmt):
     settings.ingest.max_quarantine_rate = 0.2
     manifest = _land(settings, faults=ROW_FAULTS, fmt=fmt, rows_per_file=600)
