@@ -9,8 +9,8 @@ normalization, with an indicator per numeric column telling the network they wer
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import cast
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -35,6 +35,15 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "embedding_dims": list(self.embedding_sizes())}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        """The config `to_dict` wrote (JSON turns its tuples into lists); unknown keys are refused."""
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {', '.join(unknown)}")
+        kwargs: dict[str, Any] = {key: tuple(v) if isinstance(v, list) else v for key, v in values.items()}
+        return cls(**kwargs)
 
 
 class FraudMLP(nn.Module):

@@ -3,12 +3,18 @@
 The gate scores the candidate and the current champion on the same holdout, moves the alias `champion`
 only if the candidate wins by the margin and passes the guardrails (or, with no champion yet, clears the
 absolute floor), and appends every decision to the promotion history (training/ledger.py). The whole
-read-decide-move-record step runs under the ledger's lock, so parallel candidates are decided in turn.
+read-decide-record-move step runs under the ledger's lock, so parallel candidates are decided in turn.
 Rollback restores the champion before the current one, as the history replays it, and is recorded too.
+The history is the source of truth: its row commits before the alias moves, and every promotion and
+rollback first brings the alias in line with it (`sync_champion`), so a kill anywhere in between leaves
+nothing the next one cannot finish.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -30,6 +36,18 @@ CHAMPION_ALIAS = "champion"
 
 class PromotionError(PipelineError):
     """A promotion or rollback that cannot be done; the message says why and what to do."""
+
+
+class AliasMovedOutsideError(PromotionError):
+    """The alias points where the promotion history never put it: someone moved it outside `mlops`."""
+
+    def __init__(self, alias: str | None, recorded: str | None) -> None:
+        self.alias, self.recorded = alias, recorded
+        super().__init__(
+            f"the alias {CHAMPION_ALIAS!r} points at v{alias} but the history says v{recorded}: "
+            "it was moved outside `mlops`; set it back or promote with "
+            "`mlops promote --version V --reason ...`"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,12 +140,15 @@ class ModelRegistry:
         self.client.set_registered_model_alias(self.name, CHAMPION_ALIAS, version)
 
     def load(self, version: str) -> torch.nn.Module:
-        import mlflow.pytorch
+        """The version's FraudMLP on CPU, from its weights and config: a pickled artifact is refused
+        (training/artifacts.py), never unpickled."""
+        import mlflow
+
+        from training.artifacts import load_model
 
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
-        model = mlflow.pytorch.load_model(f"models:/{self.name}/{version}", map_location="cpu")
-        return model.eval()
+        return load_model(f"models:/{self.name}/{version}")
 
 
 def scoring_latency_ms(model: torch.nn.Module, row: torch.Tensor, repeats: int = 200) -> float:
@@ -172,10 +193,11 @@ def promote_with_gate(
     run_id: str | None = None,
     holdout_weights: np.ndarray | None = None,
 ) -> Decision:
-    """Decide candidate vs champion on the same holdout (rows weighted by `holdout_weights`, if given), move
-    the alias if it wins, record the decision."""
+    """Decide candidate vs champion on the same holdout (rows weighted by `holdout_weights`, if given),
+    record the decision, move the alias if it wins. Refuses (AliasMovedOutsideError) while the alias
+    points where the history never put it: the gate would compare against a champion nobody recorded."""
     with ledger.exclusive(registry.name) as conn:
-        champion = registry.champion()
+        champion = sync_champion(registry, ledger, conn)
         candidate_model = registry.load(candidate_version)
         candidate_metrics = evaluate(holdout_y, _score(candidate_model, holdout_x), weights=holdout_weights)
         latency = scoring_latency_ms(candidate_model, holdout_x[:1])
@@ -205,7 +227,9 @@ def promote_with_gate(
                 promoted, reason = gate_decision(candidate_metrics, champion_metrics, latency, policy)
         else:
             promoted, reason = gate_decision(candidate_metrics, None, latency, policy)
-        decision = ledger.append(
+        decision = _record(
+            registry,
+            ledger,
             conn,
             Decision(
                 model_name=registry.name,
@@ -222,20 +246,26 @@ def promote_with_gate(
                 run_id=run_id,
             ),
         )
-        # Inside the transaction: if moving the alias fails, the history row is not committed either.
-        if promoted:
-            registry.set_champion(candidate_version)
         return decision
 
 
 def promote_manually(registry: ModelRegistry, ledger: Ledger, version: str, reason: str) -> Decision:
-    """Make `version` the champion without the gate (a person's decision, recorded with their reason)."""
+    """Make `version` the champion without the gate (a person's decision, recorded with their reason).
+    This is also the way out when the alias was moved outside `mlops`: it goes ahead, and the row notes
+    where the alias was."""
     if not reason.strip():
         raise PromotionError("a manual promotion needs a reason (--reason); it is kept in the history")
     registry.client.get_model_version(registry.name, version)  # fails clearly if it does not exist
     with ledger.exclusive(registry.name) as conn:
-        champion = registry.champion()
-        decision = ledger.append(
+        try:
+            champion = sync_champion(registry, ledger, conn)
+        except AliasMovedOutsideError as moved:
+            champion = moved.alias
+            reason += f" [the alias was at v{moved.alias} outside mlops; the history said v{moved.recorded}]"
+            log.warning("manual promotion over a moved alias: %s", moved)
+        return _record(
+            registry,
+            ledger,
             conn,
             Decision(
                 model_name=registry.name,
@@ -247,28 +277,23 @@ def promote_manually(registry: ModelRegistry, ledger: Ledger, version: str, reas
                 champion_after=version,
             ),
         )
-        registry.set_champion(version)
-        return decision
 
 
 def rollback(registry: ModelRegistry, ledger: Ledger, reason: str = "rollback") -> Decision:
-    """Put the previous champion back (as the history replays it) and record it."""
+    """Put the previous champion back (as the history replays it) and record it. Refuses while the alias
+    points where the history never put it (AliasMovedOutsideError)."""
     with ledger.exclusive(registry.name) as conn:
+        current = sync_champion(registry, ledger, conn)
         stack = champion_stack(ledger.history(registry.name, conn))
-        current = registry.champion()
         if len(stack) < 2:
             raise PromotionError(
                 f"no previous champion of {registry.name} to roll back to "
                 f"(champions so far: {stack or 'none'})"
             )
-        if current != stack[-1]:
-            raise PromotionError(
-                f"the alias {CHAMPION_ALIAS!r} points at v{current} but the history says v{stack[-1]}: "
-                "it was moved outside `mlops`; set it back or promote with "
-                "`mlops promote --version V --reason ...`"
-            )
         target = stack[-2]
-        decision = ledger.append(
+        return _record(
+            registry,
+            ledger,
             conn,
             Decision(
                 model_name=registry.name,
@@ -280,5 +305,102 @@ def rollback(registry: ModelRegistry, ledger: Ledger, reason: str = "rollback") 
                 champion_after=target,
             ),
         )
-        registry.set_champion(target)
-        return decision
+
+
+# --- the alias follows the history ----------------------------------------------------------------------
+
+# Registered-model tag: the id of the history row the alias was last moved for (written after the move).
+APPLIED_TAG = "mlops.champion_history_id"
+# Fault injection for the crash tests: MLOPS_PROMOTION_KILL_AT=<point> SIGKILLs the process there, as an
+# OOM kill or a lost node would. Points: appended (row written, not committed), committed (row committed,
+# alias not moved), alias-moved (alias moved, APPLIED_TAG not yet written).
+KILL_AT_ENV = "MLOPS_PROMOTION_KILL_AT"
+_MOVES = frozenset({"promoted", "rolled_back"})  # decisions that move the alias
+
+log = logging.getLogger(__name__)
+
+
+def sync_champion(
+    registry: ModelRegistry, ledger: Ledger, conn, moving: Decision | None = None
+) -> str | None:
+    """Bring the alias in line with the promotion history and return the champion. Call it under
+    `ledger.exclusive(registry.name)` (`conn`).
+
+    A promotion or rollback commits its history row, then moves the alias, then sets APPLIED_TAG to the
+    row's id. With R the last row that moved the champion, the disagreements this can meet are:
+    - alias == the champion the history replays: agreement; a kill between the alias move and the tag
+      left the tag behind, and it is brought up to R.
+    - alias == R.champion_before while the tag is older than R (or absent and R is the first move ever):
+      our own kill between the commit and the alias move. The move is finished here, logged.
+    - anything else: the alias was moved (or removed) outside `mlops`, to something the history never
+      recorded. Among these, alias == R.champion_before with the tag at R: R's move was done, and a person
+      set the alias back by hand. AliasMovedOutsideError: the history is not rewritten to fit, and the
+      alias is not moved back over a person's decision; they set it back or `mlops promote` it.
+    A history from before this tag (none on the model) counts as applied once alias and history agree.
+    `moving`: the row the caller just committed, whose move is the expected one (logged as such)."""
+    history = ledger.history(registry.name, conn)
+    stack = champion_stack(history)
+    recorded = stack[-1] if stack else None
+    alias = registry.champion()
+    moves = [row for row in history if row.decision in _MOVES]
+    last = moves[-1] if moves else None
+    if last is None:
+        if alias != recorded:
+            raise AliasMovedOutsideError(alias, recorded)
+        return recorded
+    applied = _applied_row(registry)
+    if alias == recorded:
+        if applied != last.id:
+            _mark_applied(registry, last)
+        return recorded
+    assert last.id is not None, "rows read back from the ledger have their id"
+    unfinished = alias == last.champion_before and (
+        last.id > applied if applied is not None else len(moves) == 1
+    )
+    if not unfinished or recorded is None:
+        raise AliasMovedOutsideError(alias, recorded)
+    interrupted = moving is None or moving.id != last.id
+    log.log(
+        logging.WARNING if interrupted else logging.INFO,
+        "%shistory row %s (%s of v%s): the alias %r moves from v%s to v%s",
+        "finishing an interrupted move, " if interrupted else "",
+        last.id, last.action, last.candidate_version, CHAMPION_ALIAS, alias, recorded,
+    )  # fmt: skip
+    registry.set_champion(recorded)
+    _kill_point("alias-moved")
+    _mark_applied(registry, last)
+    return recorded
+
+
+def _record(registry: ModelRegistry, ledger: Ledger, conn, decision: Decision) -> Decision:
+    """Append the decision and commit it, then move the alias to what the history now says."""
+    recorded = ledger.append(conn, decision)
+    _kill_point("appended")
+    ledger.commit(conn)
+    _kill_point("committed")
+    if recorded.decision in _MOVES:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            sync_champion(registry, ledger, conn, moving=recorded)  # re-reads: another may have run since
+        except MlflowException as exc:
+            raise PromotionError(
+                f"history row {recorded.id} ({recorded.decision} v{recorded.champion_after}) is committed, "
+                f"but moving the alias {CHAMPION_ALIAS!r} failed: {exc}. The next promotion, rollback or "
+                "gate run finishes the move."
+            ) from exc
+    return recorded
+
+
+def _applied_row(registry: ModelRegistry) -> int | None:
+    tag = registry.client.get_registered_model(registry.name).tags.get(APPLIED_TAG)
+    return None if tag is None else int(tag)
+
+
+def _mark_applied(registry: ModelRegistry, row: Decision) -> None:
+    registry.client.set_registered_model_tag(registry.name, APPLIED_TAG, str(row.id))
+
+
+def _kill_point(point: str) -> None:
+    if os.environ.get(KILL_AT_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -87,6 +87,7 @@ def train(
     from mlflow.models import infer_signature
 
     from features.definitions import FEATURE_SERVICE
+    from training.artifacts import log_model
     from training.loop import train as fit
     from training.model import FraudMLP, ModelConfig
 
@@ -144,14 +145,14 @@ def train(
         example = validation.x[:5].cpu()
         with torch.no_grad():
             signature = infer_signature(example.numpy(), model(example).numpy())
-        # pickle, not MLflow's default pt2 here: pt2 exports the example's fixed batch shape and loads back as
-        # an ExportedProgram without the module's config; the ONNX export is the portable scoring format.
-        mlflow.pytorch.log_model(
+        # Weights and config, never a pickle (training/artifacts.py): loading a model must not run code
+        # from its artifact. Not MLflow's pt2 either: it fixes the example's batch shape and drops the
+        # module's config; the ONNX export is the portable scoring format.
+        log_model(
             model,
             name=MODEL_ARTIFACT,
             signature=signature,
             input_example=example.numpy(),
-            serialization_format="pickle",
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
         summary = {
@@ -185,12 +186,13 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     import mlflow
     import torch
 
+    from training.artifacts import load_model
     from training.loop import predict
     from training.metrics import evaluate as metrics_of
     from training.metrics import plot_evaluation
 
     holdout = read_holdout(settings, training_set_rev(settings, run_id))
-    model = mlflow.pytorch.load_model(f"runs:/{run_id}/{MODEL_ARTIFACT}", map_location="cpu")
+    model = load_model(f"runs:/{run_id}/{MODEL_ARTIFACT}")
     scores = predict(model, torch.from_numpy(holdout.x)).numpy()
     labels, weights = holdout.y, holdout.weights
     values = metrics_of(labels, scores, weights=weights)

@@ -58,9 +58,13 @@ def git_commit() -> str:
 
 
 def configure(settings: Settings) -> str:
-    """Point mlflow at the profile's tracking server and make sure the experiment exists; its id."""
+    """Point mlflow at the profile's tracking server and make sure the experiment exists; its id.
+    Also switches MLflow's pickle loading off for this process (training/artifacts.py)."""
     import mlflow
 
+    from training.artifacts import forbid_pickle_deserialization
+
+    forbid_pickle_deserialization()
     uri = settings.mlflow_tracking_uri
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)

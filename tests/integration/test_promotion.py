@@ -12,6 +12,7 @@ import sqlalchemy as sa
 import torch
 
 from tests.model.tensors import make_split
+from training.artifacts import log_model
 from training.dataset import NUMERIC_FEATURES
 from training.ledger import Ledger
 from training.loop import TrainConfig, train
@@ -51,7 +52,7 @@ def _log_and_register(tracking_uri: str, artifacts: Path, model) -> str:
         mlflow.create_experiment("gate-test", artifact_location=artifacts.as_uri())
     mlflow.set_experiment("gate-test")
     with mlflow.start_run() as run:
-        mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", pip_requirements=[])
+        log_model(model, name="model", pip_requirements=[])
     return ModelRegistry(tracking_uri).register(run.info.run_id)
 
 
