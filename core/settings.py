@@ -100,6 +100,9 @@ class TrainingSettings(BaseModel):
     checkpoint_claim: str = "mlops-training-checkpoints"
     startup_timeout_seconds: int = Field(default=900, ge=30)
     execution_timeout_minutes: int = Field(default=360, ge=1)
+    # Local profile only: the train task's child process (and everything it started) is stopped after this
+    # long; the task's Airflow execution_timeout is this plus the time to stop it (training_task.py).
+    local_timeout_minutes: int = Field(default=360, ge=1, description="local training process time limit")
 
 
 class GateSettings(BaseModel):

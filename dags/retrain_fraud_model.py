@@ -13,7 +13,8 @@ manual run, or the day before a scheduled run.
 - **train**: `python -m training train --training-set-rev ...`. Cluster profile: a KubernetesPodOperator on a
   GPU node (restricted pod, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
   deferrable, reattaches after a scheduler restart, pod deleted at the end); the MLflow run id comes back
-  through XCom. Local profile (or `MLOPS_TRAINING__RUNNER=local`): the same command as a child process.
+  through XCom. Local profile (or `MLOPS_TRAINING__RUNNER=local`): the same command as a child process,
+  stopped with its whole process group when the task is stopped or after `training.local_timeout_minutes`.
 - **evaluate**: holdout metrics and PR/ROC/confusion/calibration pictures into the MLflow run.
 - **register**: a new version of `fraud-detector`.
 - **promote**: the gate scores challenger and champion on the same holdout and moves the `champion` alias
@@ -36,6 +37,7 @@ from orchestration.assets import FRAUD_FEATURES, FRAUD_MODEL
 from orchestration.tasks import run_step
 from orchestration.training_task import (
     TRAIN_TASK_ID,
+    local_task_timeout,
     run_training_process,
     train_arguments,
     training_pod_operator,
@@ -102,12 +104,15 @@ with DAG(
     else:
 
         @task(
-            task_id=TRAIN_TASK_ID, execution_timeout=timedelta(hours=6), doc_md="`python -m training train`"
+            task_id=TRAIN_TASK_ID,
+            execution_timeout=local_task_timeout(get_settings()),
+            doc_md="`python -m training train`, stopped (its whole process group) with the task",
         )
         def train_locally(ti=None, dag_run=None) -> dict:
             rev = ti.xcom_pull(task_ids="training_set")["training_set_rev"]
             return run_training_process(
-                train_arguments(rev, dag_id=dag_run.dag_id, dag_run_id=dag_run.run_id)
+                train_arguments(rev, dag_id=dag_run.dag_id, dag_run_id=dag_run.run_id),
+                timeout_s=get_settings().training.local_timeout_minutes * 60,
             )
 
         trained = train_locally()

@@ -11,11 +11,19 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
+import signal
+import time
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.settings import Settings
 from orchestration import k8s_contract as contract
+
+if TYPE_CHECKING:
+    import subprocess
+    from types import FrameType
 
 TRAIN_TASK_ID = "train"
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -25,6 +33,12 @@ XCOM_RETURN = "/airflow/xcom/return.json"  # where the provider's sidecar collec
 # wants privilege escalation off and every capability dropped. The sidecar gets the trainer's hardening
 # and this: the LimitRange minimum, with limits equal to requests so no default limit is charged to the quota.
 XCOM_SIDECAR_RESOURCES = {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "64Mi"}
+# How long a stopped local training process group gets between SIGTERM and SIGKILL (a checkpoint write).
+TERMINATE_GRACE_S = 30.0
+
+
+class TrainingProcessError(RuntimeError):
+    """The local training process failed, ran past its timeout, or was stopped with its task."""
 
 
 def train_arguments(
@@ -130,19 +144,117 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def run_training_process(arguments: list[str]) -> dict:
-    """The local profile's train task: the same CLI as a child process; its last stdout line is the result."""
+def run_training_process(
+    arguments: list[str],
+    timeout_s: float | None = None,
+    *,
+    program: Sequence[str] = ("-m", "training"),
+    grace_s: float = TERMINATE_GRACE_S,
+) -> dict:
+    """The local profile's train task: the same CLI as a child process; its last stdout line is the result.
+
+    The child leads a process group of its own, which its DataLoader workers and anything else it starts
+    join. It ends with the task: when `timeout_s` passes, when the task process gets SIGTERM (how Airflow
+    stops a task that is marked failed or cleared, or whose heartbeat is lost), or when anything else
+    interrupts the wait (Airflow's execution_timeout raises in the task), the whole group gets SIGTERM,
+    then SIGKILL after `grace_s`, and TrainingProcessError names the command and the reason (the task's
+    own exception, for the last). `program`: what the interpreter runs instead of `-m training` (tests)."""
     import subprocess
     import sys
+    import threading
 
-    done = subprocess.run(
-        [sys.executable, "-m", "training", *arguments], capture_output=True, text=True, check=False
+    shown = (
+        "`python " + " ".join(p if len(p) <= 120 else f"{p[:100]}..." for p in [*program, *arguments]) + "`"
     )
-    if done.returncode:
-        raise RuntimeError(
-            f"`python -m training {' '.join(arguments)}` exited {done.returncode}:\n{done.stderr[-4000:]}"
+    stopping = False
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:  # a second SIGTERM while the group is being stopped: let that finish
+            return
+        stopping = True
+        if callable(previous):  # Airflow's handler: it calls the operator's on_kill
+            previous(signum, frame)
+        raise TrainingProcessError(
+            f"{shown} was stopped: the task process got {signal.Signals(signum).name}; the training "
+            "process group was terminated"
         )
-    lines = done.stdout.strip().splitlines()
+
+    # Handlers can only be set on the main thread (where Airflow runs a task); elsewhere the timeout and
+    # exceptions still stop the child. Set before the child starts, so no SIGTERM can orphan it.
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM)
+    if on_main_thread:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, *program, *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own session and process group, so the group can be stopped whole
+        )
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stopping = True
+            _terminate_group(process, grace_s)
+            raise TrainingProcessError(
+                f"{shown} ran past its timeout of {timeout_s:g} s (the local profile's "
+                f"MLOPS_TRAINING__LOCAL_TIMEOUT_MINUTES); its process group was terminated. Last output:\n"
+                f"{_tail(process, grace_s)}"
+            ) from None
+        except BaseException:
+            stopping = True
+            _terminate_group(process, grace_s)
+            raise
+    finally:
+        if on_main_thread:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    if process.returncode:
+        raise TrainingProcessError(f"{shown} exited {process.returncode}:\n{stderr[-4000:]}")
+    lines = stdout.strip().splitlines()
     if not lines:
-        raise RuntimeError(f"`python -m training {' '.join(arguments)}` printed no result")
+        raise TrainingProcessError(f"{shown} printed no result")
     return json.loads(lines[-1])
+
+
+def local_task_timeout(settings: Settings) -> timedelta:
+    """The local train task's Airflow execution_timeout: the child's own timeout, its grace to stop, and a
+    minute to spare, so the child's timeout (with its clear error) comes first and Airflow's is a backstop."""
+    return timedelta(minutes=settings.training.local_timeout_minutes, seconds=TERMINATE_GRACE_S + 60)
+
+
+def _terminate_group(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to the child's process group; SIGKILL to whatever of it is left after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)  # the child leads its group: the group id is its pid
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + grace_s
+        while _group_alive(process) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _group_alive(process):
+            break
+    process.wait()
+
+
+def _group_alive(process: subprocess.Popen) -> bool:
+    process.poll()  # reaps the child once it exits, so it no longer counts as a member
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _tail(process: subprocess.Popen, grace_s: float) -> str:
+    """The end of what the stopped child wrote to stderr (its log)."""
+    import subprocess
+
+    try:
+        _, stderr = process.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        return "(unavailable: a process that left the group still holds the output pipe)"
+    return stderr[-4000:]

@@ -1,11 +1,12 @@
 """The promotion history: an append-only table of every gate decision, promotion and rollback, and the
-lock that makes "read the champion, decide, move the alias, record" one step.
+lock that makes "read the champion, decide, record, move the alias" one step.
 
 It lives in a SQL database next to the MLflow registry (SQLite under $MLOPS_HOME locally, the cluster's
 PostgreSQL otherwise). The database refuses UPDATE and DELETE on the table (triggers), so history cannot
-be rewritten by this code or by a careless hand. The lock is a transaction: PostgreSQL takes an advisory
-transaction lock per model name; SQLite takes its write lock up front (BEGIN IMMEDIATE). Two candidates
-finishing together are therefore decided one after the other, the second against the first's outcome.
+be rewritten by this code or by a careless hand. The lock: PostgreSQL takes an advisory session lock per
+model name; SQLite takes its write lock up front (BEGIN IMMEDIATE). Two candidates finishing together are
+therefore decided one after the other, the second against the first's outcome. The history is the source
+of truth for the champion: a promotion commits its row (`Ledger.commit`) before it moves the alias.
 """
 
 from __future__ import annotations
@@ -106,13 +107,30 @@ class Ledger:
 
     @contextmanager
     def exclusive(self, model_name: str) -> Iterator[sa.Connection]:
-        """One decision at a time per model: everything inside runs under the lock, in one transaction
-        that commits the history row only if the block finishes."""
+        """One decision at a time per model: everything inside runs under the lock, in a transaction that
+        commits when the block finishes (or earlier, with `commit`); a block that fails rolls back what it
+        appended since the last commit."""
         self.create()
-        with self.engine.begin() as conn:
+        # NullPool: closing the connection ends the database session, and with it PostgreSQL's lock.
+        with self.engine.connect() as conn:
+            conn.begin()  # SQLite: BEGIN IMMEDIATE, the write lock
             if self.dialect == "postgresql":
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key(model_name)})
-            yield conn
+                # A session lock, not a transaction one, so that it outlives `commit`.
+                conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _lock_key(model_name)})
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    def commit(self, conn: sa.Connection) -> None:
+        """Make what the `exclusive` block appended so far durable, and go on under the lock. PostgreSQL
+        holds its session lock throughout. SQLite's lock is the write transaction itself: it is let go and
+        taken again at once, so another writer waiting for it may run in between, and what follows a
+        commit must read the state again rather than trust what it read before."""
+        conn.commit()
+        conn.begin()
 
     def append(self, conn: sa.Connection, decision: Decision) -> Decision:
         row = decision.to_dict()
