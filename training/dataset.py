@@ -354,9 +354,7 @@ def label_coverage(settings: Settings, day: date, window_days: int) -> dict:
     tables = Tables(settings.lake)
     window = [day - timedelta(days=k) for k in range(window_days - 1, -1, -1)]
     missing = [
-        d.isoformat()
-        for d in window
-        if not (read_json(tables.labels_reconciliation(d)) or {}).get("files")
+        d.isoformat() for d in window if not (read_json(tables.labels_reconciliation(d)) or {}).get("files")
     ]
     if missing:
         log.warning("training set as of %s: no labels ingested for %s", day, ", ".join(missing))
