@@ -9,11 +9,13 @@ import functools
 import logging
 import math
 from datetime import date, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from core.errors import (
     EmptyArrivalError,
@@ -31,6 +33,7 @@ from pipelines.ingest.landing import (
     read_lines,
     refuse_to_clear,
 )
+from pipelines.ingest.schemas import BRONZE_TRANSACTIONS, SILVER_TRANSACTIONS
 from pipelines.lake import (
     Tables,
     clear_partitions,
@@ -201,8 +204,17 @@ def _validate(settings: Settings, day: date, layer: str) -> dict:
     else:
         bounds = {"min_rows": 1, "max_rows": 10**12}
     root = tables.bronze if layer == "bronze" else tables.silver
-    df = read_partition(spark_session(settings), root, day)
+    schema = BRONZE_TRANSACTIONS if layer == "bronze" else SILVER_TRANSACTIONS
+    df = _read_rows(spark_session(settings), root, day, record[count_key], schema)
     return validate(df, f"{layer}_transactions", settings.suites_dir, settings.home, bounds)
+
+
+def _read_rows(spark: SparkSession, root: Path, day: date, rows: int, schema: StructType) -> DataFrame:
+    """The date's partition of `root`; none is written when the record counts no rows (every row of the
+    arrival was quarantined), so an empty frame then, for the gates to judge."""
+    if rows == 0 and not Tables.partition(root, day).is_dir():
+        return spark.createDataFrame([], schema)
+    return read_partition(spark, root, day)
 
 
 def build_silver(settings: Settings, day: date, run_id: str) -> dict:
@@ -238,7 +250,7 @@ def _write_silver(settings: Settings, tables: Tables, day: date, run_id: str, re
     lookback = settings.ingest.dedup_lookback_days
     earlier = read_partitions(spark, tables.bronze, [day - timedelta(days=k) for k in range(1, lookback + 1)])
     silver, duplicates = transforms.deduplicate(
-        read_partition(spark, tables.bronze, day),
+        _read_rows(spark, tables.bronze, day, record["rows_bronze"], BRONZE_TRANSACTIONS),
         run_id,
         None
         if earlier is None
@@ -254,8 +266,10 @@ def _write_silver(settings: Settings, tables: Tables, day: date, run_id: str, re
         duplicates, tables.quarantine, ["arrival_date", "stage"], now_empty=(duplicates_partition,)
     )
     removed = spark.read.parquet(str(duplicates_partition)).count() if duplicates_partition.exists() else 0
-    overwrite_partitions(ordered, tables.silver, ["arrival_date"])
-    rows_silver = read_partition(spark, tables.silver, day).count()
+    silver_partition = Tables.partition(tables.silver, day)
+    # Every row quarantined or a resend: the date's silver is emptied, not left as an earlier run wrote it.
+    overwrite_partitions(ordered, tables.silver, ["arrival_date"], now_empty=(silver_partition,))
+    rows_silver = read_partition(spark, tables.silver, day).count() if silver_partition.is_dir() else 0
     if rows_silver + removed != record["rows_bronze"]:
         raise PipelineError(
             f"arrival {day}: silver has {rows_silver} rows and {removed} duplicates were removed, but bronze "
@@ -276,7 +290,7 @@ def _later_arrivals_to_rebuild(settings: Settings, tables: Tables, day: date) ->
     if not later:
         return []
     spark = spark_session(settings)
-    ids = read_partition(spark, tables.bronze, day).select("transaction_id")
+    ids = _read_rows(spark, tables.bronze, day, 0, BRONZE_TRANSACTIONS).select("transaction_id")
     silver = read_partitions(spark, tables.silver, later)
     shadowed = (
         {
@@ -356,9 +370,17 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     classified = transforms.classify_labels(raw, day, settings.ingest.late_event_days).persist(
         StorageLevel.DISK_ONLY
     )
-    order = Window.partitionBy("transaction_id").orderBy("source_file", "line_number")
-    ranked = classified.withColumn("_copy", F.when(F.col("reason").isNull(), F.row_number().over(order)))
-    rejected = ranked.where(F.col("reason").isNotNull() | (F.col("_copy") > 1)).select(
+    # Only clean rows compete to be the first copy: a row quarantined for a bad value shadows no label.
+    clean = F.col("reason").isNull()
+    order = Window.partitionBy("transaction_id", clean).orderBy("source_file", "line_number")
+    first_copy = F.first(F.concat_ws(":", "source_file", F.col("line_number").cast("string"))).over(order)
+    ranked = classified.withColumn("_copy", F.when(clean, F.row_number().over(order))).withColumn(
+        "detail",
+        F.when(F.col("_copy") > 1, F.concat(F.lit("transaction_id first seen at "), first_copy)).otherwise(
+            F.col("detail")
+        ),
+    )
+    rejected = ranked.where(~clean | (F.col("_copy") > 1)).select(
         F.coalesce("reason", F.lit("duplicate")).alias("reason"), *transforms.rejection_columns(run_id, day)
     )
     labels = ranked.where(F.col("_copy") == 1).select(

@@ -8,6 +8,7 @@ import fnmatch
 import gzip
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -31,6 +32,9 @@ FEEDS = ("transactions", "labels")
 COMPLETE_MARKER = "_SUCCESS"
 CONTROL_FILES = frozenset({COMPLETE_MARKER, "_GENERATED_BY", "_manifest.json"})
 DEFAULT_IGNORE_FILES = (".*", "_*")  # IngestSettings.ignore_files
+# Spark reads a path as a glob and names a file's lines by its URL-encoded name: a data file named with a
+# space, %, #, [ or { would fail to read or have its lines silently left out.
+READABLE_NAME = re.compile(r"[\w.+-]+")
 
 
 class LostArrivalError(PipelineError):
@@ -104,6 +108,11 @@ def find_arrival(
                 problems.append(
                     f"{name}: gzipped files must end in lower-case {GZIP_SUFFIX} to be decompressed; "
                     f"rename it to {name[: -len(GZIP_SUFFIX)]}{GZIP_SUFFIX}"
+                )
+            elif not READABLE_NAME.fullmatch(name):
+                problems.append(
+                    f"{name}: a file name Spark cannot read by (a space or one of %#?*[]{{}}); rename it "
+                    f"with letters, digits, '.', '_', '-' and '+' only (e.g. {stem}-00001.csv)"
                 )
             else:
                 files.append(LandingFile(path, fmt, compressed))
@@ -210,12 +219,16 @@ def _check_file(arrival: Arrival, landing_file: LandingFile, columns: tuple[str,
     except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError; a truncated gzip ends in EOFError
         arrival.problems.append(f"{name}: not a readable gzip file ({exc}); have it resent")
         return
+    first = first.removeprefix("\ufeff")  # a file of only a byte-order mark is empty too
     if not first:  # a gzipped empty file has bytes but no text
         arrival.empty_files.append(name)
         return
+    if "\x00" in first:  # ASCII text in UTF-16 without a byte-order mark decodes as UTF-8 with NULs
+        arrival.problems.append(f"{name}: NUL characters in its first line: UTF-16 text? re-export as UTF-8")
+        return
     if landing_file.fmt == "json":
         return  # JSON columns are checked over the whole file by `json_key_problems`
-    header = next(csv.reader([first.lstrip("\ufeff").rstrip("\r\n")]))
+    header = next(csv.reader([first.rstrip("\r\n")]))
     arrival.headers[name] = header
     for column in columns:
         if column not in header:
@@ -243,6 +256,7 @@ def json_key_problems(
     spark: SparkSession, files: list[LandingFile], columns: tuple[str, ...] = TRANSACTION_COLUMNS
 ) -> list[str]:
     """A JSON file lacks a column when no record in it has that key."""
+    required = REQUIRED_TRANSACTION_COLUMNS if columns == TRANSACTION_COLUMNS else columns
     json_files = [f for f in files if f.fmt == "json" and f.path.stat().st_size > 0]
     if not json_files:
         return []
@@ -260,13 +274,21 @@ def json_key_problems(
     present: dict[str, set[str]] = {f.name: set() for f in json_files}
     for row in keys:
         present[row.file].add(row.key)
-    return [
-        f"{name}: missing {'required' if c in REQUIRED_TRANSACTION_COLUMNS else 'expected'} column '{c}' "
-        f"(no record in the file has it)"
-        for name, seen in present.items()
-        for c in columns
-        if c not in seen
-    ]
+    problems = []
+    for name, seen in present.items():
+        if not seen:
+            problems.append(
+                f"{name}: no line is a JSON object with keys; .json and .jsonl files must be JSON Lines, "
+                f"one object per line (not a JSON array, not pretty-printed)"
+            )
+            continue
+        problems += [
+            f"{name}: missing {'required' if c in required else 'expected'} column '{c}' "
+            f"(no record in the file has it)"
+            for c in columns
+            if c not in seen
+        ]
+    return problems
 
 
 def read_lines(spark: SparkSession, files: list[LandingFile]) -> DataFrame:

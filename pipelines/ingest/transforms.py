@@ -7,7 +7,8 @@ are checked in this order and the first that applies wins:
 
 | reason           | meaning                                                                      |
 |------------------|------------------------------------------------------------------------------|
-| malformed        | unparseable: fewer CSV tokens than the header, unbalanced quotes, not JSON   |
+| malformed        | unparseable: not UTF-8, fewer CSV tokens than the header, unbalanced quotes, |
+|                  | not a JSON object, a JSON key sent twice                                     |
 | extra_column     | more CSV tokens than the header, or JSON keys outside the contract          |
 | missing_required | a required field is null or blank                                            |
 | wrong_type       | not the contract's type, or not exactly: a decimal with more decimal places  |
@@ -79,12 +80,26 @@ def parse_csv_lines(
     ddl = ", ".join(f"`{name}` STRING" for name in header)
     # RFC 4180 quoting, as Python's csv and pandas write it: "" inside a quoted field is one quote.
     parsed = F.from_csv(F.col("value"), ddl, {"mode": "PERMISSIVE", "escape": '"'})
-    parse_error = (
-        F.when((F.col("value") == "") | (quote_chars % 2 == 1) | (tokens < len(header)), F.lit("malformed"))
-        .when(tokens > len(header), F.lit("extra_column"))
-        .otherwise(F.lit(None).cast(StringType()))
+    fields = F.concat(tokens.cast("string"), F.lit(f" fields; the header has {len(header)}"))
+    failure = _first_failure(
+        [
+            _not_utf8(),
+            ("malformed", F.col("value") == "", F.lit("empty line")),
+            (
+                "malformed",
+                quote_chars % 2 == 1,
+                F.concat(
+                    F.lit("unbalanced quotes: "),
+                    quote_chars.cast("string"),
+                    F.lit(" quote characters; a quoted field must end on its line (a line break inside "),
+                    F.lit("a quoted field is not supported)"),
+                ),
+            ),
+            ("malformed", tokens < len(header), fields),
+            ("extra_column", tokens > len(header), fields),
+        ]
     )
-    return _parsed(lines, [parsed[name].alias(name) for name in columns], parse_error)
+    return _parsed(lines, [parsed[name].alias(name) for name in columns], failure)
 
 
 def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_COLUMNS) -> DataFrame:
@@ -94,11 +109,25 @@ def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_CO
         F.col("value")
     )
     record = F.from_json(text, MapType(StringType(), StringType()))
-    unknown_keys = F.filter(F.map_keys(record), lambda k: ~k.isin(*columns))
-    parse_error = (
-        F.when(record.isNull(), F.lit("malformed"))
-        .when(F.size(unknown_keys) > 0, F.lit("extra_column"))
-        .otherwise(F.lit(None).cast(StringType()))
+    keys = F.map_keys(record)
+    unknown_keys = F.filter(keys, lambda k: ~k.isin(*columns))
+    # from_json keeps every copy of a key sent twice, and a lookup would silently take one of them.
+    repeated_keys = F.array_distinct(F.filter(keys, lambda k: F.size(F.filter(keys, lambda j: j == k)) > 1))
+    failure = _first_failure(
+        [
+            _not_utf8(),
+            ("malformed", record.isNull(), F.lit("not a JSON object (JSON Lines: one object per line)")),
+            (
+                "malformed",
+                F.size(repeated_keys) > 0,
+                F.concat(F.lit("key(s) sent more than once: "), F.array_join(repeated_keys, ", ")),
+            ),
+            (
+                "extra_column",
+                F.size(unknown_keys) > 0,
+                F.concat(F.lit("key(s) outside the contract: "), F.array_join(unknown_keys, ", ")),
+            ),
+        ]
     )
 
     def value(name: str) -> Column:
@@ -107,16 +136,35 @@ def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_CO
         sent = F.regexp_extract(text, f'"{name}"\\s*:\\s*{_JSON_NUMBER}', 1)
         return F.when(record[name].isNotNull() & (sent != ""), sent).otherwise(record[name])
 
-    return _parsed(
-        lines, [F.when(record.isNotNull(), value(name)).alias(name) for name in columns], parse_error
+    return _parsed(lines, [F.when(record.isNotNull(), value(name)).alias(name) for name in columns], failure)
+
+
+def _not_utf8() -> tuple[str, Column, Column]:
+    """Spark reads bytes that are not UTF-8 as they are: such a line is quarantined, never typed."""
+    return (
+        "malformed",
+        ~F.is_valid_utf8("value"),
+        F.lit("not UTF-8 text (Latin-1 or another encoding?); re-export the file as UTF-8"),
     )
 
 
-def _parsed(lines: DataFrame, values: list[Column], parse_error: Column) -> DataFrame:
-    """The parsers' common output: string values, the parse error, and where the raw line came from."""
+def _first_failure(checks: list[tuple[str, Column, Column]]) -> tuple[Column, Column]:
+    """(reason, detail) of the first check whose condition holds; nulls for a line that parses."""
+    (name, condition, text), *rest = checks
+    reason, detail = F.when(condition, F.lit(name)), F.when(condition, text)
+    for name, condition, text in rest:
+        reason, detail = reason.when(condition, F.lit(name)), detail.when(condition, text)
+    none = F.lit(None).cast(StringType())
+    return reason.otherwise(none), detail.otherwise(none)
+
+
+def _parsed(lines: DataFrame, values: list[Column], failure: tuple[Column, Column]) -> DataFrame:
+    """The parsers' common output: string values, the parse error and its detail, and where the raw line
+    came from."""
     return lines.select(
         *values,
-        parse_error.alias("parse_error"),
+        failure[0].alias("parse_error"),
+        failure[1].alias("parse_detail"),
         F.col("value").alias("raw_record"),
         "source_file",
         "line_number",
@@ -277,7 +325,7 @@ def classify_table(raw: DataFrame, contract: TableContract, arrival: date, late_
         for name, condition, text in rules:
             by_reason[name].append((condition, text))
     reason: Column = F.when(F.col("parse_error").isNotNull(), F.col("parse_error"))
-    detail: Column = F.when(F.col("parse_error").isNotNull(), F.lit(None).cast(StringType()))
+    detail: Column = F.when(F.col("parse_error").isNotNull(), F.col("parse_detail"))
     for name in ROW_REASONS:
         for condition, text in by_reason[name]:
             reason = reason.when(condition, F.lit(name))

@@ -316,3 +316,33 @@ def test_a_resend_in_a_later_arrival_is_a_duplicate_naming_the_first_copy(spark)
     (copy,) = duplicates.collect()
     assert (copy.line_number, copy.arrival_date) == (2, later)
     assert copy.detail == "transaction_id first seen in arrival 2026-01-10 transactions-00001.csv:40"
+
+
+@pytest.mark.parametrize(
+    ("line", "reason", "detail"),
+    [
+        ("", "malformed", "empty line"),
+        (_csv(merchant_category='"groc'), "malformed", "unbalanced quotes: 1 quote characters"),
+        (",".join(GOOD[c] for c in HEADER[:5]), "malformed", "5 fields; the header has 9"),
+        (_csv() + ",EXTRA", "extra_column", "10 fields; the header has 9"),
+    ],
+)
+def test_a_csv_line_that_does_not_parse_has_a_detail_saying_why(spark, line, reason, detail):
+    (row,) = _classify_csv(spark, [line])
+    assert row.reason == reason
+    assert row.detail is not None and row.detail.startswith(detail), row.detail
+
+
+@pytest.mark.parametrize(
+    ("record", "reason", "detail"),
+    [
+        # from_json keeps both copies of a key, and a lookup would silently take one of them
+        (json.dumps(GOOD)[:-1] + ', "amount": "99.00"}', "malformed", "key(s) sent more than once: amount"),
+        (json.dumps(GOOD)[:-1] + ', "amount": +5}', "malformed", "not a JSON object"),
+        (json.dumps({**GOOD, "promo_code": "X"}), "extra_column", "key(s) outside the contract: promo_code"),
+    ],
+)
+def test_a_json_line_that_does_not_parse_has_a_detail_saying_why(spark, record, reason, detail):
+    (row,) = transforms.classify(transforms.parse_json_lines(_lines(spark, [record])), ARRIVAL, 1).collect()
+    assert row.reason == reason
+    assert row.detail is not None and row.detail.startswith(detail), row.detail

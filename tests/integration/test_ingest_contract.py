@@ -5,11 +5,12 @@ quarantine-rate gate and a reconciliation."""
 
 from __future__ import annotations
 
+import json
 from datetime import date, timedelta
 
 import pytest
 
-from core.errors import QuarantineRateError
+from core.errors import DataValidationError, LandingFileError, QuarantineRateError
 from core.settings import Settings
 from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
 from pipelines.ingest import job
@@ -197,3 +198,88 @@ def test_labels_are_validated_by_their_suite_and_reconcile_with_duplicates_count
     assert read_partition(spark, tables.silver_labels, DAY).count() == 9
     assert read_partition(spark, tables.quarantine_labels, DAY).count() == 1
     assert record["quarantine_rate"] == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "problem"),
+    [
+        # Spark names lines by the URL-encoded file name: these lines vanished (then a division by zero)
+        ("transactions-part 1.csv", None, "a file name Spark cannot read by"),
+        ("transactions-[1].csv", None, "a file name Spark cannot read by"),  # a glob to Spark
+        ("transactions-00001.csv", "\ufeff".encode(), "empty file (no rows)"),
+        ("transactions-00001.csv", None, "UTF-16 text? re-export as UTF-8"),
+        ("transactions-00001.json", json.dumps([GOOD]).encode(), "must be JSON Lines, one object per line"),
+    ],
+)
+def test_a_file_unreadable_as_a_whole_stops_the_date_naming_it(settings, name, content, problem):
+    folder = settings.landing / DAY.isoformat()
+    folder.mkdir(parents=True)
+    text = "\n".join([",".join(TRANSACTION_COLUMNS), _line(1)]) + "\n"
+    (folder / "transactions-00000.csv").write_text(text.replace("abc001", "abc002"))
+    data = content if content is not None else text.encode("utf-16-le" if "UTF-16" in problem else "utf-8")
+    (folder / name).write_bytes(data)
+    with pytest.raises(LandingFileError) as failure:
+        job.ingest_to_bronze(settings, DAY, "hand")
+    assert [p for p in failure.value.problems if p.startswith(name)] == [
+        next(p for p in failure.value.problems if problem in p)
+    ]
+
+
+def test_a_line_that_is_not_utf8_past_the_first_block_is_quarantined_and_the_rest_lands(spark, settings):
+    settings.ingest.max_quarantine_rate = 1.0
+    folder = settings.landing / DAY.isoformat()
+    folder.mkdir(parents=True)
+    lines = [_line(n) for n in range(1, 300)] + [_line(300, merchant_category="caf\xe9")]
+    (folder / "transactions-00000.csv").write_bytes(
+        "\n".join([",".join(TRANSACTION_COLUMNS), *lines, ""]).encode("latin-1")
+    )
+    record = job.ingest_to_bronze(settings, DAY, "hand")
+    assert (record["rows_bronze"], record["rows_quarantined"]) == (299, 1)
+    (row,) = read_partition(spark, Tables(settings.lake).quarantine, DAY).collect()
+    assert (row.line_number, row.reason) == (301, "malformed")
+    assert row.detail.startswith("not UTF-8 text")
+
+
+def test_an_arrival_whose_every_row_is_quarantined_builds_an_empty_silver_and_fails_the_gate(spark, settings):
+    """It ran into a missing bronze partition; a rerun must not leave the silver of the earlier run."""
+    settings.ingest.max_quarantine_rate = 1.0
+    folder = settings.landing / DAY.isoformat()
+    folder.mkdir(parents=True)
+    target = folder / "transactions-00000.csv"
+    target.write_text("\n".join([",".join(TRANSACTION_COLUMNS), _line(1)]) + "\n")
+    _build(settings, DAY)
+    target.write_text("\n".join([",".join(TRANSACTION_COLUMNS), _line(1, amount="x")]) + "\n")
+    record = _build(settings, DAY)
+    assert (record["rows_bronze"], record["rows_quarantined"], record["rows_silver"]) == (0, 1, 0)
+    assert not Tables.partition(Tables(settings.lake).silver, DAY).exists()
+    _assert_invariants(settings, DAY)
+    with pytest.raises(DataValidationError, match="bronze_transactions"):
+        job.validate_bronze(settings, DAY)
+
+
+def test_a_label_whose_first_copy_is_quarantined_still_lands_and_a_copy_names_the_first(spark, settings):
+    _labels_file(
+        settings,
+        [
+            "tx0123456789abcdef,yes,2026-01-05T08:00:00Z",
+            "tx0123456789abcdef,1,2026-01-05T08:00:00Z",
+            "tx0123456789abcde0,1,2026-01-05T08:00:00Z",
+            "tx0123456789abcde0,0,2026-01-05T09:00:00Z",
+        ],
+    )
+    settings.ingest.max_label_quarantine_rate = 1.0
+    record = job.ingest_labels(settings, DAY, "labels")
+    tables = Tables(settings.lake)
+    landed = {
+        r.transaction_id: r.line_number for r in read_partition(spark, tables.silver_labels, DAY).collect()
+    }
+    assert landed == {"tx0123456789abcdef": 3, "tx0123456789abcde0": 4}
+    rejected = {
+        r.line_number: (r.reason, r.detail)
+        for r in read_partition(spark, tables.quarantine_labels, DAY).collect()
+    }
+    assert rejected == {
+        2: ("wrong_type", "is_fraud is not an integer: yes"),
+        5: ("duplicate", "transaction_id first seen at labels-00000.csv:4"),
+    }
+    assert (record["rows_in"], record["rows_silver"], record["duplicates_removed"]) == (4, 2, 1)
