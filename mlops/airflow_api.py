@@ -74,6 +74,8 @@ class AirflowAPI:
         self.task_instances_api = TaskInstanceApi(self.client)
         self.xcoms_api = XComApi(self.client)
         self.assets_api = AssetApi(self.client)
+        # Run before each poll of the waits below (the demo sets a watchdog of the stack's processes).
+        self.on_poll: Callable[[], None] | None = None
 
     def _login(self, username: str, password: str) -> str:
         request = self.client.param_serialize(
@@ -205,6 +207,7 @@ class AirflowAPI:
             lambda: _finished(self.dag_run(dag_id, run_id)),
             deadline,
             f"DAG run {dag_id} / {run_id} to finish",
+            self.on_poll,
         )
 
     def wait_for_created_runs(
@@ -232,7 +235,10 @@ class AirflowAPI:
             return [run for e in events for run in e.created_dagruns]
 
         return wait_until(
-            created, deadline, f"the {asset} event of {source_dag_id} / {source_run_id} to start a run"
+            created,
+            deadline,
+            f"the {asset} event of {source_dag_id} / {source_run_id} to start a run",
+            self.on_poll,
         )
 
 
@@ -263,9 +269,17 @@ def midnight(day: date) -> datetime:
     return datetime.combine(day, clock_time.min, tzinfo=UTC)
 
 
-def wait_until(condition: Callable[[], T | None], deadline: float, what: str) -> T:
-    """Poll `condition` every 2 s until it returns something truthy; fail at the deadline naming `what`."""
+def wait_until(
+    condition: Callable[[], T | None],
+    deadline: float,
+    what: str,
+    on_poll: Callable[[], None] | None = None,
+) -> T:
+    """Poll `condition` every 2 s until it returns something truthy; fail at the deadline naming `what`.
+    `on_poll` runs before each poll (the demo's watchdog of the stack's processes)."""
     while True:
+        if on_poll is not None:
+            on_poll()
         result = condition()
         if result:
             return result

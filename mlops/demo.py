@@ -284,6 +284,9 @@ def run_through_airflow(
             "(MLOPS_TRAINING__*, ...); `make down` first for --epochs to apply.[/]"
         )
     api = AirflowAPI(stack.airflow_url, stack.username, stack.password)
+    api.on_poll = embedded.StackWatchdog(
+        settings, lambda: embedded.up(settings, {"MLOPS_TRAINING__EPOCHS": str(epochs)}, echo), echo
+    )
     try:
         _wait_for_dags(api, deadline, console)
         _refuse_replay(api, settings, dates)
@@ -389,7 +392,7 @@ def _wait_for_dags(api, deadline: float, console: Console) -> None:
         return set(DAG_IDS) <= api.dag_ids()
 
     console.print("waiting for the dag-processor to parse dags/ ...")
-    wait_until(parsed, deadline, f"the DAGs {', '.join(DAG_IDS)} to be parsed")
+    wait_until(parsed, deadline, f"the DAGs {', '.join(DAG_IDS)} to be parsed", api.on_poll)
 
 
 def _refuse_replay(api, settings: Settings, dates: list[date]) -> None:
@@ -419,7 +422,7 @@ def _backfill_runs(api, dates: list[date], deadline: float) -> dict[date, str]:
         by_date = {run.logical_date.date(): run.dag_run_id for run in runs}
         return by_date if set(by_date) >= set(dates) else None
 
-    return wait_until(created, deadline, f"the backfill of {INGEST} to create its runs")
+    return wait_until(created, deadline, f"the backfill of {INGEST} to create its runs", api.on_poll)
 
 
 def _follow_chain(

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,3 +90,71 @@ def down(env: dict[str, str] | None = None, echo: Callable[[str], None] = print)
     code, _ = _run_script(DOWN, {**os.environ, **(env or {})}, echo)
     if code:
         raise StackError(f"scripts/down.sh exited {code}; its output is above")
+
+
+# The Airflow components that keep a run going; up.sh writes each one's pid to $MLOPS_HOME/run/<name>.pid.
+AIRFLOW_COMPONENTS = ("scheduler", "dag-processor", "triggerer")
+
+
+def stopped_components(settings: Settings, names: tuple[str, ...] = AIRFLOW_COMPONENTS) -> list[str]:
+    """The components among `names` that up.sh started and whose process has exited since."""
+    gone = []
+    for name in names:
+        try:
+            pid = int((settings.home / "run" / f"{name}.pid").read_text())
+        except (OSError, ValueError):
+            continue  # not started by up.sh (another stack, or none): not ours to watch
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            gone.append(name)
+        except PermissionError:
+            pass  # alive, another user's
+    return gone
+
+
+class StackWatchdog:
+    """Restarts Airflow components of the embedded stack that exited while the demo waits on them.
+
+    On SQLite the scheduler can die of a race with the API server (sqlalchemy StaleDataError on `dag_run`,
+    seen while a backfill creates its runs); every queued run then waits forever. Called on each poll, it
+    looks every `every_s` seconds; an exited component's log is kept as `<name>.log.exited-<n>` and
+    scripts/up.sh (idempotent) starts it again. More than `max_restarts` restarts is a StackError."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        restart: Callable[[], object],
+        echo: Callable[[str], None] = print,
+        every_s: float = 20.0,
+        max_restarts: int = 3,
+    ) -> None:
+        self.settings, self.restart, self.echo = settings, restart, echo
+        self.every_s, self.max_restarts = every_s, max_restarts
+        self.restarts = 0
+        self._next = time.monotonic() + every_s
+
+    def __call__(self) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every_s
+        gone = stopped_components(self.settings)
+        if not gone:
+            return
+        run = self.settings.home / "run"
+        if self.restarts >= self.max_restarts:
+            raise StackError(
+                f"the stack's {', '.join(gone)} exited again after {self.restarts} restarts; read "
+                f"{', '.join(str(run / f'{name}.log') for name in gone)} and the kept logs beside them"
+            )
+        self.restarts += 1
+        kept = []
+        for name in gone:
+            log = run / f"{name}.log"
+            if log.is_file():
+                kept.append(shutil.copy(log, run / f"{name}.log.exited-{self.restarts}"))
+        self.echo(
+            f"the stack's {', '.join(gone)} exited (its log: {', '.join(map(str, kept)) or 'none'}); "
+            "restarting it with scripts/up.sh"
+        )
+        self.restart()
