@@ -104,13 +104,26 @@ def stopped_components(settings: Settings, names: tuple[str, ...] = AIRFLOW_COMP
             pid = int((settings.home / "run" / f"{name}.pid").read_text())
         except (OSError, ValueError):
             continue  # not started by up.sh (another stack, or none): not ours to watch
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             gone.append(name)
-        except PermissionError:
-            pass  # alive, another user's
     return gone
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and has not exited: up.sh's components outlive it and are re-parented, and
+    a parent that does not reap them leaves zombies (state Z), which still answer a signal 0."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:
+        # /proc/<pid>/stat: "pid (comm) state ..."; comm may hold spaces or parentheses, so split after it.
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): signal 0 is all there is
+    return state != "Z"
 
 
 class StackWatchdog:

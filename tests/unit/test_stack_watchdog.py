@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,21 +18,33 @@ from mlops.stack import StackError, StackWatchdog, stopped_components
 pytestmark = pytest.mark.unit
 
 
-def _exited_pid() -> int:
+_UNREAPED: list[subprocess.Popen] = []
+
+
+def _exited_pid(reaped: bool) -> int:
+    """A process that has exited: reaped, or a zombie (as up.sh's components become when they die under a
+    parent that does not reap them: they still answer a signal 0)."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
+    if reaped:
+        child.wait()
+    else:
+        _UNREAPED.append(child)  # kept, not waited for: a zombie until the test ends
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            time.sleep(0.01)
     return child.pid
 
 
-@pytest.fixture
-def settings(tmp_path) -> Settings:
+@pytest.fixture(params=["reaped", "zombie"])
+def settings(tmp_path, request) -> Iterator[Settings]:
     settings = Settings(home=tmp_path / "home")
     run = settings.home / "run"
     run.mkdir(parents=True)
-    (run / "scheduler.pid").write_text(f"{_exited_pid()}\n")
+    (run / "scheduler.pid").write_text(f"{_exited_pid(request.param == 'reaped')}\n")
     (run / "scheduler.log").write_text("sqlalchemy.orm.exc.StaleDataError: UPDATE ... table 'dag_run'\n")
     (run / "triggerer.pid").write_text(f"{os.getpid()}\n")  # alive
-    return settings
+    yield settings
+    for child in _UNREAPED:
+        child.wait()
 
 
 def test_an_exited_component_is_restarted_once_and_its_log_kept(settings):
