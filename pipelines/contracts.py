@@ -67,15 +67,18 @@ AMOUNT_MAX = 50_000.0
 # uniqueness) are what the GX gate adds.
 
 FieldKind = Literal["string", "decimal", "timestamp", "integer"]
+# Patterns are Java regexes (Spark's rlike, and GX's regex expectations on Spark): they end in `\z`, the
+# very end of the value. Java's `$` would also match before a final line break, and Spark's casts trim
+# it, so "12.5\n" would land as 12.5: a value changed silently.
 # ISO 8601 instant with an offset: `T` between date and time, seconds, up to 9 fractional digits (digits
 # past the 6th must be zeros: the lake holds microseconds, and a value is never rounded), `Z` or +hh:mm.
 ISO_INSTANT = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})$"
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})\z"
 )
 # A plain decimal number, optional sign and exponent, no spaces, no thousands separators: `12.50`, `-3`,
 # `+3`, `1e3`; not ` 12.5`, `1,000.00`, `.5`, `5.`. Whether the value fits the column is checked apart.
-DECIMAL_TEXT = r"^[+-]?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]{1,3})?$"
-INTEGER_TEXT = r"^[+-]?[0-9]{1,9}$"
+DECIMAL_TEXT = r"^[+-]?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]{1,3})?\z"
+INTEGER_TEXT = r"^[+-]?[0-9]{1,9}\z"
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,9 @@ class TableContract:
 TRANSACTIONS_CONTRACT = TableContract(
     name="transactions",
     fields=(
-        FieldContract("transaction_id", "string", pattern=r"^tx[0-9a-f]{16}$", max_length=18),
-        FieldContract("customer_id", "string", pattern=r"^c[0-9]{7}$", max_length=8),
-        FieldContract("merchant_id", "string", pattern=r"^m[0-9]{6}$", max_length=7),
+        FieldContract("transaction_id", "string", pattern=r"^tx[0-9a-f]{16}\z", max_length=18),
+        FieldContract("customer_id", "string", pattern=r"^c[0-9]{7}\z", max_length=8),
+        FieldContract("merchant_id", "string", pattern=r"^m[0-9]{6}\z", max_length=7),
         FieldContract(
             "amount",
             "decimal",
@@ -154,7 +157,7 @@ TRANSACTIONS_CONTRACT = TableContract(
 LABELS_CONTRACT = TableContract(
     name="labels",
     fields=(
-        FieldContract("transaction_id", "string", pattern=r"^tx[0-9a-f]{16}$", max_length=18),
+        FieldContract("transaction_id", "string", pattern=r"^tx[0-9a-f]{16}\z", max_length=18),
         FieldContract("is_fraud", "integer", minimum=0, maximum=1),
         FieldContract("label_timestamp", "timestamp", pattern=ISO_INSTANT, in_arrival_window=True),
     ),

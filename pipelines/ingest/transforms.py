@@ -179,7 +179,7 @@ def _shown(value: Column) -> Column:
 def _decimal_digits(text: Column) -> tuple[Column, Column]:
     """(decimal places, integer digits) the exact value of a DECIMAL_TEXT string needs: computed on the
     text, since Spark's cast to a decimal type rounds to its scale (10.005 -> 10.01)."""
-    parts = r"^[+-]?([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?$"
+    parts = r"^[+-]?([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?\z"
     whole, fraction = F.regexp_extract(text, parts, 1), F.regexp_extract(text, parts, 2)
     exponent_text = F.regexp_extract(text, parts, 3)
     exponent = F.when(exponent_text != "", exponent_text.try_cast("int")).otherwise(F.lit(0))

@@ -184,7 +184,7 @@ QUARANTINED = [
     ("amount", "0x10", "wrong_type", "amount is not a decimal number: 0x10"),
     ("amount", "-0", "out_of_range", "amount 0.00 outside (0, 50000]"),
     ("amount", "5.00001e4", "out_of_range", "amount 50000.10 outside (0, 50000]"),
-    ("transaction_id", "tx12", "invalid_value", 'transaction_id "tx12" does not match ^tx[0-9a-f]{16}$'),
+    ("transaction_id", "tx12", "invalid_value", 'transaction_id "tx12" does not match ^tx[0-9a-f]{16}\\z'),
     ("transaction_id", "TX0123456789ABCDEF", "invalid_value", 'transaction_id "TX0123456789ABCDEF" does not'),
     ("transaction_id", "tx0123456789abcdef ", "invalid_value", 'transaction_id "tx0123456789abcdef " is 19'),
     (
@@ -193,9 +193,14 @@ QUARANTINED = [
         "invalid_value",
         'transaction_id "tx0123456789abcd\u0435f"',
     ),
-    ("customer_id", "c1", "invalid_value", 'customer_id "c1" does not match ^c[0-9]{7}$'),
+    ("customer_id", "c1", "invalid_value", 'customer_id "c1" does not match ^c[0-9]{7}\\z'),
     ("customer_id", "c\uff10000001", "invalid_value", "customer_id"),  # a full-width digit
-    ("merchant_id", "m00000\x07", "invalid_value", 'merchant_id "m00000\\u0007" does not match ^m[0-9]{6}$'),
+    (
+        "merchant_id",
+        "m00000\x07",
+        "invalid_value",
+        'merchant_id "m00000\\u0007" does not match ^m[0-9]{6}\\z',
+    ),
     ("currency", "EUR ", "invalid_value", "currency not allowed: EUR "),
     ("currency", "eur", "invalid_value", "currency not allowed: eur"),
     ("channel", "pos\t", "invalid_value", "channel not allowed: pos\t"),
@@ -262,6 +267,9 @@ def test_a_quoted_field_with_escaped_quotes_and_commas_is_one_value_and_is_judge
         ("12.50", None, "12.50"),
         ('"12.505"', "wrong_type", None),
         ("10.005", "wrong_type", None),
+        # Java's `$` also matches before a final line break, and Spark's cast trims it: never cleaned.
+        ('"12.5\\n"', "wrong_type", None),
+        ('"12.5\\r\\n"', "wrong_type", None),
     ],
 )
 def test_a_json_number_is_judged_by_the_text_it_was_sent_as(spark, amount, reason, typed):
@@ -347,3 +355,14 @@ def test_a_json_line_that_does_not_parse_has_a_detail_saying_why(spark, record, 
     (row,) = transforms.classify(transforms.parse_json_lines(_lines(spark, [record])), ARRIVAL, 1).collect()
     assert row.reason == reason
     assert row.detail is not None and row.detail.startswith(detail), row.detail
+
+
+@pytest.mark.parametrize("is_fraud", ['"1\\n"', '"0\\r\\n"'])
+def test_a_label_value_with_a_trailing_line_break_is_quarantined_not_trimmed(spark, is_fraud):
+    record = (
+        f'{{"transaction_id": "tx0123456789abcdef", "is_fraud": {is_fraud}, '
+        '"label_timestamp": "2026-01-10T08:00:00Z"}'
+    )
+    parsed = transforms.parse_json_lines(_lines(spark, [record]), LABEL_COLUMNS)
+    (row,) = transforms.classify_labels(parsed, ARRIVAL, 1).collect()
+    assert (row.reason, row.is_fraud) == ("wrong_type", None), row.detail
