@@ -117,6 +117,9 @@ with DAG(
     @task(
         outlets=[FRAUD_FEATURES_ONLINE],
         map_index_template=MAP_INDEX_BY_DATE,
+        # One date at a time: each load reads the stored event times, then writes; two dates loading at once
+        # (a late event's date beside its arrival's) could let the older one overwrite the newer value.
+        max_active_tis_per_dagrun=1,
         doc_md="feast apply, then materialize the date's interval online. Emits fraud_features_online.",
     )
     def materialize(day: str, outlet_events=None) -> dict:

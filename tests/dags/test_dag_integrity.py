@@ -76,3 +76,9 @@ def test_every_task_retries_and_has_a_timeout(dag):
             f"{dag.dag_id}.{task.task_id}: set execution_timeout"
         )
         assert task.execution_timeout <= timedelta(days=2), f"{dag.dag_id}.{task.task_id}: timeout too long"
+
+
+def test_the_online_loads_of_a_features_run_go_one_date_at_a_time(dagbag):
+    """Each load reads the stored event times and then writes: two dates at once could put an older value
+    over a newer one (a run routinely holds a late event's date beside its arrival's)."""
+    assert dagbag.dags["build_features"].task_dict["materialize"].max_active_tis_per_dagrun == 1
