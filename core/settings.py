@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     # process.
     spark_remote: str | None = None
     spark_shuffle_partitions: int = Field(default=4, ge=1)
-    suites_dir: Path = Field(default=REPO_ROOT / "great_expectations", description="GX suites as files")
+    # No setting for the GX suites: they are package data of `pipelines` (see pipelines/suites.py for why).
     # DVC operations (version_gold, training_set, promote's fetch) take turns on the repository; one waits
     # this long for the others, then fails with a retryable LockTimeoutError.
     dvc_lock_wait_s: float = Field(default=600.0, gt=0, description="wait for another DVC operation")
@@ -231,3 +231,41 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The settings of this process, read from the environment once."""
     return Settings()
+
+
+# Settings that hold credentials (a DSN or URL with a password): a pod gets them from a Kubernetes Secret,
+# never as a plain value in a pod spec or Helm values.
+SECRET_SETTINGS = frozenset({"MLOPS_CLUSTER__POSTGRES_DSN", "MLOPS_CLUSTER__REDIS_URL"})
+
+
+def setting_env_names(model: type[BaseModel] = Settings, prefix: str = "MLOPS_") -> list[str]:
+    """The environment variable of every leaf setting (`MLOPS_TRAINING__GPUS`, ...), in field order. A field
+    whose type is a settings group (a BaseModel) is expanded; dicts and lists are leaves (JSON values)."""
+    names: list[str] = []
+    for field_name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names += setting_env_names(annotation, f"{prefix}{field_name.upper()}__")
+        else:
+            names.append(f"{prefix}{field_name.upper()}")
+    return names
+
+
+def settings_as_env(settings: Settings, *, include_secrets: bool = False) -> dict[str, str]:
+    """`settings` as the environment that makes another process read the same settings: one variable per
+    leaf setting whose value is not None (None is each such field's default: "not set"), lists and dicts
+    as JSON. Credentials (SECRET_SETTINGS) are left out unless asked for: they travel in Secrets."""
+    import json
+
+    values = settings.model_dump(mode="json")
+    env: dict[str, str] = {}
+    for name in setting_env_names():
+        if name in SECRET_SETTINGS and not include_secrets:
+            continue
+        value: object = values
+        for part in name.removeprefix("MLOPS_").lower().split("__"):
+            value = value[part]  # type: ignore[index]
+        if value is None:
+            continue
+        env[name] = value if isinstance(value, str) else json.dumps(value)
+    return env

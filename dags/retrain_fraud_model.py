@@ -11,10 +11,15 @@ manual run, or the day before a scheduled run.
   maturity: the first days of a feed) the task and everything after it are skipped, not failed; the reason
   is in the task's log and its `skipped` XCom.
 - **train**: `python -m training train --training-set-rev ...`. Cluster profile: a KubernetesPodOperator on a
-  GPU node (restricted pod, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
+  GPU node (`torchrun` with one process per GPU when it has several; restricted pod, the shared volume
+  read-only, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
   deferrable, reattaches after a scheduler restart, pod deleted at the end); the MLflow run id comes back
   through XCom. Local profile (or `MLOPS_TRAINING__RUNNER=local`): the same command as a child process,
   stopped with its whole process group when the task is stopped or after `training.local_timeout_minutes`.
+- **evaluate, register, promote, export**: in the cluster profile each is a CPU pod of the training image
+  (`python -m training <step>`, result through XCom), since the Airflow image carries neither torch nor
+  MLflow; a last task, **publish_model**, emits the `fraud_model` asset from their results. Locally they are
+  Python tasks calling the same steps.
 - **evaluate**: holdout metrics and PR/ROC/confusion/calibration pictures into the MLflow run.
 - **register**: a new version of `fraud-detector`.
 - **promote**: the gate scores challenger and champion on the same holdout and moves the `champion` alias
@@ -39,6 +44,7 @@ from orchestration.training_task import (
     TRAIN_TASK_ID,
     local_task_timeout,
     run_training_process,
+    step_pod_operator,
     train_arguments,
     training_pod_operator,
 )
@@ -50,6 +56,8 @@ DEFAULT_ARGS = {
     "execution_timeout": timedelta(hours=1),
 }
 TRAINING_SET_REV = "{{ ti.xcom_pull(task_ids='training_set')['training_set_rev'] }}"
+RUN_ID = "{{ ti.xcom_pull(task_ids='train')['run_id'] }}"
+MODEL_VERSION = "{{ ti.xcom_pull(task_ids='register')['model_version'] }}"
 
 with DAG(
     dag_id="retrain_fraud_model",
@@ -99,8 +107,31 @@ with DAG(
         return run_step(build_or_skip, date.fromisoformat(as_of))
 
     if get_settings().training_runner == "kubernetes":
-        train_pod = training_pod_operator(get_settings(), TRAINING_SET_REV, retries=2)
-        trained = train_pod.output
+        # Training and the steps after it run in the training image (torch, MLflow), each its own pod; the
+        # Airflow image carries neither. Their results come back through XCom files.
+        settings = get_settings()
+        trained = training_pod_operator(settings, TRAINING_SET_REV, retries=2)
+        evaluated = step_pod_operator(settings, "evaluate", ["--run-id", RUN_ID])
+        registered = step_pod_operator(settings, "register", ["--run-id", RUN_ID])
+        decision = step_pod_operator(
+            settings,
+            "promote",
+            ["--version", MODEL_VERSION, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}"],
+        )
+        exported = step_pod_operator(settings, "export", ["--version", MODEL_VERSION])
+
+        @task(outlets=[FRAUD_MODEL], doc_md="Announce the exported model (the `fraud_model` asset).")
+        def publish_model(registered: dict, decision: dict, exported: dict, outlet_events=None) -> dict:
+            outlet_events[FRAUD_MODEL].extra = {
+                "model_version": registered["model_version"],
+                "decision": decision["decision"],
+                "champion_version": decision["champion_version"],
+            }
+            return exported
+
+        training_set(as_of_date()) >> trained
+        trained >> evaluated >> registered >> decision >> exported
+        publish_model(registered.output, decision.output, exported.output)
     else:
 
         @task(
@@ -115,41 +146,39 @@ with DAG(
                 timeout_s=get_settings().training.local_timeout_minutes * 60,
             )
 
-        trained = train_locally()
+        @task(doc_md="Holdout metrics and curves into the MLflow run.")
+        def evaluate(trained: dict) -> dict:
+            from training import steps
 
-    @task(doc_md="Holdout metrics and curves into the MLflow run.")
-    def evaluate(trained: dict) -> dict:
-        from training import steps
+            return run_step(steps.evaluate, trained["run_id"])
 
-        return run_step(steps.evaluate, trained["run_id"])
+        @task(doc_md="Register the run's model as a new version of fraud-detector.")
+        def register(trained: dict) -> dict:
+            from training import steps
 
-    @task(doc_md="Register the run's model as a new version of fraud-detector.")
-    def register(trained: dict) -> dict:
-        from training import steps
+            return run_step(steps.register, trained["run_id"])
 
-        return run_step(steps.register, trained["run_id"])
+        @task(doc_md="Champion/challenger gate on the same holdout; the decision is recorded either way.")
+        def promote(registered: dict, dag_run=None) -> dict:
+            from training import steps
 
-    @task(doc_md="Champion/challenger gate on the same holdout; the decision is recorded either way.")
-    def promote(registered: dict, dag_run=None) -> dict:
-        from training import steps
+            return run_step(steps.promote, registered["model_version"], dag_run.dag_id, dag_run.run_id)
 
-        return run_step(steps.promote, registered["model_version"], dag_run.dag_id, dag_run.run_id)
+        @task(outlets=[FRAUD_MODEL], doc_md="ONNX export with parity check; int8 where it pays.")
+        def export(registered: dict, decision: dict, outlet_events=None) -> dict:
+            from training import steps
 
-    @task(outlets=[FRAUD_MODEL], doc_md="ONNX export with parity check; int8 where it pays.")
-    def export(registered: dict, decision: dict, outlet_events=None) -> dict:
-        from training import steps
+            result = run_step(steps.export, registered["model_version"])
+            outlet_events[FRAUD_MODEL].extra = {
+                "model_version": registered["model_version"],
+                "decision": decision["decision"],
+                "champion_version": decision["champion_version"],
+            }
+            return result
 
-        result = run_step(steps.export, registered["model_version"])
-        outlet_events[FRAUD_MODEL].extra = {
-            "model_version": registered["model_version"],
-            "decision": decision["decision"],
-            "champion_version": decision["champion_version"],
-        }
-        return result
-
-    training_set(as_of_date()) >> trained.operator
-    evaluated = evaluate(trained)
-    registered = register(trained)
-    evaluated >> registered
-    decision = promote(registered)
-    export(registered, decision)
+        trained_locally = train_locally()
+        training_set(as_of_date()) >> trained_locally
+        evaluated_locally = evaluate(trained_locally)
+        registered_locally = register(trained_locally)
+        evaluated_locally >> registered_locally
+        export(registered_locally, promote(registered_locally))

@@ -4,12 +4,17 @@ The profile in the settings picks the configuration (`feature_store.<profile>.ya
 settings); the same functions run against SQLite (local) and Redis (cluster). Feast is imported inside the
 functions (see features/definitions.py for why). Materialization, online reads and the point-in-time join
 are in materialize.py, online.py and offline.py beside this module.
+
+The yaml templates and the `feast` CLI's folder (feast_repo/) are package data of `features`, found with
+`importlib.resources`, so an installed wheel finds them as a checkout does.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import string
 from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -21,7 +26,6 @@ from features.definitions import FraudFeatureDefinitions, build_definitions
 if TYPE_CHECKING:
     from feast import FeatureStore
 
-HERE = Path(__file__).resolve().parent
 DEFAULT_PROJECT = "fraud"
 
 
@@ -42,8 +46,22 @@ class ApplyResult:
         return bool(self.changed)
 
 
-def config_template(profile: Profile) -> Path:
-    return HERE / f"feature_store.{profile.value}.yaml"
+def config_template(profile: Profile) -> Traversable:
+    """The profile's feature_store.yaml template (features/feature_store.<profile>.yaml)."""
+    return importlib.resources.files("features") / f"feature_store.{profile.value}.yaml"
+
+
+def cli_repo_dir() -> Path:
+    """The folder to give the `feast` CLI as its repository (`feast -c`): features/feast_repo/. The CLI
+    imports the .py files in it, so it must be a real folder, as it is in a checkout and once the wheel is
+    installed."""
+    folder = importlib.resources.files("features") / "feast_repo"
+    if not isinstance(folder, Path) or not folder.is_dir():
+        raise FeatureStoreError(
+            f"the feast CLI's repository {folder} is not a folder on disk (features is imported from an "
+            "archive?): install the package from its wheel into a folder to use the feast CLI"
+        )
+    return folder
 
 
 def redis_connection_string(url: str) -> str:
@@ -74,7 +92,7 @@ def render_config(settings: Settings, project: str = DEFAULT_PROJECT) -> str:
     values = {"FEAST_PROJECT": project, "FEAST_DIR": str(settings.feast_dir)}
     if settings.profile is Profile.CLUSTER:
         values["REDIS_CONNECTION_STRING"] = redis_connection_string(settings.cluster.redis_url)
-    return string.Template(config_template(settings.profile).read_text()).substitute(values)
+    return string.Template(config_template(settings.profile).read_text(encoding="utf-8")).substitute(values)
 
 
 def open_store(settings: Settings, project: str = DEFAULT_PROJECT) -> FeatureStore:

@@ -55,6 +55,24 @@ TRAINING_UID = 10001
 APP_LABEL = "app.kubernetes.io/name"
 TRAINING_APP = "mlops-trainer"
 
+# Shared storage (infra/README.md, "Storage"): one ReadWriteMany filesystem (NFS, EFS, CephFS, Filestore)
+# holds $MLOPS_HOME: landing, lake, DVC repository with its cache and remote, Feast registry, MLflow's
+# artifacts. Every namespace that mounts it has a claim of this name, bound to a PersistentVolume of its own
+# for the same export (a claim belongs to one namespace and a volume binds one claim).
+DATA_CLAIM = "mlops-data"
+DATA_VOLUMES = {
+    ORCHESTRATION_NAMESPACE: "mlops-data-orchestration",  # read-write: Airflow's task pods and MLflow
+    TRAINING_NAMESPACE: "mlops-data-training",  # read-only: training and step pods
+    SERVING_NAMESPACE: "mlops-data-serving",  # read-only: the feature server reads the Feast registry
+}
+# Where every pod mounts it; MLOPS_HOME in every pod, so each path under it is the same in every pod.
+DATA_MOUNT = "/mlops"
+# MLflow's proxied artifact store (`mlflow server --serve-artifacts`): a folder of the shared filesystem that
+# only the MLflow server mounts read-write; pods upload over HTTP with no storage credentials.
+MLFLOW_ARTIFACTS_SUBPATH = "mlflow-artifacts"
+# The Feast registry the features DAG writes ($MLOPS_HOME/feast/registry.db) and the feature server reads.
+FEAST_REGISTRY_PATH = f"{DATA_MOUNT}/feast/registry.db"
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -74,11 +92,27 @@ class TrainingResources:
     scratch: str = "16Gi"
 
 
+# The steps after training (evaluate, register, promote, export) run in the training image too (they import
+# torch and MLflow, which the Airflow image does not carry), on CPU nodes: a holdout and one model fit here.
+STEP_RESOURCES = TrainingResources(
+    cpu_request="1", cpu_limit="2", memory="6Gi", gpus=0, ephemeral_storage="6Gi", shared_memory="1Gi",
+    scratch="4Gi",
+)  # fmt: skip
+
+
 def training_image(registry: str, tag: str) -> str:
     """The training image reference; a moving tag would make two runs of one interval train different code."""
     if not tag or tag == "latest":
         raise ValueError(f"training image tag {tag!r}: pin a version or a digest, never 'latest' or empty")
     return f"{registry.rstrip('/')}/{TRAINING_IMAGE_REPOSITORY}:{tag}"
+
+
+def training_command(gpus: int) -> list[str]:
+    """The container command: the training CLI, under torchrun with one process per GPU when the pod has
+    more than one (only rank 0 opens the MLflow run and writes the XCom: training/steps.py and cli.py)."""
+    if gpus > 1:
+        return ["torchrun", "--standalone", f"--nproc-per-node={gpus}", "--module", TRAINING_COMMAND[-1]]
+    return list(TRAINING_COMMAND)
 
 
 def training_pod_spec(
@@ -89,13 +123,41 @@ def training_pod_spec(
     env: Mapping[str, str] | None = None,
     active_deadline_seconds: int = 6 * 3600,
 ) -> dict[str, Any]:
-    """The PodSpec of one training run: `python -m training *args` on a GPU node, restricted-profile safe."""
+    """The PodSpec of one training run: `python -m training *args` on a GPU node, restricted-profile safe,
+    the shared volume mounted read-only at DATA_MOUNT (MLOPS_HOME)."""
     if resources.gpus < 1:
         raise ValueError(f"a training pod needs at least one {GPU_RESOURCE}, got {resources.gpus}")
+    return _pod_spec(image, args, resources, env, active_deadline_seconds)
+
+
+def step_pod_spec(
+    image: str,
+    args: Sequence[str],
+    *,
+    resources: TrainingResources = STEP_RESOURCES,
+    env: Mapping[str, str] | None = None,
+    active_deadline_seconds: int = 3600,
+) -> dict[str, Any]:
+    """The PodSpec of a step after training (`python -m training evaluate|register|promote|export`): the
+    training pod's image, identity and hardening, on any node, without GPUs."""
+    if resources.gpus:
+        raise ValueError(f"a step pod runs without GPUs; got {resources.gpus} {GPU_RESOURCE}")
+    return _pod_spec(image, args, resources, env, active_deadline_seconds)
+
+
+def _pod_spec(
+    image: str,
+    args: Sequence[str],
+    resources: TrainingResources,
+    env: Mapping[str, str] | None,
+    active_deadline_seconds: int,
+) -> dict[str, Any]:
     # The root filesystem is read-only, so every library cache (torch, matplotlib, pip) goes under /tmp.
-    container_env = {"MLOPS_PROFILE": "cluster", "HOME": "/tmp", **(env or {})}
-    gpus = str(resources.gpus)
-    return {
+    container_env = {"MLOPS_PROFILE": "cluster", "HOME": "/tmp", **(env or {}), "MLOPS_HOME": DATA_MOUNT}
+    amounts: dict[str, str] = {"memory": resources.memory, "ephemeral-storage": resources.ephemeral_storage}
+    if resources.gpus:
+        amounts[GPU_RESOURCE] = str(resources.gpus)
+    spec: dict[str, Any] = {
         "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
         # Training never talks to the Kubernetes API, so it gets no token to leak.
         "automountServiceAccountToken": False,
@@ -103,8 +165,6 @@ def training_pod_spec(
         "restartPolicy": "Never",
         # A hung epoch must not hold a GPU forever; Airflow's own timeout cannot reach a pod it lost track of.
         "activeDeadlineSeconds": active_deadline_seconds,
-        "nodeSelector": {GPU_NODE_LABEL: "true"},
-        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": TRAINING_UID,
@@ -117,22 +177,12 @@ def training_pod_spec(
                 "name": TRAINING_CONTAINER,
                 "image": image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": list(TRAINING_COMMAND),
+                "command": training_command(resources.gpus),
                 "args": list(args),
                 "env": [{"name": name, "value": value} for name, value in container_env.items()],
                 "resources": {
-                    "requests": {
-                        "cpu": resources.cpu_request,
-                        "memory": resources.memory,
-                        "ephemeral-storage": resources.ephemeral_storage,
-                        GPU_RESOURCE: gpus,
-                    },
-                    "limits": {
-                        "cpu": resources.cpu_limit,
-                        "memory": resources.memory,
-                        "ephemeral-storage": resources.ephemeral_storage,
-                        GPU_RESOURCE: gpus,
-                    },
+                    "requests": {"cpu": resources.cpu_request, **amounts},
+                    "limits": {"cpu": resources.cpu_limit, **amounts},
                 },
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
@@ -143,6 +193,8 @@ def training_pod_spec(
                 "volumeMounts": [
                     {"name": "scratch", "mountPath": "/tmp"},
                     {"name": "shm", "mountPath": "/dev/shm"},
+                    # Training sets by revision, the gold validation records: read, never written here.
+                    {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
                 ],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
@@ -150,21 +202,28 @@ def training_pod_spec(
         "volumes": [
             {"name": "scratch", "emptyDir": {"sizeLimit": resources.scratch}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": resources.shared_memory}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": DATA_CLAIM, "readOnly": True}},
         ],
     }
+    if resources.gpus:
+        spec["nodeSelector"] = {GPU_NODE_LABEL: "true"}
+        spec["tolerations"] = [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    return spec
 
 
 def training_pod_manifest(name: str, image: str, args: Sequence[str], **spec_options: Any) -> dict[str, Any]:
-    """A whole Pod in the training namespace (what KubernetesPodOperator takes as `pod_template_dict`)."""
+    """A whole Pod in the training namespace (what KubernetesPodOperator takes as `pod_template_dict`); a
+    step pod where `step=True`."""
     if len(name) > 63 or not _DNS_LABEL.match(name):
         raise ValueError(
             f"pod name {name!r} is not a DNS label (lowercase alphanumerics and '-', at most 63)"
         )
+    build = step_pod_spec if spec_options.pop("step", False) else training_pod_spec
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": TRAINING_NAMESPACE, "labels": {APP_LABEL: TRAINING_APP}},
-        "spec": training_pod_spec(image, args, **spec_options),
+        "spec": build(image, args, **spec_options),
     }
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from core.settings import Settings
+from core.settings import Settings, settings_as_env
 from orchestration import k8s_contract as contract
 
 if TYPE_CHECKING:
@@ -63,11 +63,25 @@ def train_arguments(
     return arguments
 
 
+def pod_environment(settings: Settings) -> dict[str, str]:
+    """The environment of a pod in the training image: every setting of the task that launches it, written
+    out (so the pod reads the same settings, not its image's defaults), except the credentials, which come
+    from the Secret (`training.credentials_secret`), and the landing zone, which no training step reads.
+    MLOPS_HOME is where the pod mounts the shared volume (the contract's DATA_MOUNT)."""
+    env = settings_as_env(settings)
+    env.pop("MLOPS_LANDING_DIR", None)
+    # The name of the Secret the pod's credentials come from: the launcher's business, not the pod's.
+    env.pop("MLOPS_TRAINING__CREDENTIALS_SECRET", None)
+    env["MLOPS_HOME"] = contract.DATA_MOUNT
+    # Loading a model never unpickles (training/artifacts.py); MLflow reads this before our code can.
+    env["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
+    return env
+
+
 def training_pod_operator(settings: Settings, training_set_rev: str, **operator_args: Any):
     """The cluster profile's train task: the contract's restricted GPU pod, image and namespace from the
-    settings, credentials only from a Kubernetes Secret, checkpoints on a volume claim so a retry resumes."""
-    from kubernetes.client import models as k8s
-
+    settings, credentials only from a Kubernetes Secret, the shared volume read-only, checkpoints on a volume
+    claim so a retry resumes, torchrun when the pod has more than one GPU."""
     training = settings.training
     arguments = train_arguments(training_set_rev, f"{CHECKPOINT_MOUNT}/{training_set_rev}")
     arguments += ["--xcom-path", XCOM_RETURN]
@@ -77,7 +91,7 @@ def training_pod_operator(settings: Settings, training_set_rev: str, **operator_
         training.image,
         arguments,
         resources=contract.TrainingResources(gpus=training.gpus),
-        env={"MLOPS_TRAINING__IMAGE": training.image},
+        env=pod_environment(settings),
         # The pod's own deadline is Airflow's timeout, so a pod Airflow lost track of stops no later.
         active_deadline_seconds=int(execution_timeout.total_seconds()),
     )
@@ -89,27 +103,51 @@ def training_pod_operator(settings: Settings, training_set_rev: str, **operator_
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": training.checkpoint_claim}}
     )
     trainer["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+    return _pod_operator(
+        settings, TRAIN_TASK_ID, manifest, execution_timeout=execution_timeout, **operator_args
+    )
+
+
+def step_pod_operator(settings: Settings, step: str, arguments: list[str], **operator_args: Any):
+    """A step after training (`python -m training <step> ...`) as a CPU pod of the training image: the Airflow
+    image carries neither torch nor MLflow. Its result comes back through the XCom file like train's."""
+    manifest = contract.training_pod_manifest(
+        f"fraud-{step}",
+        settings.training.image,
+        [step, *arguments, "--xcom-path", XCOM_RETURN],
+        step=True,
+        env=pod_environment(settings),
+    )
+    timeout = timedelta(seconds=manifest["spec"]["activeDeadlineSeconds"])
+    return _pod_operator(settings, step, manifest, execution_timeout=timeout, **operator_args)
+
+
+def _pod_operator(settings: Settings, task_id: str, manifest: dict[str, Any], **operator_args: Any):
+    from kubernetes.client import models as k8s
+
+    trainer = manifest["spec"]["containers"][0]
     return _training_pod_operator_class()(
-        task_id=TRAIN_TASK_ID,
+        task_id=task_id,
         namespace=settings.cluster.kubernetes_namespace,
-        image=training.image,
-        cmds=list(contract.TRAINING_COMMAND),
-        arguments=arguments,
+        image=trainer["image"],
+        cmds=list(trainer["command"]),
+        arguments=list(trainer["args"]),
         pod_template_dict=manifest,
         base_container_name=contract.TRAINING_CONTAINER,
-        name="fraud-train",
+        name=manifest["metadata"]["name"],
         random_name_suffix=True,
-        do_xcom_push=True,  # the run id comes back through /airflow/xcom/return.json
+        do_xcom_push=True,  # the result comes back through /airflow/xcom/return.json
         on_finish_action="delete_pod",
         durable=True,  # a retry reattaches to the running pod (Airflow 3.3's name for reattach_on_restart)
         deferrable=True,
-        startup_timeout_seconds=training.startup_timeout_seconds,
-        execution_timeout=execution_timeout,
+        startup_timeout_seconds=settings.training.startup_timeout_seconds,
         get_logs=True,
         # The operator's own fields win over the template's, and its default here is "File".
         termination_message_policy=trainer["terminationMessagePolicy"],
         xcom_sidecar_container_security_context=copy.deepcopy(trainer["securityContext"]),
-        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=training.credentials_secret))],
+        env_from=[
+            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.training.credentials_secret))
+        ],
         **operator_args,
     )
 

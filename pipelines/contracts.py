@@ -62,7 +62,7 @@ AMOUNT_MAX = 50_000.0
 
 # --- One data contract per landing table -------------------------------------------------------------------
 # Declared once: the row rules of ingestion (pipelines/ingest/transforms.py, a failing row is quarantined
-# with a reason) and the GX suites (pipelines/suites.py generates great_expectations/*.json) both derive
+# with a reason) and the GX suites (pipelines/suites.py generates pipelines/expectations/*.json) both derive
 # from these. Whatever can be judged on one row is a row rule; the batch expectations (row counts,
 # uniqueness) are what the GX gate adds.
 

@@ -1,8 +1,20 @@
-"""The GX suites of the landing tables, generated from their data contracts (pipelines/contracts.py).
+"""The GX suites: where they live, how they are read, and the generated ones' source (pipelines/contracts.py).
 
-The suite files in great_expectations/ stay files (reviewed like code, dependencies of the DVC stages, shown
-in data docs) but are written by this module, never by hand: `python -m pipelines.suites` rewrites them, and
-tests/unit/test_contract_suites.py fails when a file and the contract disagree.
+The suites are package data of `pipelines`: JSON files in pipelines/expectations/, one per table and layer,
+shipped inside the wheel and read with `importlib.resources` by `load_suite`, the one reader (validation
+and the tests go through it). A path relative to the source checkout would not exist in an installed copy
+(an image installs the wheel), so nothing locates them through the repository.
+
+The suites are code, not configuration: there is no setting that points elsewhere (the former `suites_dir`
+setting is gone). The landing suites are generated from the data contracts and checked against them by a
+test, the quarantine rules derive from the same contracts, and a model's lineage records which suites its
+gold passed beside the commit of the code; suites swapped in by a deployment would make both claims false.
+Changing a suite is a change to this package, reviewed and released like any other.
+
+The files stay files (reviewed in a diff, dependencies of the DVC stages, shown in data docs), but the three
+landing suites are written by this module, never by hand: `python -m pipelines.suites` rewrites them in
+the package's folder, and tests/unit/test_contract_suites.py fails when a file and the contract disagree.
+The two gold suites (`gold_<table>.json`) are edited by hand.
 
 A suite has two parts. The row-level expectations mirror the row rules of ingestion, so they are a
 cross-check that must pass (every row that fails one was quarantined before the table was written). The
@@ -12,12 +24,19 @@ batch expectations are the gate: row-count bounds against the previous arrival d
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import sys
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, TableContract
+from pipelines.gold.contract import CUSTOMER_TABLE, MERCHANT_TABLE
+
+# The suites' folder inside the `pipelines` package: pipelines/expectations/<suite name>.json.
+SUITES_PACKAGE = "pipelines"
+SUITES_FOLDER = "expectations"
 
 # Columns ingestion adds to each layer, after the contract's own.
 LAYER_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -30,6 +49,18 @@ GENERATED_SUITES: dict[str, tuple[TableContract, str]] = {
     "silver_transactions": (TRANSACTIONS_CONTRACT, "silver"),
     "silver_labels": (LABELS_CONTRACT, "silver"),
 }
+
+
+def gold_suite_name(table: str) -> str:
+    """The suite that validates the gold table `table` (written by hand, not generated)."""
+    return f"gold_{table}"
+
+
+# Every suite the pipeline validates with: the generated landing suites, then the gold ones.
+SUITE_NAMES: tuple[str, ...] = (
+    *GENERATED_SUITES,
+    *(gold_suite_name(table) for table in (CUSTOMER_TABLE, MERCHANT_TABLE)),
+)
 _SPARK_TYPES = {"decimal": "DecimalType", "timestamp": "TimestampType", "integer": "IntegerType"}
 _NOTES = {
     "bronze_transactions": "Typed rows of one arrival date; rows that fail a row rule are in quarantine, not "
@@ -108,6 +139,30 @@ def suite_text(name: str) -> str:
     return json.dumps(build_suite(name), indent=2) + "\n"
 
 
+def suites_folder() -> Traversable:
+    """The packaged suites' folder (a plain folder once the wheel is installed, or in a checkout)."""
+    return importlib.resources.files(SUITES_PACKAGE) / SUITES_FOLDER
+
+
+def suite_resource(name: str) -> Traversable:
+    """The packaged file of suite `name`."""
+    return suites_folder() / f"{name}.json"
+
+
+def load_suite(name: str) -> dict[str, Any]:
+    """The packaged suite `name` as GX's ExpectationSuite(**suite) takes it: the one reader of the suites."""
+    resource = suite_resource(name)
+    if not resource.is_file():
+        known = ", ".join(SUITE_NAMES)
+        raise FileNotFoundError(
+            f"GX suite {name!r} is not in the installed package (looked for {resource}); the suites the "
+            f"pipeline uses are {known}. A name outside that list is a bug in the caller; a listed one "
+            f"missing means the package was built without pipelines/{SUITES_FOLDER}/: reinstall it, or in a "
+            "checkout run `python -m pipelines.suites` (landing suites) or restore the file from git (gold)."
+        )
+    return json.loads(resource.read_text(encoding="utf-8"))
+
+
 def write_suites(suites_dir: Path) -> list[Path]:
     """(Re)write every generated suite file in `suites_dir`."""
     suites_dir.mkdir(parents=True, exist_ok=True)
@@ -119,11 +174,15 @@ def write_suites(suites_dir: Path) -> list[Path]:
     return written
 
 
-if __name__ == "__main__":  # python -m pipelines.suites [suites_dir]
-    target = (
-        Path(sys.argv[1])
-        if len(sys.argv) > 1
-        else Path(__file__).resolve().parent.parent / "great_expectations"
-    )
+def _package_folder() -> Path:
+    """The suites' folder as a real folder to write into (this package's source, in a checkout)."""
+    folder = suites_folder()
+    if not isinstance(folder, Path):
+        raise SystemExit(f"pipelines is not installed as a folder ({folder}); pass the folder to write into")
+    return folder
+
+
+if __name__ == "__main__":  # python -m pipelines.suites [suites_dir]; default: pipelines/expectations/
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else _package_folder()
     for path in write_suites(target):
         print(path.name)

@@ -1,10 +1,10 @@
-"""Great Expectations (GX Core 1.x) validation of Spark DataFrames against the suites in
-great_expectations/ (files reviewed like code). Results and data docs go under $MLOPS_HOME/gx."""
+"""Great Expectations (GX Core 1.x) validation of Spark DataFrames against the packaged suites
+(pipelines/expectations/, read by `pipelines.suites.load_suite`). Results and data docs go under
+$MLOPS_HOME/gx."""
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from core.errors import DataValidationError
+from pipelines.suites import load_suite
 
 log = logging.getLogger(__name__)
 
@@ -28,25 +29,18 @@ def _context(project_root: str):
     return context
 
 
-def load_suite_file(suites_dir: Path, name: str) -> dict:
-    path = suites_dir / f"{name}.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"GX suite {name!r} not found at {path}; suites live in great_expectations/")
-    return json.loads(path.read_text())
-
-
 def validate(
-    df: DataFrame, suite_name: str, suites_dir: Path, project_root: Path, parameters: dict[str, Any]
+    df: DataFrame, suite_name: str, project_root: Path, parameters: dict[str, Any]
 ) -> dict[str, Any]:
-    """Validate `df` with the suite file; raise DataValidationError naming each failed expectation, its
-    column and the observed value. Results and data docs go to `project_root`/gx. Returns a summary with
-    the data docs location."""
+    """Validate `df` with the packaged suite `suite_name`; raise DataValidationError naming each failed
+    expectation, its column and the observed value. Results and data docs go to `project_root`/gx. Returns a
+    summary with the data docs location."""
     from great_expectations.core.expectation_suite import ExpectationSuite
 
     import great_expectations as gx
 
     context = _context(str(project_root))
-    suite = context.suites.add_or_update(ExpectationSuite(**load_suite_file(suites_dir, suite_name)))
+    suite = context.suites.add_or_update(ExpectationSuite(**load_suite(suite_name)))
     # persist=False: GX would otherwise cache every validated DataFrame and never release it (a leak in a
     # long-lived worker); uncached, the suite also runs faster (measured: see docs/benchmarks.md).
     source = context.data_sources.add_or_update_spark("spark", persist=False)

@@ -18,6 +18,12 @@ Versioning costs one read of the data (DVC's md5) and no copy:
     when the lake or the cache is deleted or a partition is rewritten, but it is not a second physical copy
     of the bytes; a remote on another filesystem or in object storage (the cluster profile) gets copies.
 
+Reading a revision needs no DVC repository, lock or write: `revision_files` resolves each member's files
+in the remote by content hash with DVC's own object layer (dvc-data) and returns their paths there. The
+training pod mounts the shared volume read-only and reads its training set that way, with no `dvc` in its
+image; `fetch` (a `dvc pull`, which writes a working copy and takes the repository) remains for folders a
+caller wants restored as a tree.
+
 DVC operations take turns: DVC's own repository lock gives up after 3 s, while gold versioning, the
 training-set build and promotion's fetch of a holdout routinely overlap. So each operation first takes our
 lock, `$MLOPS_HOME/.dvc-wait.lock`, for its whole length, waiting up to `dvc_lock_wait_s`
@@ -227,14 +233,64 @@ def record_revision(settings: Settings, members: dict[str, TrackedFolder]) -> st
     return rev
 
 
+def revision_manifest(settings: Settings, rev: str) -> dict[str, dict]:
+    """The members of revision `rev` (name -> its TrackedFolder fields), as `record_revision` wrote them."""
+    manifest = settings.home / "datasets" / "revisions" / f"{rev}.json"
+    if not manifest.is_file():
+        raise PipelineError(
+            f"unknown dataset revision {rev!r}: no manifest at {manifest}. The revision comes from the "
+            "training_set task of the same DAG run; in a pod, check that MLOPS_HOME is the shared volume "
+            "that task wrote to"
+        )
+    return json.loads(manifest.read_text())
+
+
+def revision_files(settings: Settings, rev: str) -> dict[str, dict[str, Path]]:
+    """Every file of revision `rev`, read in place from the DVC remote by content hash, without a DVC
+    repository and without writing anything: member name -> {path inside the folder: object file}. The
+    object files are the data (read them; never write them). Needs the remote to be a folder (the local
+    profile's, or the shared volume's on Kubernetes); a remote in object storage goes through `fetch`."""
+    from dvc_data.hashfile.db.local import LocalHashFileDB
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+    from dvc_objects.fs.local import LocalFileSystem
+
+    url = remote_url(settings)
+    if "://" in url:
+        raise PipelineError(
+            f"revision {rev!r}: the DVC remote {url} is not a folder; reading a revision in place needs the "
+            "remote on a mounted filesystem (infra/README.md, Storage). Use pipelines.versioning.fetch, "
+            "which needs `dvc` with the remote's plugin and a writable MLOPS_HOME"
+        )
+    # DVC 3 keeps its md5 objects under files/md5/ of the remote (the 2.x layout had no prefix).
+    odb = LocalHashFileDB(LocalFileSystem(), os.path.join(url, "files", "md5"))
+    members: dict[str, dict[str, Path]] = {}
+    for name, member in revision_manifest(settings, rev).items():
+        listing = Path(odb.oid_to_path(member["md5"]))
+        if not listing.is_file():
+            raise PipelineError(
+                f"revision {rev!r}: member {name!r} ({member['path']}) has no listing {listing} in the DVC "
+                f"remote {url}: the remote lost objects or is not the one this revision was pushed to"
+            )
+        files: dict[str, Path] = {}
+        for key, _meta, hash_info in Tree.load(odb, HashInfo("md5", member["md5"])):
+            assert hash_info is not None and hash_info.value is not None
+            path = Path(odb.oid_to_path(hash_info.value))
+            if not path.is_file():
+                raise PipelineError(
+                    f"revision {rev!r}: file {'/'.join(key)} of {member['path']} is missing from the DVC "
+                    f"remote {url} (object {path})"
+                )
+            files["/".join(key)] = path
+        members[name] = files
+    return members
+
+
 def fetch(settings: Settings, rev: str, destination: Path) -> dict[str, Path]:
     """Restore every folder of revision `rev` from the DVC remote under `destination` (inside
     $MLOPS_HOME), by content hash; returns where each member landed."""
-    manifest = settings.home / "datasets" / "revisions" / f"{rev}.json"
-    if not manifest.is_file():
-        raise PipelineError(f"unknown dataset revision {rev!r}: no manifest at {manifest}")
     restored, stages = {}, []
-    for name, member in json.loads(manifest.read_text()).items():
+    for name, member in revision_manifest(settings, rev).items():
         target = destination / name
         stage = settings.home / "datasets" / "_fetch" / f"{member['md5'].removesuffix('.dir')}.dvc"
         stage.parent.mkdir(parents=True, exist_ok=True)

@@ -420,30 +420,10 @@ def write_training_set(
     max_fit_rows: int | None = None,
 ) -> dict:
     """Build, write and version the training set as of `day`; returns its DVC revision and counts."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipelines.versioning import record_revision, track
-
     frame = build_training_frame(settings, day, window_days, label_maturity_days, max_fit_rows=max_fit_rows)
     sampling = dict(frame.attrs)
-    folder = dataset_folder(settings, day)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Files are replaced, never rewritten in place: a versioned file is a hard link to its DVC cache object.
-    staging = folder / f".{DATASET_FILE}.tmp"
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging, compression="zstd")
-    staging.replace(folder / DATASET_FILE)
-    metadata = {
-        "as_of": day.isoformat(),
-        "window_days": window_days,
-        "label_maturity_days": label_maturity_days,
-        **sampling,
-    }
-    staging = folder / f".{METADATA_FILE}.tmp"
-    staging.write_text(json.dumps(metadata, sort_keys=True) + "\n")
-    staging.replace(folder / METADATA_FILE)
-    member = track(settings, f"training/as_of={day.isoformat()}", folder)
-    rev = record_revision(settings, {"training_set": member})
+    metadata = {"window_days": window_days, "label_maturity_days": label_maturity_days, **sampling}
+    rev, folder = version_training_frame(settings, day, frame, metadata)
     counts = frame.groupby(SPLIT)[LABEL].agg(["size", "sum"])
     return {
         "training_set_rev": rev,
@@ -455,6 +435,29 @@ def write_training_set(
         "path": str((folder / DATASET_FILE).relative_to(settings.home)),
         **sampling,
     }
+
+
+def version_training_frame(
+    settings: Settings, day: date, frame: pd.DataFrame, metadata: dict
+) -> tuple[str, Path]:
+    """Write a training frame and its metadata (as-of date added) to the as-of folder and version it with
+    DVC; returns the revision and the folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.versioning import record_revision, track
+
+    folder = dataset_folder(settings, day)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Files are replaced, never rewritten in place: a versioned file is a hard link to its DVC cache object.
+    staging = folder / f".{DATASET_FILE}.tmp"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging, compression="zstd")
+    staging.replace(folder / DATASET_FILE)
+    staging = folder / f".{METADATA_FILE}.tmp"
+    staging.write_text(json.dumps({"as_of": day.isoformat(), **metadata}, sort_keys=True) + "\n")
+    staging.replace(folder / METADATA_FILE)
+    member = track(settings, f"training/as_of={day.isoformat()}", folder)
+    return record_revision(settings, {"training_set": member}), folder
 
 
 def model_arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -483,26 +486,26 @@ def read_holdout(settings: Settings, rev: str) -> Holdout:
 def read_training_set(
     settings: Settings, rev: str, split: str | None = None, columns: list[str] | None = None
 ) -> pd.DataFrame:
-    """The training set of DVC revision `rev`, fetched from the remote by content hash; only the rows of
-    `split` and the `columns` the file has, when given (the gate and the export need the holdout's model
-    inputs: a sixth of the rows, a third of the columns)."""
+    """The training set of DVC revision `rev`, read in place from the DVC remote by content hash (no DVC
+    repository, no writes: the training pod mounts the shared volume read-only); only the rows of `split`
+    and the `columns` the file has, when given (the gate and the export need the holdout's model inputs: a
+    sixth of the rows, a third of the columns)."""
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from pipelines.versioning import fetch
+    from pipelines.versioning import revision_files
 
-    restored = fetch(settings, rev, settings.home / "fetched" / rev)
-    path = restored.get("training_set")
-    if path is None or not (path / DATASET_FILE).is_file():
-        raise TrainingSetError(f"revision {rev!r} is not a training set (members: {sorted(restored)})")
+    members = revision_files(settings, rev)
+    files = members.get("training_set")
+    if files is None or DATASET_FILE not in files:
+        raise TrainingSetError(f"revision {rev!r} is not a training set (members: {sorted(members)})")
+    data = files[DATASET_FILE]
     if columns is not None:
-        present = set(pq.read_schema(path / DATASET_FILE).names)
+        present = set(pq.read_schema(data).names)
         columns = [c for c in columns if c in present]
-    frame = pd.read_parquet(
-        path / DATASET_FILE, columns=columns, filters=[(SPLIT, "==", split)] if split else None
-    )
+    frame = pd.read_parquet(data, columns=columns, filters=[(SPLIT, "==", split)] if split else None)
     if "event_timestamp" in frame:
         frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
-    if (path / METADATA_FILE).is_file():  # sets versioned before the metadata file existed lack it
-        frame.attrs.update(json.loads((path / METADATA_FILE).read_text()))
+    if METADATA_FILE in files:  # sets versioned before the metadata file existed lack it
+        frame.attrs.update(json.loads(files[METADATA_FILE].read_text()))
     return frame

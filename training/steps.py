@@ -9,6 +9,7 @@ run in a GPU pod while the others run on an Airflow worker.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
@@ -111,6 +112,12 @@ def train(
     model = FraudMLP(model_config)
     model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
     checkpoint_dir = checkpoint_dir or settings.checkpoints_dir / training_set_rev
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        # Under torchrun every process trains its share of each epoch; only rank 0 opens the MLflow run,
+        # logs metrics and the model, and reports (training/cli.py).
+        result = fit(model, train_data, validation, config, checkpoint_dir, training_set_rev, None)
+        return {"status": "trained", "rank": rank, "optimizer_steps": result.optimizer_steps}
 
     experiment_id = configure(settings)
     client = mlflow.MlflowClient()
@@ -221,7 +228,8 @@ def register(settings: Settings, run_id: str) -> dict:
 def _ledger(settings: Settings):
     from training.ledger import Ledger
 
-    settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
+    if settings.promotion_ledger_url.startswith("sqlite"):  # the cluster's is PostgreSQL: nothing to make
+        settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
     return Ledger(settings.promotion_ledger_url)
 
 

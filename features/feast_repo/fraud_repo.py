@@ -6,6 +6,8 @@ it but the CLI, which is a composition root of its own and may read the settings
 Usage (after `features.repo.open_store` or `apply` has written the rendered configuration):
 
     feast -c features/feast_repo -f "$MLOPS_HOME/feast/feature_store.yaml" plan
+
+In an installed copy (an image), `features.repo.cli_repo_dir()` gives this folder's path for `-c`.
 """
 
 from core.settings import get_settings

@@ -4,34 +4,71 @@
 # constrained by requirements.lock, and the DAGs baked in. No torch and no MLflow server: training runs in the
 # training image, in its own pod.
 #
-#   docker build -f infra/docker/airflow.Dockerfile -t $REGISTRY/mlops-fraud-airflow:$TAG .
+#   docker build -f infra/docker/airflow.Dockerfile --build-arg GIT_COMMIT=$(git rev-parse HEAD) \
+#     -t $REGISTRY/mlops-fraud-airflow:$TAG .
 #
+# The base image is a build argument: the default is what a release builds from; the tests build this same
+# file on a Debian bookworm base made with debootstrap (tests/integration/podman.py), which has Python 3.11 in
+# /usr/bin, no airflow user and no Java. So every step works on both: the JRE comes from apt, the airflow user
+# (UID 50000, GID 0, as in the official image) is created only where it is missing, and the project goes into
+# a virtual environment of its own, /opt/venv, first on PATH, with exactly the locked versions (the official
+# image's own packages in ~/.local are not seen from it).
 # checkov:skip=CKV_DOCKER_2:the Helm chart gives every Airflow component its own liveness and readiness probes; Kubernetes ignores HEALTHCHECK
-FROM apache/airflow:3.3.2-python3.11
+# checkov:skip=CKV_DOCKER_7:the base image is a build argument, which checkov does not resolve; its default is pinned to a version tag (tests/integration/test_infra_images.py resolves it and refuses latest)
+ARG BASE_IMAGE=apache/airflow:3.3.2-python3.11
+
+FROM ${BASE_IMAGE}
 
 # Spark needs a JVM (17 or later); the Debian default JRE of the base image is one.
 USER root
 RUN apt-get update \
- && apt-get install -y --no-install-recommends default-jre-headless \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends default-jre-headless \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && java -version
 
-# The official image installs Python packages as the airflow user (UID 50000), never as root.
-USER airflow
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    MLOPS_PROFILE=cluster
+# The official image's user: UID 50000, primary group 0 (OpenShift-style arbitrary UIDs stay in group 0).
+RUN { getent passwd 50000 >/dev/null \
+      || useradd --uid 50000 --gid 0 --create-home --home-dir /home/airflow --shell /bin/bash airflow; } \
+ && mkdir -p /opt/airflow /opt/venv /opt/mlops \
+ && chown 50000:0 /opt/airflow /opt/venv /opt/mlops \
+ && chmod g+rwx /opt/airflow
+
+# Python packages are installed as the airflow user (UID 50000), never as root, as the official image does.
+# PIP_USER: the official image sets it (installs go to ~/.local); inside a virtual environment it must be off.
+USER 50000:0
+ENV PATH=/opt/venv/bin:$PATH \
+    PIP_USER=0 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3.11 -m venv /opt/venv \
+ && python -c "import sys; assert sys.prefix == '/opt/venv' and sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /opt/mlops
-COPY --chown=airflow:0 pyproject.toml requirements.lock README.md ./
-COPY --chown=airflow:0 core ./core
-COPY --chown=airflow:0 pipelines ./pipelines
-COPY --chown=airflow:0 features ./features
-COPY --chown=airflow:0 training ./training
-COPY --chown=airflow:0 orchestration ./orchestration
-COPY --chown=airflow:0 mlops ./mlops
-RUN pip install --constraint requirements.lock ".[airflow,data,cluster]" \
+COPY --chown=50000:0 pyproject.toml requirements.lock README.md ./
+# The dependencies first, in a layer of their own, so a change of the project's code does not reinstall
+# Airflow and Spark: the project's metadata is built with its package folders still empty, then uninstalled.
+RUN mkdir core pipelines features training orchestration mlops \
+ && pip install --constraint requirements.lock ".[airflow,data,cluster]" \
+ && pip uninstall --yes mlops-fraud
+COPY --chown=50000:0 core ./core
+COPY --chown=50000:0 pipelines ./pipelines
+COPY --chown=50000:0 features ./features
+COPY --chown=50000:0 training ./training
+COPY --chown=50000:0 orchestration ./orchestration
+COPY --chown=50000:0 mlops ./mlops
+RUN pip install --no-deps --constraint requirements.lock ".[airflow,data,cluster]" \
  && pip check
-COPY --chown=airflow:0 great_expectations ./great_expectations
-COPY --chown=airflow:0 dags /opt/airflow/dags
+COPY --chown=50000:0 dags /opt/airflow/dags
+
+# MLOPS_HOME is the shared volume's mount in every pod (orchestration/k8s_contract.py DATA_MOUNT).
+ENV AIRFLOW_HOME=/opt/airflow \
+    AIRFLOW__CORE__LOAD_EXAMPLES=false \
+    MLOPS_PROFILE=cluster \
+    MLOPS_HOME=/mlops \
+    MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false
+# The commit the image was built from, last so that a new commit rebuilds only this layer.
+ARG GIT_COMMIT
+RUN test -n "${GIT_COMMIT}" || { echo "build with --build-arg GIT_COMMIT=\$(git rev-parse HEAD)" >&2; exit 1; }
+ENV MLOPS_GIT_COMMIT=${GIT_COMMIT}
 WORKDIR /opt/airflow
 USER 50000

@@ -1,39 +1,58 @@
 # syntax=docker/dockerfile:1.7
-# The training image: CUDA runtime, Python 3.11, and this project with its `training` extra (torch, MLflow,
-# ONNX), every version constrained by requirements.lock. No Airflow, no Spark: the retrain DAG launches it
-# through KubernetesPodOperator and the container runs the training CLI, nothing else.
+# The training image: CUDA runtime, Python 3.11, and this project with its `training` and `cluster` extras
+# (torch, MLflow, ONNX, dvc-data to read training sets by revision, the PostgreSQL client of the promotion
+# history), every version constrained by requirements.lock. No Airflow, no Spark: the retrain DAG launches
+# it through KubernetesPodOperator, for `train` on a GPU node and for evaluate, register, promote and export
+# on CPU nodes, and the container runs the training CLI, nothing else.
 #
-#   docker build -f infra/docker/training.Dockerfile -t $REGISTRY/mlops-fraud-training:$TAG .
+#   docker build -f infra/docker/training.Dockerfile --build-arg GIT_COMMIT=$(git rev-parse HEAD) \
+#     -t $REGISTRY/mlops-fraud-training:$TAG .
 #
-# The CUDA base has Python 3.12 only, so a standalone CPython 3.11 (installed by uv, copied whole into the
-# final stage) runs the project. torch's wheels ship their own CUDA libraries; the runtime base supplies the
-# NVIDIA container-toolkit environment and the CUDA libraries other native wheels expect.
+# The base images are build arguments: the defaults are what a release builds from; the tests build this same
+# file on a Debian bookworm base made with debootstrap (tests/integration/podman.py), which has Python 3.11
+# itself. The CUDA base has Python 3.12 only, so there a standalone CPython 3.11 (installed by uv, copied whole
+# into the final stage) runs the project. torch's wheels ship their own CUDA libraries; the runtime base
+# supplies the NVIDIA container-toolkit environment and the CUDA libraries other native wheels expect.
 # checkov:skip=CKV_DOCKER_2:a batch job has no service to probe; Kubernetes ignores HEALTHCHECK and tracks the pod by exit code
+# checkov:skip=CKV_DOCKER_7:the base images are build arguments, which checkov does not resolve; their defaults are pinned to version tags (tests/integration/test_infra_images.py resolves them and refuses latest)
 ARG PYTHON_VERSION=3.11.13
+ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.8.0
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
 
-FROM ghcr.io/astral-sh/uv:0.8.0 AS uv
+FROM ${UV_IMAGE} AS uv
 
-FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS build
+FROM ${BASE_IMAGE} AS build
 ARG PYTHON_VERSION
-COPY --from=uv /uv /usr/local/bin/uv
-ENV UV_PYTHON_INSTALL_DIR=/opt/python \
-    PIP_NO_CACHE_DIR=1 \
+ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN uv python install "${PYTHON_VERSION}" \
- && uv venv --seed --python "${PYTHON_VERSION}" /opt/venv
+# The base's own CPython 3.11 where it has one; otherwise a standalone build of PYTHON_VERSION from uv.
+RUN --mount=type=bind,from=uv,source=/,target=/mnt/uv \
+    mkdir -p /opt/python \
+ && if command -v python3.11 >/dev/null; then \
+        python3.11 -m venv /opt/venv; \
+    else \
+        UV_PYTHON_INSTALL_DIR=/opt/python /mnt/uv/uv python install "${PYTHON_VERSION}" \
+        && UV_PYTHON_INSTALL_DIR=/opt/python /mnt/uv/uv venv --seed --python "${PYTHON_VERSION}" /opt/venv; \
+    fi \
+ && /opt/venv/bin/python -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /src
-# Only what the wheel is built from; the packages list is pyproject.toml's [tool.hatch.build.targets.wheel].
 COPY pyproject.toml requirements.lock README.md ./
+# The dependencies first, in a layer of their own, so a change of the project's code does not reinstall
+# torch: the project's metadata is built with its package folders still empty, then uninstalled.
+RUN mkdir core pipelines features training orchestration mlops \
+ && /opt/venv/bin/pip install --constraint requirements.lock ".[training,cluster]" \
+ && /opt/venv/bin/pip uninstall --yes mlops-fraud
+# Only what the wheel is built from; the packages list is pyproject.toml's [tool.hatch.build.targets.wheel].
 COPY core ./core
 COPY pipelines ./pipelines
 COPY features ./features
 COPY training ./training
 COPY orchestration ./orchestration
 COPY mlops ./mlops
-RUN /opt/venv/bin/pip install --constraint requirements.lock ".[training]" \
+RUN /opt/venv/bin/pip install --no-deps --constraint requirements.lock ".[training,cluster]" \
  && /opt/venv/bin/pip check
 
-FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
+FROM ${BASE_IMAGE}
 COPY --from=build /opt/python /opt/python
 COPY --from=build /opt/venv /opt/venv
 # A fixed non-root UID, the one the pod spec's securityContext names (orchestration/k8s_contract.py TRAINING_UID).
@@ -43,7 +62,14 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    MLOPS_PROFILE=cluster
+    MLOPS_PROFILE=cluster \
+    MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false \
+    GIT_PYTHON_REFRESH=quiet
+# The commit the image was built from: every MLflow run it makes carries it (tag lineage.git_commit). Last,
+# so that a new commit rebuilds only this layer.
+ARG GIT_COMMIT
+RUN test -n "${GIT_COMMIT}" || { echo "build with --build-arg GIT_COMMIT=\$(git rev-parse HEAD)" >&2; exit 1; }
+ENV MLOPS_GIT_COMMIT=${GIT_COMMIT}
 USER 10001:10001
 WORKDIR /tmp
 ENTRYPOINT ["python", "-m", "training"]

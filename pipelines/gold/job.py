@@ -32,6 +32,7 @@ from pipelines.lake import (
     write_json,
 )
 from pipelines.spark import spark_session
+from pipelines.suites import gold_suite_name
 from pipelines.validation import validate
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ def validate_gold(settings: Settings, day: date) -> list[dict]:
         if not partition.is_dir() and (read_json(build_path(settings.lake, day)) or {}).get("removed"):
             continue  # removed by build_gold: no transaction has this event date any more
         df = spark.read.parquet(str(partition)).withColumn(PARTITION_COLUMN, F.lit(day))
-        results.append(validate(df, f"gold_{table}", settings.suites_dir, settings.home, {}))
+        results.append(validate(df, gold_suite_name(table), settings.home, {}))
     # Kept for lineage: the model trained on this gold records which suites passed.
     write_json(validation_path(settings.lake, day), {"event_date": day.isoformat(), "results": results})
     return results

@@ -206,7 +206,7 @@ def _validate(settings: Settings, day: date, layer: str) -> dict:
     root = tables.bronze if layer == "bronze" else tables.silver
     schema = BRONZE_TRANSACTIONS if layer == "bronze" else SILVER_TRANSACTIONS
     df = _read_rows(spark_session(settings), root, day, record[count_key], schema)
-    return validate(df, f"{layer}_transactions", settings.suites_dir, settings.home, bounds)
+    return validate(df, f"{layer}_transactions", settings.home, bounds)
 
 
 def _read_rows(spark: SparkSession, root: Path, day: date, rows: int, schema: StructType) -> DataFrame:
@@ -434,7 +434,7 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     write_json(tables.labels_reconciliation(day), record)
     if rows_silver:
         df = read_partition(spark, tables.silver_labels, day)
-        record["validation"] = validate(df, "silver_labels", settings.suites_dir, settings.home, {})
+        record["validation"] = validate(df, "silver_labels", settings.home, {})
         write_json(tables.labels_reconciliation(day), record)
     log.info("labels reconciliation %s: %s", day, record)
     return record

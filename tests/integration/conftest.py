@@ -130,3 +130,64 @@ def quota_and_limits(objects) -> tuple[dict[str, str], list[dict[str, Any]]]:
         for item in limit_range["spec"]["limits"]
     ]
     return quota, limit_items
+
+
+# Which namespaces write to the shared filesystem (infra/README.md, "Storage"): Airflow's tasks and MLflow do,
+# training and serving only read it, and their volumes and mounts are read-only.
+DATA_WRITABLE = {
+    contract.ORCHESTRATION_NAMESPACE: True,
+    contract.TRAINING_NAMESPACE: False,
+    contract.SERVING_NAMESPACE: False,
+}
+# The one part of the shared filesystem mounted on its own: MLflow's artifact folder, at /mlflow-artifacts.
+DATA_SUBPATH_MOUNTS = {contract.MLFLOW_ARTIFACTS_SUBPATH: f"/{contract.MLFLOW_ARTIFACTS_SUBPATH}"}
+
+
+def data_claim_mounts(pod_spec: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(container, volume, mount) for every mount of the claim contract.DATA_CLAIM in this PodSpec."""
+    volumes = {
+        volume["name"]: volume
+        for volume in pod_spec.get("volumes") or []
+        if (volume.get("persistentVolumeClaim") or {}).get("claimName") == contract.DATA_CLAIM
+    }
+    return [
+        (container["name"], volumes[mount["name"]], mount)
+        for field in ("initContainers", "containers")
+        for container in pod_spec.get(field) or []
+        for mount in container.get("volumeMounts") or []
+        if mount["name"] in volumes
+    ]
+
+
+def data_claim_mount_problems(namespace: str, pod_spec: dict[str, Any]) -> list[str]:
+    """Why this pod's mounts of the shared filesystem break the storage design; empty when they do not. The
+    whole claim goes at contract.DATA_MOUNT (and MLOPS_HOME, where a container sets it, is that path), a
+    sub-folder only as DATA_SUBPATH_MOUNTS says, and in read-only namespaces every mount is read-only."""
+    problems = []
+    for container, volume, mount in data_claim_mounts(pod_spec):
+        where = f"{namespace} {container}: {mount['mountPath']}"
+        sub_path = mount.get("subPath")
+        if sub_path is None and mount["mountPath"] != contract.DATA_MOUNT:
+            problems.append(f"{where}: the claim must be mounted at {contract.DATA_MOUNT}")
+        if sub_path is not None and DATA_SUBPATH_MOUNTS.get(sub_path) != mount["mountPath"]:
+            problems.append(f"{where}: subPath {sub_path} is not one of {DATA_SUBPATH_MOUNTS}")
+        if not DATA_WRITABLE[namespace]:
+            if not mount.get("readOnly"):
+                problems.append(f"{where}: must be mounted readOnly in {namespace}")
+            if not volume["persistentVolumeClaim"].get("readOnly"):
+                problems.append(
+                    f"{where}: the volume's persistentVolumeClaim must be readOnly in {namespace}"
+                )
+    mounted_in = {
+        container
+        for container, _, mount in data_claim_mounts(pod_spec)
+        if "subPath" not in mount and mount["mountPath"] == contract.DATA_MOUNT
+    }
+    for field in ("initContainers", "containers"):
+        for container in pod_spec.get(field) or []:
+            home = [e.get("value") for e in container.get("env") or [] if e["name"] == "MLOPS_HOME"]
+            if home and (home != [contract.DATA_MOUNT] or container["name"] not in mounted_in):
+                problems.append(
+                    f"{namespace} {container['name']}: MLOPS_HOME={home} without the claim mounted there"
+                )
+    return problems

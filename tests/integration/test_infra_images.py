@@ -41,6 +41,31 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1]) for text in logical]
 
 
+def arg_defaults(dockerfile: Path) -> dict[str, str]:
+    """The build arguments declared before the first FROM, with their defaults (what a plain build uses)."""
+    defaults = {}
+    for op, args in instructions(dockerfile):
+        if op == "FROM":
+            break
+        if op == "ARG" and "=" in args:
+            name, _, value = args.partition("=")
+            defaults[name] = value
+    return defaults
+
+
+def base_images(dockerfile: Path) -> list[str]:
+    """Each stage's base image as a plain build resolves it (build arguments at their defaults)."""
+    defaults = arg_defaults(dockerfile)
+    bases = []
+    for op, args in instructions(dockerfile):
+        if op == "FROM":
+            base = args.split()[0]
+            for name, value in defaults.items():
+                base = base.replace(f"${{{name}}}", value)
+            bases.append(base)
+    return bases
+
+
 def final_stage(dockerfile: Path) -> list[tuple[str, str]]:
     steps = instructions(dockerfile)
     last_from = max(i for i, (op, _) in enumerate(steps) if op == "FROM")
@@ -48,11 +73,21 @@ def final_stage(dockerfile: Path) -> list[tuple[str, str]]:
 
 
 def installed_extras(dockerfile: Path) -> set[str]:
-    runs = [args for op, args in instructions(dockerfile) if op == "RUN" and "pip install" in args]
-    (run,) = runs
-    match = re.search(r"pip install --constraint requirements\.lock \"\.\[([a-z,]+)\]\"", run)
-    assert match, f"{dockerfile.name}: the project must be installed with the lock as constraints: {run}"
-    return set(match.group(1).split(","))
+    runs = [
+        args
+        for op, args in instructions(dockerfile)
+        if op == "RUN" and re.search(r"pip install .*\"\.\[", args)
+    ]
+    assert runs, f"{dockerfile.name}: installs no project extras"
+    extras = set()
+    for run in runs:  # the dependencies' layer and the project's own: the same extras
+        match = re.search(
+            r"pip install (?:--no-deps )?--constraint requirements\.lock \"\.\[([a-z,]+)\]\"", run
+        )
+        assert match, f"{dockerfile.name}: the project must be installed with the lock as constraints: {run}"
+        extras.add(match.group(1))
+    (only,) = extras
+    return set(only.split(","))
 
 
 def closure(extras: set[str]) -> set[str]:
@@ -85,7 +120,7 @@ AIRFLOW = DOCKER / "airflow.Dockerfile"
 
 
 @pytest.mark.parametrize(
-    ("dockerfile", "extras"), [(TRAINING, {"training"}), (AIRFLOW, {"airflow", "data", "cluster"})]
+    ("dockerfile", "extras"), [(TRAINING, {"training", "cluster"}), (AIRFLOW, {"airflow", "data", "cluster"})]
 )
 def test_each_image_installs_its_extras_constrained_by_the_lock(dockerfile, extras):
     assert installed_extras(dockerfile) == extras
@@ -113,16 +148,26 @@ def test_the_closure_follows_transitive_dependencies_and_extras():
 
 @pytest.mark.parametrize("dockerfile", [TRAINING, AIRFLOW])
 def test_every_base_image_is_pinned(dockerfile):
-    bases = [args.split()[0] for op, args in instructions(dockerfile) if op == "FROM"]
+    bases = base_images(dockerfile)
     assert bases
     for base in bases:
         tag = base.rsplit("/", 1)[-1].partition(":")[2]
         assert tag and tag != "latest" and "$" not in base, f"{dockerfile.name}: FROM {base}"
 
 
+@pytest.mark.parametrize("dockerfile", [TRAINING, AIRFLOW])
+def test_every_base_image_is_a_build_argument_so_the_same_file_builds_on_a_local_base(dockerfile):
+    defaults = arg_defaults(dockerfile)
+    for op, args in instructions(dockerfile):
+        if op == "FROM":
+            base = args.split()[0]
+            assert base.startswith("${") and base.endswith("}"), f"{dockerfile.name}: FROM {base}"
+            assert base[2:-1] in defaults, f"{dockerfile.name}: {base} has no default before the first FROM"
+
+
 def test_the_training_image_is_cuda_runtime_non_root_and_runs_the_training_cli():
     stage = final_stage(TRAINING)
-    base = stage[0][1].split()[0]
+    base = base_images(TRAINING)[-1]
     assert base.startswith("nvidia/cuda:") and "-runtime-" in base
     users = [args for op, args in stage if op == "USER"]
     assert users[-1] == f"{contract.TRAINING_UID}:{contract.TRAINING_UID}"
@@ -136,7 +181,7 @@ def test_the_training_image_is_cuda_runtime_non_root_and_runs_the_training_cli()
 
 def test_the_airflow_image_is_the_official_base_of_the_locked_airflow_version_and_non_root():
     stage = final_stage(AIRFLOW)
-    assert stage[0][1] == f"apache/airflow:{LOCK['apache-airflow']}-python3.11"
+    assert base_images(AIRFLOW)[-1] == f"apache/airflow:{LOCK['apache-airflow']}-python3.11"
     users = [args for op, args in stage if op == "USER"]
     assert users[-1] not in ("root", "0")
     copies = [args for op, args in stage if op == "COPY"]

@@ -20,10 +20,13 @@ import yaml
 
 from orchestration import k8s_contract as contract
 from tests.integration.conftest import (
+    DATA_WRITABLE,
     INFRA,
     OVERLAYS,
     REPO,
     InfraTools,
+    data_claim_mount_problems,
+    data_claim_mounts,
     find,
     one,
     quota_and_limits,
@@ -35,6 +38,7 @@ TRAINING_IMAGE = contract.training_image("registry.example.com", "0.1.0")
 # Labels the official Airflow chart puts on a task pod; `tier: airflow` is on every pod of the release.
 AIRFLOW_POD_LABELS = {"tier": "airflow", "component": "worker", "release": "airflow"}
 METADATA_API = "169.254.169.254/32"
+CLUSTER_SCOPED = ("Namespace", "PriorityClass", "PersistentVolume")
 
 
 def workloads(objects) -> list[tuple[dict[str, Any], Any]]:
@@ -87,7 +91,7 @@ def test_namespaces_are_the_contract_names_and_enforce_the_restricted_profile(re
     for labels in namespaces.values():
         assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
         assert labels["pod-security.kubernetes.io/enforce-version"] == f"v{contract.KUBERNETES_VERSION}"
-    namespaced = [obj for obj in rendered[overlay] if obj["kind"] not in ("Namespace", "PriorityClass")]
+    namespaced = [obj for obj in rendered[overlay] if obj["kind"] not in CLUSTER_SCOPED]
     assert {obj["metadata"]["namespace"] for obj in namespaced} == NAMESPACES
 
 
@@ -393,9 +397,10 @@ def _egress_to_ip_blocks(objects, namespace, labels) -> set[tuple[str, int]]:
 def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rendered, overlay):
     objects = rendered[overlay]
     trainer_labels = training_manifest()["metadata"]["labels"]
+    # PostgreSQL: the promote step's promotion history; 443: object storage, when used instead of the volume.
     assert {
         port for _, port in _egress_to_ip_blocks(objects, contract.TRAINING_NAMESPACE, trainer_labels)
-    } == {443}
+    } == {443, 5432}
     mlflow_ns, mlflow_labels = _pod_labels(objects, "mlflow")
     assert {port for _, port in _egress_to_ip_blocks(objects, mlflow_ns, mlflow_labels)} == {443, 5432}
     airflow_blocks = _egress_to_ip_blocks(objects, contract.ORCHESTRATION_NAMESPACE, AIRFLOW_POD_LABELS)
@@ -403,13 +408,16 @@ def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rend
     assert airflow_ports == {443, 5432, 6443}
     feast_ns, feast_labels = _pod_labels(objects, "feast-redis")
     assert _egress_to_ip_blocks(objects, feast_ns, feast_labels) == set()
+    # The feature server reads its registry from the mounted volume: nothing outside the cluster.
+    server_ns, server_labels = _pod_labels(objects, "feast-feature-server")
+    assert _egress_to_ip_blocks(objects, server_ns, server_labels) == set()
 
 
 # --- MLflow ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_mlflow_runs_basic_auth_on_postgres_and_object_storage(rendered, overlay):
+def test_mlflow_runs_basic_auth_on_postgres_and_serves_artifacts_from_the_shared_volume(rendered, overlay):
     mlflow = one(rendered[overlay], "Deployment", "mlflow", contract.ORCHESTRATION_NAMESPACE)
     spec = mlflow["spec"]["template"]["spec"]
     (server,) = spec["containers"]
@@ -423,8 +431,20 @@ def test_mlflow_runs_basic_auth_on_postgres_and_object_storage(rendered, overlay
         "name": "mlflow-admin",
         "key": "admin-password",
     }
+    # Artifacts go through the server (clients need no storage access) to the mounted artifact folder.
+    assert "--serve-artifacts" in server["args"]
+    assert "--artifacts-destination=$(MLFLOW_ARTIFACTS_DESTINATION)" in server["args"]
     config = one(rendered[overlay], "ConfigMap", "mlflow-config", contract.ORCHESTRATION_NAMESPACE)
-    assert config["data"]["artifacts-destination"].startswith("s3://")
+    assert env["MLFLOW_ARTIFACTS_DESTINATION"]["valueFrom"]["configMapKeyRef"] == {
+        "name": "mlflow-config",
+        "key": "artifacts-destination",
+    }
+    destination = config["data"]["artifacts-destination"]
+    (mount,) = [m for m in server["volumeMounts"] if m["mountPath"] == destination]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"]["claimName"] == contract.DATA_CLAIM
+    assert mount.get("subPath") == contract.MLFLOW_ARTIFACTS_SUBPATH
+    assert not mount.get("readOnly") and not volume["persistentVolumeClaim"].get("readOnly")
     # The guard sees the same password the server does.
     (guard,) = spec["initContainers"]
     guard_env = {item["name"]: item for item in guard["env"]}
@@ -473,6 +493,124 @@ def test_the_mlflow_guard_refuses_the_default_or_a_weak_admin_password(
         assert done.returncode == 1
         assert "refusing to start MLflow" in done.stderr
         assert "mlflow-admin" in done.stderr
+
+
+# --- the shared filesystem (infra/README.md, "Storage") ---------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_namespace_has_the_data_claim_bound_to_its_own_volume_of_one_export(rendered, overlay):
+    objects = rendered[overlay]
+    volumes = {pv["metadata"]["name"]: pv["spec"] for pv in find(objects, "PersistentVolume")}
+    assert set(contract.DATA_VOLUMES.values()) <= set(volumes)
+    assert set(contract.DATA_VOLUMES) == NAMESPACES == set(DATA_WRITABLE)
+    exports = set()
+    for namespace, volume_name in contract.DATA_VOLUMES.items():
+        claim = one(objects, "PersistentVolumeClaim", contract.DATA_CLAIM, namespace)["spec"]
+        volume = volumes[volume_name]
+        mode = ["ReadWriteMany"] if DATA_WRITABLE[namespace] else ["ReadOnlyMany"]
+        assert claim["accessModes"] == volume["accessModes"] == mode, namespace
+        # Bound both ways, statically: no provisioner makes an empty volume, no other claim takes this one.
+        assert claim["volumeName"] == volume_name
+        assert volume["claimRef"] == {"namespace": namespace, "name": contract.DATA_CLAIM}
+        assert claim["storageClassName"] == volume["storageClassName"] == ""
+        assert volume["persistentVolumeReclaimPolicy"] == "Retain"
+        requested = contract.parse_quantity(claim["resources"]["requests"]["storage"])
+        assert requested <= contract.parse_quantity(volume["capacity"]["storage"])
+        # Read-only on the volume itself where the namespace only reads, whatever a pod asks for.
+        assert volume["nfs"].get("readOnly", False) is not DATA_WRITABLE[namespace], namespace
+        exports.add((volume["nfs"]["server"], volume["nfs"]["path"]))
+    assert len(exports) == 1, f"the volumes must all be the one export, not {sorted(exports)}"
+
+
+def _airflow_pod_spec() -> dict[str, Any]:
+    """What the Airflow chart makes of values.yaml's global volumes, volumeMounts and env, per container."""
+    values = yaml.safe_load((INFRA / "helm" / "airflow" / "values.yaml").read_text())
+    container = {"name": "airflow", "volumeMounts": values["volumeMounts"], "env": values["env"]}
+    return {"volumes": values["volumes"], "containers": [container]}
+
+
+def _pods_mounting_the_data_claim(objects) -> dict[str, tuple[str, dict[str, Any]]]:
+    pods = {"airflow (Helm)": (contract.ORCHESTRATION_NAMESPACE, _airflow_pod_spec())}
+    pods["training pod (contract)"] = (contract.TRAINING_NAMESPACE, training_manifest()["spec"])
+    for obj, spec in workloads(objects):
+        pods[obj["metadata"]["name"]] = (obj["metadata"]["namespace"], spec)
+    return {name: pod for name, pod in pods.items() if data_claim_mounts(pod[1])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_mounting_the_shared_filesystem_mounts_it_where_and_how_the_design_says(rendered, overlay):
+    pods = _pods_mounting_the_data_claim(rendered[overlay])
+    assert {"airflow (Helm)", "mlflow", "feast-feature-server", "training pod (contract)"} <= set(pods)
+    for name, (namespace, spec) in pods.items():
+        assert data_claim_mount_problems(namespace, spec) == [], name
+
+
+def test_the_mount_check_catches_a_writable_serving_mount_and_a_wrong_path(rendered):
+    pods = _pods_mounting_the_data_claim(rendered["prod"])
+    namespace, spec = pods["feast-feature-server"]
+    writable = json.loads(json.dumps(spec))
+    (_, volume, mount) = data_claim_mounts(writable)[0]
+    mount["readOnly"] = False
+    del volume["persistentVolumeClaim"]["readOnly"]
+    assert len(data_claim_mount_problems(namespace, writable)) == 2
+    moved = json.loads(json.dumps(_airflow_pod_spec()))
+    moved["containers"][0]["volumeMounts"][0]["mountPath"] = "/data"
+    problems = data_claim_mount_problems(contract.ORCHESTRATION_NAMESPACE, moved)
+    assert any(f"must be mounted at {contract.DATA_MOUNT}" in p for p in problems), problems
+    assert any("MLOPS_HOME" in p for p in problems), problems
+
+
+# What only the writers (Airflow's tasks) need in features/feature_store.cluster.yaml: the atomic registry
+# writer, the dedup switch for materialisation, the offline store and the project's description.
+FEAST_WRITER_ONLY = {
+    "project_description": None,
+    "offline_store": None,
+    "registry": "registry_store_type",
+    "online_store": "skip_dedup",
+}
+
+
+def _without_writer_only(config: dict[str, Any]) -> dict[str, Any]:
+    config = json.loads(json.dumps(config))
+    for key, inner in FEAST_WRITER_ONLY.items():
+        if inner is None:
+            config.pop(key, None)
+        else:
+            config[key].pop(inner, None)
+    return config
+
+
+def test_the_feature_servers_config_is_what_the_code_renders_for_the_shared_filesystem(rendered, monkeypatch):
+    """The feature server reads the registry the features DAG writes, for the project it writes, from the
+    Redis the materialisation fills: its ConfigMap against features/repo.py rendering the cluster profile's
+    Feast config with MLOPS_HOME at the shared filesystem's mount."""
+    from core.settings import ClusterServices, Profile, Settings
+    from features.repo import DEFAULT_PROJECT, render_config
+
+    for name in [name for name in os.environ if name.startswith("MLOPS_")]:
+        monkeypatch.delenv(name)
+    redis_port = _service_port(rendered["prod"], "feast-redis")
+    redis_host = f"feast-redis.{contract.SERVING_NAMESPACE}.svc.cluster.local"
+    settings = Settings(
+        profile=Profile.CLUSTER,
+        home=Path(contract.DATA_MOUNT),
+        cluster=ClusterServices(redis_url=f"redis://:from-the-secret@{redis_host}:{redis_port}/0"),
+    )
+    code = yaml.safe_load(render_config(settings))
+    assert code["registry"]["path"] == str(settings.feast_dir / "registry.db") == contract.FEAST_REGISTRY_PATH
+    for overlay in OVERLAYS:
+        config_map = one(rendered[overlay], "ConfigMap", "feast-feature-store", contract.SERVING_NAMESPACE)
+        text = config_map["data"]["feature_store.yaml"]
+        served = yaml.safe_load(text.replace("${REDIS_PASSWORD}", "from-the-secret"))
+        assert served["project"] == DEFAULT_PROJECT, overlay
+        assert served["registry"] == {
+            "registry_type": "file",
+            "path": contract.FEAST_REGISTRY_PATH,
+            "cache_ttl_seconds": code["registry"]["cache_ttl_seconds"],
+        }, overlay
+        assert served["online_store"]["connection_string"].startswith(f"{redis_host}:{redis_port},"), overlay
+        assert served == _without_writer_only(code), overlay
 
 
 # --- Feast -------------------------------------------------------------------------------------------------
@@ -527,8 +665,8 @@ def test_the_feature_servers_config_is_a_valid_feast_config_pointing_at_the_redi
         config = loaded[str(repo)]
         assert "error" not in config, f"{overlay}: {config}"
         assert config["online_store"] == "RedisOnlineStoreConfig"
-        assert config["connection_string"] == f"{redis_host},password=from-the-secret"
-        assert config["registry"].startswith("s3://")
+        assert config["connection_string"] == f"{redis_host},db=0,password=from-the-secret"
+        assert config["registry"] == contract.FEAST_REGISTRY_PATH
     assert "extra_forbidden" in loaded[str(broken)]["error"]
 
 

@@ -35,12 +35,21 @@ SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|ACCESS_KEY|PR
 SECRET_VALUE = re.compile(r"://[^/@\s:]+:[^/@\s]+@|-----BEGIN|AKIA[0-9A-Z]{16}")
 
 
+MLFLOW_RUN = "0f3a9c1d2e4b"  # what `train` returns as `run_id`
+MODEL_VERSION = "7"  # what `register` returns as `model_version`
+
+
 class StandInTaskInstance:
-    """Answers the one XCom the `train` task's templates pull."""
+    """Answers the XComs the pod tasks' templates pull."""
 
     def xcom_pull(self, task_ids: str) -> dict[str, str]:
-        assert task_ids == "training_set", task_ids
-        return {"training_set_rev": TRAINING_SET_REV}
+        answers = {
+            "training_set": {"training_set_rev": TRAINING_SET_REV},
+            "train": {"run_id": MLFLOW_RUN},
+            "register": {"model_version": MODEL_VERSION},
+        }
+        assert task_ids in answers, task_ids
+        return answers[task_ids]
 
 
 def parse_train_task(monkeypatch: pytest.MonkeyPatch, **env: str):
@@ -397,3 +406,108 @@ def test_before_rendering_the_arguments_are_templates_of_the_upstream_xcom(monke
     rev_template = "{{ ti.xcom_pull(task_ids='training_set')['training_set_rev'] }}"
     assert task.arguments[task.arguments.index("--training-set-rev") + 1] == rev_template
     assert f"/checkpoints/{rev_template}" in task.arguments
+
+
+# --- the steps after training: CPU pods of the training image --------------------------------------------
+
+STEP_ARGUMENTS = {
+    "evaluate": ["evaluate", "--run-id", MLFLOW_RUN],
+    "register": ["register", "--run-id", MLFLOW_RUN],
+    "promote": ["promote", "--version", MODEL_VERSION, "--dag-id", DAG_ID, "--dag-run-id", RUN_ID],
+    "export": ["export", "--version", MODEL_VERSION],
+}
+
+
+@pytest.fixture(scope="module")
+def step_pods() -> dict[str, tuple[Any, dict[str, Any]]]:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        train, _ = parse_train_task(monkeypatch)
+        return {
+            step: (train.dag.get_task(step), render_pod(train.dag.get_task(step))) for step in STEP_ARGUMENTS
+        }
+
+
+@pytest.mark.parametrize("step", list(STEP_ARGUMENTS))
+def test_each_step_after_training_is_a_cpu_pod_of_the_training_image_running_the_training_cli(
+    step_pods, step, settings
+):
+    """The Airflow image carries neither torch nor MLflow, so these cannot be Python tasks there."""
+    import typer
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    from training.cli import app
+
+    task, pod = step_pods[step]
+    assert isinstance(task, KubernetesPodOperator) and task.do_xcom_push is True
+    container = trainer(pod)
+    assert container["image"] == settings.training.image == IMAGE
+    assert container["command"] == list(contract.TRAINING_COMMAND)
+    assert container["args"] == [*STEP_ARGUMENTS[step], "--xcom-path", XCOM_RETURN]
+    command = typer.main.get_command(app).commands[step]
+    with command.make_context(step, container["args"][1:]):
+        pass  # the CLI's own option definitions accept them
+    for kind in ("requests", "limits"):
+        assert contract.GPU_RESOURCE not in container["resources"][kind]
+    assert not pod["spec"].get("nodeSelector") and not pod["spec"].get("tolerations")  # any node
+    assert contract.restricted_profile_violations(pod["spec"]) == []
+    assert trainer(pod)["envFrom"] == [{"secretRef": {"name": settings.training.credentials_secret}}]
+    assert credentials_in_the_spec(pod, settings.training.credentials_secret) == []
+
+
+def test_the_step_pods_chain_after_train_and_publish_the_model_asset(step_pods):
+    from orchestration.assets import FRAUD_MODEL
+
+    dag = step_pods["evaluate"][0].dag
+    assert dag.get_task("evaluate").upstream_task_ids == {"train"}
+    assert dag.get_task("register").upstream_task_ids == {"evaluate"}
+    assert dag.get_task("promote").upstream_task_ids == {"register"}
+    assert dag.get_task("export").upstream_task_ids == {"promote"}
+    publish = dag.get_task("publish_model")
+    assert publish.upstream_task_ids == {"register", "promote", "export"}
+    assert [outlet.name for outlet in publish.outlets] == [FRAUD_MODEL.name]
+
+
+def test_the_step_pods_validate_and_fit_each_overlay(infra_tools, rendered, step_pods):
+    pods = [pod for _, pod in step_pods.values()]
+    assert schema_errors(infra_tools, pods) == []
+    for overlay in OVERLAYS:
+        quota, limit_items = quota_and_limits(rendered[overlay])
+        for pod in pods:
+            assert contract.quota_fit_violations(pod["spec"], quota, limit_items) == [], overlay
+
+
+def test_every_pod_mounts_the_shared_volume_read_only_at_mlops_home(pod, step_pods):
+    for each in [pod, *(p for _, p in step_pods.values())]:
+        volumes = {volume["name"]: volume for volume in each["spec"]["volumes"]}
+        (mount,) = [m for m in trainer(each)["volumeMounts"] if m["mountPath"] == contract.DATA_MOUNT]
+        assert mount["readOnly"] is True
+        assert volumes[mount["name"]]["persistentVolumeClaim"] == {
+            "claimName": contract.DATA_CLAIM,
+            "readOnly": True,
+        }
+        env = {item["name"]: item.get("value") for item in trainer(each)["env"]}
+        assert env["MLOPS_HOME"] == contract.DATA_MOUNT
+        assert env["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] == "false"
+
+
+def test_the_pods_get_the_launching_tasks_settings_written_out(monkeypatch):
+    """A setting the Airflow side changed reaches the pod explicitly, not the image's default."""
+    task, _ = parse_train_task(
+        monkeypatch,
+        MLOPS_TRAINING__EPOCHS="4",
+        MLOPS_GATE__MARGIN="0.02",
+        MLOPS_CLUSTER__MLFLOW_TRACKING_URI="http://mlflow.example:5000",
+    )
+    env = {item["name"]: item.get("value") for item in trainer(render_pod(task))["env"]}
+    assert env["MLOPS_TRAINING__EPOCHS"] == "4"
+    assert env["MLOPS_GATE__MARGIN"] == "0.02"
+    assert env["MLOPS_CLUSTER__MLFLOW_TRACKING_URI"] == "http://mlflow.example:5000"
+    for secret in ("MLOPS_CLUSTER__POSTGRES_DSN", "MLOPS_CLUSTER__REDIS_URL"):
+        assert secret not in env  # from the Secret only
+
+
+def test_more_than_one_gpu_runs_under_torchrun(monkeypatch):
+    task, _ = parse_train_task(monkeypatch, MLOPS_TRAINING__GPUS="2")
+    container = trainer(render_pod(task))
+    assert container["command"] == ["torchrun", "--standalone", "--nproc-per-node=2", "--module", "training"]
+    assert container["args"][0] == "train"

@@ -22,7 +22,15 @@ import yaml
 
 from core.errors import LockTimeoutError, PipelineError
 from core.settings import Settings
-from pipelines.versioning import CACHE_TYPES, TrackedFolder, fetch, record_revision, track, track_many
+from pipelines.versioning import (
+    CACHE_TYPES,
+    TrackedFolder,
+    fetch,
+    record_revision,
+    revision_files,
+    track,
+    track_many,
+)
 from tests.conftest import wait_for
 
 DAY = "2026-01-07"
@@ -132,6 +140,41 @@ def test_the_dvc_command_restores_a_version_from_the_remote_alone(settings):
     shutil.rmtree(settings.home / ".dvc" / "cache")
     restored = fetch(settings, rev, settings.home / "restore")["merchant_features"]
     assert {p.name: p.read_bytes() for p in restored.iterdir()} == contents
+
+
+def test_a_revision_reads_in_place_from_a_read_only_remote_as_dvc_pull_restores_it(settings):
+    """What the training pod does (its mount is read-only: tests/integration/test_training_pod_podman.py):
+    no DVC repository opened, nothing written. Contract
+    test of the in-place reader against DVC's own pull of the same revision, older versions included."""
+    folder = _partition(settings, "customer_features")
+    nested = folder / "sub"
+    old = _write(folder, seed=4)
+    nested.mkdir()
+    (nested / "deep.bin").write_bytes(b"nested " * 300)
+    old["sub/deep.bin"] = b"nested " * 300
+    first = record_revision(settings, {"t": track(settings, "gold/t", folder)})
+    new = _write(folder, seed=5)
+    second = record_revision(settings, {"t": track(settings, "gold/t", folder)})
+
+    pulled = {rev: fetch(settings, rev, settings.home / "restore" / rev)["t"] for rev in (first, second)}
+    shutil.rmtree(settings.home / ".dvc")  # no repository, no cache: the remote alone
+    shutil.rmtree(settings.lake)
+    before = sorted(settings.home.rglob("*"))
+    for rev, contents in ((first, old), (second, new)):
+        files = revision_files(settings, rev)["t"]
+        assert {key: path.read_bytes() for key, path in files.items()} == contents
+        restored = {
+            str(p.relative_to(pulled[rev])): p.read_bytes() for p in pulled[rev].rglob("*") if p.is_file()
+        }
+        assert restored == contents
+    with pytest.raises(PipelineError, match="unknown dataset revision 'f00d'"):
+        revision_files(settings, "f00d")
+    assert sorted(settings.home.rglob("*")) == before  # nothing written (the pod's mount is read-only)
+    # An object the remote lost is named, not read as an empty file.
+    victim = next(iter(revision_files(settings, second)["t"].values()))
+    victim.unlink()
+    with pytest.raises(PipelineError, match="missing from the DVC remote"):
+        revision_files(settings, second)
 
 
 def test_versions_made_with_the_dvc_commands_before_stay_fetchable(settings):

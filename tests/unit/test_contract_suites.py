@@ -4,24 +4,41 @@ fails here."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT
-from pipelines.suites import GENERATED_SUITES, build_suite
-
-SUITES_DIR = Path(__file__).resolve().parents[2] / "great_expectations"
+from pipelines.suites import (
+    GENERATED_SUITES,
+    SUITE_NAMES,
+    build_suite,
+    load_suite,
+    suite_resource,
+    suites_folder,
+)
 
 
 @pytest.mark.parametrize("name", sorted(GENERATED_SUITES))
 def test_each_suite_file_is_what_its_contract_generates(name):
-    path = SUITES_DIR / f"{name}.json"
-    assert path.is_file(), f"{path.name} is missing: run `python -m pipelines.suites`"
-    assert json.loads(path.read_text()) == build_suite(name), (
-        f"{path.name} disagrees with pipelines/contracts.py: run `python -m pipelines.suites`"
+    assert suite_resource(name).is_file(), f"{name}.json is missing: run `python -m pipelines.suites`"
+    assert load_suite(name) == build_suite(name), (
+        f"{name}.json disagrees with pipelines/contracts.py: run `python -m pipelines.suites`"
     )
+
+
+def test_the_packaged_suites_are_exactly_the_ones_the_pipeline_uses():
+    """A suite file no step validates with is dead weight (or a step that lost it); a name without a file
+    fails the step at run time."""
+    shipped = {r.name.removesuffix(".json") for r in suites_folder().iterdir() if r.name.endswith(".json")}
+    assert shipped == set(SUITE_NAMES)
+    for name in SUITE_NAMES:
+        assert load_suite(name)["name"] == name
+
+
+def test_a_suite_that_is_not_packaged_is_refused_with_the_known_names():
+    with pytest.raises(
+        FileNotFoundError, match=r"'gold_nothing'.*bronze_transactions.*gold_merchant_features"
+    ):
+        load_suite("gold_nothing")
 
 
 @pytest.mark.parametrize("contract", [TRANSACTIONS_CONTRACT, LABELS_CONTRACT], ids=lambda c: c.name)

@@ -1,0 +1,300 @@
+"""The retrain DAG's training pod, run for real in a container, without a cluster.
+
+The training image is built from infra/docker/training.Dockerfile on a Debian base made here (podman.py);
+the pod spec is the one KubernetesPodOperator renders for the DAG's `train` task under the cluster profile
+(test_retrain_pod.py renders the same); `podman kube play` runs that spec: its Secret (made with `podman
+secret create`), its claims (podman volumes of the claims' names: the shared volume bound to a folder that
+holds a DVC-versioned training set, and the checkpoint claim), its security context (uid, read-only root),
+and the XCom sidecar. MLflow is a real tracking server on this machine with basic auth and proxied artifacts
+(`--serve-artifacts`), so the pod uploads its model over HTTP with no storage credentials. (MLflow's basic
+auth needs its `auth` extra, which the lock does not carry; the Secret's values are checked in the
+container's environment instead.)
+
+What the spec is changed in before it is played, and why (each is checked on the YAML instead, by
+test_retrain_pod.py and test_infra_k8s.py): the XCom sidecar's image is the local base (no registry here);
+CPU and memory limits are capped to this machine (podman refuses limits above the host's CPUs).
+`podman kube play` ignores runAsNonRoot, seccomp, scheduling fields and GPU resources.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.settings import Settings, get_settings
+from orchestration import k8s_contract as contract
+from tests.integration import podman
+from tests.integration.test_retrain_pod import parse_train_task, render_pod
+from tests.integration.training_sets import AS_OF, versioned_training_set
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "localhost/mlops-fraud-training:podman-test"
+SIDECAR = "airflow-xcom-sidecar"
+# The Secret's keys (infra/README.md): the MLflow client's login and the promotion history's DSN.
+SECRET_VALUES = {
+    "MLFLOW_TRACKING_USERNAME": "trainer",
+    "MLFLOW_TRACKING_PASSWORD": secrets.token_urlsafe(12),
+    "MLOPS_CLUSTER__POSTGRES_DSN": "postgresql://promotions@db.invalid:5432/promotions",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or "unversioned"
+
+
+@pytest.fixture(scope="module")
+def training_image() -> tuple[str, str]:
+    try:
+        base = podman.base_image()
+    except podman.PodmanUnavailableError as exc:
+        pytest.fail(f"podman is needed for this test: {exc}")
+    commit = _commit()
+    podman.build_image(
+        "infra/docker/training.Dockerfile",
+        IMAGE,
+        {"BASE_IMAGE": base, "UV_IMAGE": base, "GIT_COMMIT": commit},
+    )
+    return IMAGE, commit
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A tracking server with basic auth and proxied artifacts, as infra/k8s/base/mlflow runs it."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--serve-artifacts", "--artifacts-destination", str(root / "artifacts"),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=(root / "server.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    import urllib.request
+
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"MLflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield url, root / "artifacts"
+    os.killpg(process.pid, 15)
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def shared_volume(tmp_path_factory) -> tuple[Settings, str]:
+    """The shared volume as the pipeline leaves it: a DVC-versioned training set and the gold validation
+    record of its as-of date, written by the real writers."""
+    home = tmp_path_factory.mktemp("shared") / "mlops"
+    settings = Settings(home=home)
+    rev = versioned_training_set(settings, AS_OF)
+    # The pod's user (10001) reads what the pipeline's user wrote; it writes nothing here.
+    for path in [home, *home.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o005 | (0o001 if path.is_dir() else 0))
+    return settings, rev
+
+
+def _podman_yaml(pod: dict, base: str) -> dict:
+    """The operator's pod, with the two changes the module docstring names."""
+    pod = json.loads(json.dumps(pod))
+    for container in pod["spec"]["containers"]:
+        if container["name"] == SIDECAR:
+            container["image"] = base
+        for kind in ("requests", "limits"):
+            amounts = container.get("resources", {}).get(kind, {})
+            if "cpu" in amounts:
+                amounts["cpu"] = "1"
+            if "memory" in amounts and container["name"] != SIDECAR:
+                amounts["memory"] = "4Gi"
+    return pod
+
+
+def _secret_manifest(name: str, values: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in values.items()},
+    }
+
+
+@pytest.fixture(scope="module")
+def played(training_image, mlflow_server, shared_volume, tmp_path_factory):
+    """Render the DAG's train task under the cluster profile and play its pod; returns what came out."""
+    image, commit = training_image
+    url, artifacts = mlflow_server
+    settings, rev = shared_volume
+    work = tmp_path_factory.mktemp("pod")
+    checkpoints = work / "checkpoints"
+    checkpoints.mkdir()
+    checkpoints.chmod(0o777)
+
+    from tests.integration import test_retrain_pod
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(test_retrain_pod, "TRAINING_SET_REV", rev)
+        task, cluster_settings = parse_train_task(
+            monkeypatch,
+            MLOPS_TRAINING__IMAGE=image,
+            MLOPS_HOME=str(settings.home),
+            MLOPS_CLUSTER__MLFLOW_TRACKING_URI=url,
+            MLOPS_TRAINING__EPOCHS="2",
+            MLOPS_TRAINING__BATCH_SIZE="256",
+        )
+        pod = render_pod(task)
+    get_settings.cache_clear()
+    base = podman.base_image()
+    spec = _podman_yaml(pod, base)
+    name = spec["metadata"]["name"]
+    secret_name = cluster_settings.training.credentials_secret
+    # podman 4.3 resolves `envFrom: secretRef` to the podman secret of that name holding the Kubernetes
+    # Secret's `data` (key -> base64 value) as JSON.
+    secret_file = work / "secret.json"
+    secret_file.write_text(json.dumps(_secret_manifest(secret_name, SECRET_VALUES)["data"]))
+    pod_file = work / "pod.yaml"
+    pod_file.write_text(yaml.safe_dump(spec))
+    claims = {
+        contract.DATA_CLAIM: settings.home,
+        cluster_settings.training.checkpoint_claim: checkpoints,
+    }
+    cleanup = [["pod", "rm", "--force", name], ["secret", "rm", secret_name]]
+    cleanup += [["volume", "rm", "--force", claim] for claim in claims]
+    for args in cleanup:
+        podman.run(args)
+    try:
+        for claim, folder in claims.items():
+            done = podman.run(
+                [
+                    "volume",
+                    "create",
+                    "--opt",
+                    "type=none",
+                    "--opt",
+                    "o=bind",
+                    "--opt",
+                    f"device={folder}",
+                    claim,
+                ]
+            )
+            assert done.returncode == 0, done.stderr
+        done = podman.run(["secret", "create", secret_name, str(secret_file)])
+        assert done.returncode == 0, done.stderr
+        before = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
+        done = podman.run(["kube", "play", "--network", "host", str(pod_file)], timeout=600)
+        assert done.returncode == 0, f"podman kube play failed:\n{done.stdout}\n{done.stderr}"
+        trainer = f"{name}-{contract.TRAINING_CONTAINER}"
+        waited = podman.run(["wait", trainer], timeout=900)
+        logs = podman.run(["logs", trainer]).stdout + podman.run(["logs", trainer]).stderr
+        inspect = json.loads(podman.run(["inspect", trainer]).stdout)[0]
+        # What the operator does once the base container is done: read the file through the sidecar.
+        xcom = podman.run(["exec", f"{name}-{SIDECAR}", "cat", "/airflow/xcom/return.json"])
+        after = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
+        yield {
+            "pod": pod,
+            "exit": waited.stdout.strip(),
+            "logs": logs,
+            "inspect": inspect,
+            "xcom": xcom,
+            "rev": rev,
+            "commit": commit,
+            "image": image,
+            "url": url,
+            "artifacts": artifacts,
+            "checkpoints": checkpoints,
+            "home_before": before,
+            "home_after": after,
+        }
+    finally:
+        for args in cleanup:
+            podman.run(args)
+
+
+def test_the_training_pod_exits_0(played):
+    assert played["exit"] == "0", played["logs"][-6000:]
+
+
+def test_it_runs_as_uid_10001_with_a_read_only_root_and_a_read_only_shared_volume(played):
+    inspect = played["inspect"]
+    assert inspect["Config"]["User"].split(":")[0] == str(contract.TRAINING_UID)
+    assert inspect["HostConfig"]["ReadonlyRootfs"] is True
+    mounts = {mount["Destination"]: mount for mount in inspect["Mounts"]}
+    assert mounts[contract.DATA_MOUNT]["RW"] is False
+    assert played["home_after"] == played["home_before"]  # the pod wrote nothing to the shared volume
+    # What it wrote, it wrote as 10001: the checkpoint on its claim.
+    written = [p for p in played["checkpoints"].rglob("*") if p.is_file()]
+    assert written, "no checkpoint was written"
+    assert {p.stat().st_uid for p in written} == {contract.TRAINING_UID}
+
+
+def test_the_run_id_comes_back_through_the_xcom_file(played):
+    assert played["xcom"].returncode == 0, played["xcom"].stderr
+    result = json.loads(played["xcom"].stdout)
+    assert result["status"] == "trained"
+    assert result["training_set_rev"] == played["rev"]
+    assert result["run_id"]
+
+
+def test_the_run_is_in_mlflow_with_its_lineage_and_its_model_uploaded_over_http(played, monkeypatch):
+    from mlflow import MlflowClient
+
+    run_id = json.loads(played["xcom"].stdout)["run_id"]
+    client = MlflowClient(tracking_uri=played["url"])
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["lineage.training_set_rev"] == played["rev"]
+    assert tags["lineage.git_commit"] == played["commit"]
+    assert tags["lineage.image"] == played["image"]
+    assert tags["lineage.as_of"] == AS_OF.isoformat()
+    assert tags["lineage.gx_success"] == "True"  # read from the shared volume's gold validation record
+    assert tags["lineage.dag_id"] == "retrain_fraud_model"
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # proxied: no storage credentials in the pod
+    uploaded = [p for p in played["artifacts"].rglob("*") if p.is_file() and run_id in str(p)]
+    assert any(p.name == "MLmodel" for p in uploaded), uploaded
+    # Exactly one run: the pod opened it once.
+    runs = client.search_runs([run.info.experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]
+
+
+def test_the_secret_reaches_the_container_through_env_from(played):
+    env = dict(item.split("=", 1) for item in played["inspect"]["Config"]["Env"])
+    for key, value in SECRET_VALUES.items():
+        assert env[key] == value, key
+    spec_env = {item["name"] for c in played["pod"]["spec"]["containers"] for item in c.get("env") or []}
+    assert not set(SECRET_VALUES) & spec_env  # in the container only through the Secret
+
+
+def test_the_played_spec_is_the_operators_own(played):
+    """The pod that ran is the operator's rendering: its command, arguments, mounts and Secret."""
+    (trainer,) = [c for c in played["pod"]["spec"]["containers"] if c["name"] == contract.TRAINING_CONTAINER]
+    assert trainer["command"] == contract.training_command(1)
+    assert trainer["args"][:3] == ["train", "--training-set-rev", played["rev"]]
+    assert played["inspect"]["Config"]["Image"].endswith(IMAGE.split("/", 1)[1])
+    assert shutil.which("podman")
