@@ -146,8 +146,23 @@ def _secret_manifest(name: str, values: dict[str, str]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def played(training_image, mlflow_server, shared_volume, tmp_path_factory):
-    """Render the DAG's train task under the cluster profile and play its pod; returns what came out."""
+def ledger_dsn():
+    """A database of its own on this machine's PostgreSQL for the promotion history (the promote pod)."""
+    import psycopg2
+
+    name = f"mlops_pod_{secrets.token_hex(4)}"
+    admin = psycopg2.connect("postgresql://postgres@127.0.0.1:5432/postgres")
+    admin.autocommit = True
+    admin.cursor().execute(f"CREATE DATABASE {name}")
+    yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    admin.cursor().execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(training_image, mlflow_server, shared_volume, ledger_dsn, tmp_path_factory):
+    """What an operator creates before the DAG runs (infra/README.md): the claims (podman volumes of the
+    claims' names, bound to folders) and the training namespace's Secret (a podman secret)."""
     image, commit = training_image
     url, artifacts = mlflow_server
     settings, rev = shared_volume
@@ -155,85 +170,105 @@ def played(training_image, mlflow_server, shared_volume, tmp_path_factory):
     checkpoints = work / "checkpoints"
     checkpoints.mkdir()
     checkpoints.chmod(0o777)
-
-    from tests.integration import test_retrain_pod
-
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(test_retrain_pod, "TRAINING_SET_REV", rev)
-        task, cluster_settings = parse_train_task(
-            monkeypatch,
-            MLOPS_TRAINING__IMAGE=image,
-            MLOPS_HOME=str(settings.home),
-            MLOPS_CLUSTER__MLFLOW_TRACKING_URI=url,
-            MLOPS_TRAINING__EPOCHS="2",
-            MLOPS_TRAINING__BATCH_SIZE="256",
-        )
-        pod = render_pod(task)
-    get_settings.cache_clear()
-    base = podman.base_image()
-    spec = _podman_yaml(pod, base)
-    name = spec["metadata"]["name"]
+    env = {
+        "MLOPS_TRAINING__IMAGE": image,
+        "MLOPS_HOME": str(settings.home),
+        "MLOPS_CLUSTER__MLFLOW_TRACKING_URI": url,
+        "MLOPS_TRAINING__EPOCHS": "2",
+        "MLOPS_TRAINING__BATCH_SIZE": "256",
+    }
+    _, cluster_settings = _render("train", env)
     secret_name = cluster_settings.training.credentials_secret
     # podman 4.3 resolves `envFrom: secretRef` to the podman secret of that name holding the Kubernetes
     # Secret's `data` (key -> base64 value) as JSON.
     secret_file = work / "secret.json"
-    secret_file.write_text(json.dumps(_secret_manifest(secret_name, SECRET_VALUES)["data"]))
-    pod_file = work / "pod.yaml"
-    pod_file.write_text(yaml.safe_dump(spec))
-    claims = {
-        contract.DATA_CLAIM: settings.home,
-        cluster_settings.training.checkpoint_claim: checkpoints,
-    }
-    cleanup = [["pod", "rm", "--force", name], ["secret", "rm", secret_name]]
-    cleanup += [["volume", "rm", "--force", claim] for claim in claims]
+    values = {**SECRET_VALUES, "MLOPS_CLUSTER__POSTGRES_DSN": ledger_dsn}
+    secret_file.write_text(json.dumps(_secret_manifest(secret_name, values)["data"]))
+    claims = {contract.DATA_CLAIM: settings.home, cluster_settings.training.checkpoint_claim: checkpoints}
+    cleanup = [["secret", "rm", secret_name], *(["volume", "rm", "--force", claim] for claim in claims)]
     for args in cleanup:
         podman.run(args)
+    pods: list[str] = []
     try:
         for claim, folder in claims.items():
-            done = podman.run(
-                [
-                    "volume",
-                    "create",
-                    "--opt",
-                    "type=none",
-                    "--opt",
-                    "o=bind",
-                    "--opt",
-                    f"device={folder}",
-                    claim,
-                ]
-            )
+            bind = ["--opt", "type=none", "--opt", "o=bind", "--opt", f"device={folder}"]
+            done = podman.run(["volume", "create", *bind, claim])
             assert done.returncode == 0, done.stderr
         done = podman.run(["secret", "create", secret_name, str(secret_file)])
         assert done.returncode == 0, done.stderr
-        before = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
-        done = podman.run(["kube", "play", "--network", "host", str(pod_file)], timeout=600)
-        assert done.returncode == 0, f"podman kube play failed:\n{done.stdout}\n{done.stderr}"
-        trainer = f"{name}-{contract.TRAINING_CONTAINER}"
-        waited = podman.run(["wait", trainer], timeout=900)
-        logs = podman.run(["logs", trainer]).stdout + podman.run(["logs", trainer]).stderr
-        inspect = json.loads(podman.run(["inspect", trainer]).stdout)[0]
-        # What the operator does once the base container is done: read the file through the sidecar.
-        xcom = podman.run(["exec", f"{name}-{SIDECAR}", "cat", "/airflow/xcom/return.json"])
-        after = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
         yield {
-            "pod": pod,
-            "exit": waited.stdout.strip(),
-            "logs": logs,
-            "inspect": inspect,
-            "xcom": xcom,
-            "rev": rev,
-            "commit": commit,
-            "image": image,
-            "url": url,
-            "artifacts": artifacts,
-            "checkpoints": checkpoints,
-            "home_before": before,
-            "home_after": after,
-        }
+            "env": env, "work": work, "pods": pods, "settings": settings, "rev": rev, "commit": commit,
+            "image": image, "url": url, "artifacts": artifacts, "checkpoints": checkpoints, "secret": values,
+        }  # fmt: skip
     finally:
+        for name in pods:
+            podman.run(["pod", "rm", "--force", name])
         for args in cleanup:
             podman.run(args)
+
+
+def _render(task_id: str, env: dict[str, str], **xcoms: str) -> tuple[dict, Settings]:
+    """The pod of the retrain DAG's `task_id` as the operator renders it under the cluster profile, its
+    upstream XComs answered with `xcoms` (test_retrain_pod.StandInTaskInstance)."""
+    from tests.integration import test_retrain_pod
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name, value in xcoms.items():
+            monkeypatch.setattr(test_retrain_pod, name, value)
+        train, settings = parse_train_task(monkeypatch, **env)
+        pod = render_pod(train.dag.get_task(task_id))
+    get_settings.cache_clear()
+    return pod, settings
+
+
+def _play(cluster: dict, pod: dict) -> dict:
+    """`podman kube play` the pod; wait for its base container; read the XCom as the operator does."""
+    spec = _podman_yaml(pod, podman.base_image())
+    name = spec["metadata"]["name"]
+    pod_file = cluster["work"] / f"{name}.yaml"
+    pod_file.write_text(yaml.safe_dump(spec))
+    cluster["pods"].append(name)
+    done = podman.run(["kube", "play", "--network", "host", str(pod_file)], timeout=600)
+    assert done.returncode == 0, f"podman kube play failed:\n{done.stdout}\n{done.stderr}"
+    trainer = f"{name}-{contract.TRAINING_CONTAINER}"
+    waited = podman.run(["wait", trainer], timeout=900)
+    logs = podman.run(["logs", trainer])
+    inspect = json.loads(podman.run(["inspect", trainer]).stdout)[0]
+    # What the operator does once the base container is done: read the file through the sidecar.
+    xcom = podman.run(["exec", f"{name}-{SIDECAR}", "cat", "/airflow/xcom/return.json"])
+    podman.run(["pod", "rm", "--force", name])
+    return {
+        "pod": pod, "exit": waited.stdout.strip(), "logs": logs.stdout + logs.stderr, "inspect": inspect,
+        "xcom": xcom, "result": json.loads(xcom.stdout) if xcom.returncode == 0 else None,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def played(cluster):
+    """The DAG's train task, rendered by the operator and played."""
+    settings = cluster["settings"]
+    pod, _ = _render("train", cluster["env"], TRAINING_SET_REV=cluster["rev"])
+    before = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
+    outcome = _play(cluster, pod)
+    after = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
+    return {**cluster, **outcome, "home_before": before, "home_after": after}
+
+
+@pytest.fixture(scope="module")
+def steps_played(cluster, played):
+    """evaluate, register, promote and export after it, each its own pod of the training image, each
+    rendered with the XComs its upstream pods returned."""
+    assert played["result"], played["logs"][-4000:]
+    run_id = played["result"]["run_id"]
+    outcomes: dict[str, dict] = {}
+    version = ""
+    for step in ("evaluate", "register", "promote", "export"):
+        pod, _ = _render(step, cluster["env"], MLFLOW_RUN=run_id, MODEL_VERSION=version)
+        outcomes[step] = _play(cluster, pod)
+        assert outcomes[step]["exit"] == "0", f"{step}:\n{outcomes[step]['logs'][-6000:]}"
+        if step == "register":
+            version = str(outcomes[step]["result"]["model_version"])
+    return outcomes
 
 
 def test_the_training_pod_exits_0(played):
@@ -276,7 +311,9 @@ def test_the_run_is_in_mlflow_with_its_lineage_and_its_model_uploaded_over_http(
     assert tags["lineage.gx_success"] == "True"  # read from the shared volume's gold validation record
     assert tags["lineage.dag_id"] == "retrain_fraud_model"
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # proxied: no storage credentials in the pod
-    uploaded = [p for p in played["artifacts"].rglob("*") if p.is_file() and run_id in str(p)]
+    # The model came over HTTP into the server's artifact folder (MLflow 3 keeps logged models by model id,
+    # under the experiment; this server has no other run).
+    uploaded = [p for p in played["artifacts"].rglob("*") if p.is_file()]
     assert any(p.name == "MLmodel" for p in uploaded), uploaded
     # Exactly one run: the pod opened it once.
     runs = client.search_runs([run.info.experiment_id])
@@ -285,10 +322,10 @@ def test_the_run_is_in_mlflow_with_its_lineage_and_its_model_uploaded_over_http(
 
 def test_the_secret_reaches_the_container_through_env_from(played):
     env = dict(item.split("=", 1) for item in played["inspect"]["Config"]["Env"])
-    for key, value in SECRET_VALUES.items():
+    for key, value in played["secret"].items():
         assert env[key] == value, key
     spec_env = {item["name"] for c in played["pod"]["spec"]["containers"] for item in c.get("env") or []}
-    assert not set(SECRET_VALUES) & spec_env  # in the container only through the Secret
+    assert not set(played["secret"]) & spec_env  # in the container only through the Secret
 
 
 def test_the_played_spec_is_the_operators_own(played):
@@ -298,3 +335,22 @@ def test_the_played_spec_is_the_operators_own(played):
     assert trainer["args"][:3] == ["train", "--training-set-rev", played["rev"]]
     assert played["inspect"]["Config"]["Image"].endswith(IMAGE.split("/", 1)[1])
     assert shutil.which("podman")
+
+
+def test_the_steps_after_training_run_as_pods_of_the_training_image_up_to_a_champion(steps_played, played):
+    """Everything the Airflow image cannot run (it has no torch or MLflow) runs in the training image:
+    holdout metrics logged, a registered version, the gate's decision recorded in PostgreSQL, the ONNX
+    export."""
+    from mlflow import MlflowClient
+
+    run_id = played["result"]["run_id"]
+    assert steps_played["evaluate"]["result"]["run_id"] == run_id
+    version = str(steps_played["register"]["result"]["model_version"])
+    decision = steps_played["promote"]["result"]
+    assert decision["decision"] == "promoted", decision  # the first model against the floor
+    assert str(decision["champion_version"]) == version
+    assert "parity_max_abs_diff" in steps_played["export"]["result"]
+    client = MlflowClient(tracking_uri=played["url"])
+    assert client.get_model_version_by_alias("fraud-detector", "champion").version == version
+    metrics = client.get_run(run_id).data.metrics
+    assert "onnx_parity_max_abs_diff" in metrics
