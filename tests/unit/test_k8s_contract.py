@@ -65,6 +65,59 @@ def test_a_training_pod_without_a_gpu_is_refused():
         _pod(resources=contract.TrainingResources(gpus=0))
 
 
+def test_a_step_pod_is_the_training_pod_without_gpus_or_gpu_nodes():
+    step = contract.step_pod_spec(IMAGE, ["evaluate", "--run-id", "r1"])
+    train = _pod()
+    (container,) = step["containers"]
+    assert container["command"] == ["python", "-m", "training"]
+    for kind in ("requests", "limits"):
+        assert contract.GPU_RESOURCE not in container["resources"][kind]
+    assert "nodeSelector" not in step and "tolerations" not in step
+    for field in (
+        "serviceAccountName",
+        "securityContext",
+        "priorityClassName",
+        "automountServiceAccountToken",
+    ):
+        assert step[field] == train[field]
+    assert contract.restricted_profile_violations(step) == []
+    with pytest.raises(ValueError, match="without GPUs"):
+        contract.step_pod_spec(IMAGE, [], resources=contract.TrainingResources(gpus=1))
+    manifest = contract.training_pod_manifest("fraud-evaluate", IMAGE, ["evaluate"], step=True)
+    assert manifest["metadata"]["labels"] == {contract.APP_LABEL: contract.TRAINING_APP}  # same egress policy
+    assert contract.GPU_RESOURCE not in manifest["spec"]["containers"][0]["resources"]["limits"]
+
+
+@pytest.mark.parametrize("spec", [_pod, lambda: contract.step_pod_spec(IMAGE, ["export"])])
+def test_every_pod_of_the_training_image_reads_the_shared_volume_read_only_as_mlops_home(spec):
+    pod = spec()
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == contract.DATA_MOUNT]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"] == {"claimName": contract.DATA_CLAIM, "readOnly": True}
+    assert {"name": "MLOPS_HOME", "value": contract.DATA_MOUNT} in container["env"]
+
+
+def test_mlops_home_is_the_mount_whatever_the_caller_passes():
+    (container,) = _pod(env={"MLOPS_HOME": "/somewhere/else"})["containers"]
+    assert [e["value"] for e in container["env"] if e["name"] == "MLOPS_HOME"] == [contract.DATA_MOUNT]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "command"),
+    [
+        (1, ["python", "-m", "training"]),
+        (2, ["torchrun", "--standalone", "--nproc-per-node=2", "--module", "training"]),
+        (8, ["torchrun", "--standalone", "--nproc-per-node=8", "--module", "training"]),
+    ],
+)
+def test_more_than_one_gpu_runs_one_process_per_gpu_under_torchrun(gpus, command):
+    assert contract.training_command(gpus) == command
+    (container,) = _pod(resources=contract.TrainingResources(gpus=gpus))["containers"]
+    assert container["command"] == command
+
+
 def test_the_manifest_is_a_pod_in_the_training_namespace_labelled_for_the_network_policy():
     manifest = contract.training_pod_manifest("retrain-20260101", IMAGE, [])
     assert manifest["kind"] == "Pod"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,44 @@ def test_local_paths_can_be_refused_by_policy(monkeypatch, tmp_path):
     monkeypatch.setenv("MLOPS_STORAGE_POLICY__ALLOW_LOCAL_PATHS", "false")
     with pytest.raises(ValidationError, match="local disk"):
         Settings()
+
+
+def test_settings_written_out_as_environment_are_read_back_the_same_in_another_process(tmp_path, monkeypatch):
+    """What a pod of the training image gets (orchestration/training_task.py pod_environment): every setting,
+    lists and dicts as JSON, credentials left out; read back by a fresh process they are the same settings."""
+    from core.settings import SECRET_SETTINGS, setting_env_names, settings_as_env
+
+    for name in [n for n in os.environ if n.startswith("MLOPS_")]:
+        monkeypatch.delenv(name)
+    custom = {
+        "MLOPS_PROFILE": "cluster",
+        "MLOPS_HOME": str(tmp_path / "h"),
+        "MLOPS_INGEST__IGNORE_FILES": '["*.md5", ".*"]',
+        "MLOPS_TRAINING__NODE_SELECTOR": '{"pool": "a100"}',
+        "MLOPS_TRAINING__MAX_FIT_ROWS": "1234",
+        "MLOPS_GATE__MARGIN": "0.03",
+        "MLOPS_CLUSTER__POSTGRES_DSN": "postgresql://u:secret@db:5432/x",
+        "MLOPS_STORAGE_POLICY__ALLOWED_REGIONS": '["eu-west-1"]',
+    }
+    for name, value in custom.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    env = settings_as_env(settings)
+    assert not SECRET_SETTINGS & set(env)
+    assert "MLOPS_SPARK_REMOTE" not in env  # None: left unset, which reads back as None
+    assert set(env) <= set(setting_env_names())
+    code = (
+        "import json; from core.settings import Settings; "
+        "print(json.dumps(Settings().model_dump(mode='json')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("MLOPS_")}, **env},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    read_back = json.loads(done.stdout)
+    expected = settings.model_dump(mode="json")
+    expected["cluster"]["postgres_dsn"] = read_back["cluster"]["postgres_dsn"]  # the Secret's, not given here
+    assert read_back == expected
+    assert read_back["training"]["node_selector"] == {"pool": "a100"}
+    assert read_back["ingest"]["ignore_files"] == ["*.md5", ".*"]
