@@ -44,12 +44,14 @@ ENV PATH=/opt/venv/bin:$PATH \
 RUN python3.11 -m venv /opt/venv \
  && python -c "import sys; assert sys.prefix == '/opt/venv' and sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /opt/mlops
-COPY --chown=50000:0 pyproject.toml requirements.lock README.md ./
-# The dependencies first, in a layer of their own, so a change of the project's code does not reinstall
-# Airflow and Spark: the project's metadata is built with its package folders still empty, then uninstalled.
-RUN mkdir core pipelines features training orchestration mlops \
+COPY --chown=50000:0 pyproject.toml requirements.lock ./
+# The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
+# of the code or the README does not reinstall Airflow and Spark: the project's metadata is built with its
+# package folders still empty (and a placeholder README), then uninstalled.
+RUN mkdir core pipelines features training orchestration mlops && touch README.md \
  && pip install --constraint requirements.lock ".[airflow,data,cluster]" \
  && pip uninstall --yes mlops-fraud
+COPY --chown=50000:0 README.md ./
 COPY --chown=50000:0 core ./core
 COPY --chown=50000:0 pipelines ./pipelines
 COPY --chown=50000:0 features ./features

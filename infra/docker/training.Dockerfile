@@ -36,13 +36,15 @@ RUN --mount=type=bind,from=uv,source=/,target=/mnt/uv \
     fi \
  && /opt/venv/bin/python -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /src
-COPY pyproject.toml requirements.lock README.md ./
-# The dependencies first, in a layer of their own, so a change of the project's code does not reinstall
-# torch: the project's metadata is built with its package folders still empty, then uninstalled.
-RUN mkdir core pipelines features training orchestration mlops \
+COPY pyproject.toml requirements.lock ./
+# The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
+# of the code or the README does not reinstall torch: the project's metadata is built with its package
+# folders still empty (and a placeholder README), then uninstalled.
+RUN mkdir core pipelines features training orchestration mlops && touch README.md \
  && /opt/venv/bin/pip install --constraint requirements.lock ".[training,cluster]" \
  && /opt/venv/bin/pip uninstall --yes mlops-fraud
 # Only what the wheel is built from; the packages list is pyproject.toml's [tool.hatch.build.targets.wheel].
+COPY README.md ./
 COPY core ./core
 COPY pipelines ./pipelines
 COPY features ./features

@@ -300,7 +300,7 @@ def test_the_run_is_in_mlflow_with_its_lineage_and_its_model_uploaded_over_http(
     from mlflow import MlflowClient
 
     run_id = json.loads(played["xcom"].stdout)["run_id"]
-    client = MlflowClient(tracking_uri=played["url"])
+    client = MlflowClient(tracking_uri=played["url"], registry_uri=played["url"])
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     tags = run.data.tags
@@ -350,7 +350,7 @@ def test_the_steps_after_training_run_as_pods_of_the_training_image_up_to_a_cham
     assert decision["decision"] == "promoted", decision  # the first model against the floor
     assert str(decision["champion_version"]) == version
     assert "parity_max_abs_diff" in steps_played["export"]["result"]
-    client = MlflowClient(tracking_uri=played["url"])
+    client = MlflowClient(tracking_uri=played["url"], registry_uri=played["url"])
     assert client.get_model_version_by_alias("fraud-detector", "champion").version == version
     metrics = client.get_run(run_id).data.metrics
     assert "onnx_parity_max_abs_diff" in metrics
