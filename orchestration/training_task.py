@@ -66,11 +66,11 @@ def train_arguments(
 def pod_environment(settings: Settings) -> dict[str, str]:
     """The environment of a pod in the training image: every setting of the task that launches it, written
     out (so the pod reads the same settings, not its image's defaults), except the credentials, which come
-    from the Secret (`training.credentials_secret`), and the landing zone, which no training step reads.
-    MLOPS_HOME is where the pod mounts the shared volume (the contract's DATA_MOUNT)."""
+    from the Secret (`training.credentials_secret`; its name is the launcher's business, not the pod's),
+    and the landing zone, which no training step reads. MLOPS_HOME is where the pod mounts the shared
+    volume (the contract's DATA_MOUNT)."""
     env = settings_as_env(settings)
     env.pop("MLOPS_LANDING_DIR", None)
-    # The name of the Secret the pod's credentials come from: the launcher's business, not the pod's.
     env.pop("MLOPS_TRAINING__CREDENTIALS_SECRET", None)
     env["MLOPS_HOME"] = contract.DATA_MOUNT
     # Loading a model never unpickles (training/artifacts.py); MLflow reads this before our code can.
