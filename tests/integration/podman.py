@@ -169,6 +169,22 @@ def build_image(dockerfile: str, ref: str, build_args: dict[str, str], timeout: 
     return ref
 
 
+def build_project_image(dockerfile: str, ref: str, *base_args: str) -> tuple[str, str]:
+    """Build one of the project's Dockerfiles on the local base (each build argument in `base_args` set to
+    it) with this checkout's commit as GIT_COMMIT; returns the image and the commit. Fails the test, with
+    the reason, where podman cannot be had."""
+    import pytest
+
+    try:
+        base = base_image()
+    except PodmanUnavailableError as exc:
+        pytest.fail(f"podman is needed for this test: {exc}")
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    commit = done.stdout.strip() or "unversioned"
+    build_image(dockerfile, ref, {**dict.fromkeys(base_args, base), "GIT_COMMIT": commit})
+    return ref, commit
+
+
 def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """A podman command with this module's configuration (not checked: the caller reads the result)."""
     return _run(["podman", *args], timeout=timeout)

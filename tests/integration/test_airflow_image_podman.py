@@ -154,11 +154,6 @@ print("REPORT " + json.dumps({
 """
 
 
-def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip() or "unversioned"
-
-
 def _report(done: subprocess.CompletedProcess) -> dict:
     assert done.returncode == 0, f"exit {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
@@ -174,13 +169,7 @@ def _shared_folder(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def airflow_image() -> tuple[str, str]:
-    try:
-        base = podman.base_image()
-    except podman.PodmanUnavailableError as exc:
-        pytest.fail(f"podman is needed for this test: {exc}")
-    commit = _commit()
-    podman.build_image("infra/docker/airflow.Dockerfile", IMAGE, {"BASE_IMAGE": base, "GIT_COMMIT": commit})
-    return IMAGE, commit
+    return podman.build_project_image("infra/docker/airflow.Dockerfile", IMAGE, "BASE_IMAGE")
 
 
 @pytest.fixture(scope="module")

@@ -22,25 +22,22 @@ import base64
 import json
 import os
 import secrets
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from core.settings import Settings, get_settings
 from orchestration import k8s_contract as contract
+from tests.conftest import free_port
 from tests.integration import podman
 from tests.integration.test_retrain_pod import parse_train_task, render_pod
 from tests.integration.training_sets import AS_OF, versioned_training_set
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/mlops-fraud-training:podman-test"
 SIDECAR = "airflow-xcom-sidecar"
 # The Secret's keys (infra/README.md): the MLflow client's login and the promotion history's DSN.
@@ -51,37 +48,16 @@ SECRET_VALUES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return done.stdout.strip() or "unversioned"
-
-
 @pytest.fixture(scope="module")
 def training_image() -> tuple[str, str]:
-    try:
-        base = podman.base_image()
-    except podman.PodmanUnavailableError as exc:
-        pytest.fail(f"podman is needed for this test: {exc}")
-    commit = _commit()
-    podman.build_image(
-        "infra/docker/training.Dockerfile",
-        IMAGE,
-        {"BASE_IMAGE": base, "UV_IMAGE": base, "GIT_COMMIT": commit},
-    )
-    return IMAGE, commit
+    return podman.build_project_image("infra/docker/training.Dockerfile", IMAGE, "BASE_IMAGE", "UV_IMAGE")
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A tracking server with basic auth and proxied artifacts, as infra/k8s/base/mlflow runs it."""
     root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server",
          "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
@@ -334,7 +310,6 @@ def test_the_played_spec_is_the_operators_own(played):
     assert trainer["command"] == contract.training_command(1)
     assert trainer["args"][:3] == ["train", "--training-set-rev", played["rev"]]
     assert played["inspect"]["Config"]["Image"].endswith(IMAGE.split("/", 1)[1])
-    assert shutil.which("podman")
 
 
 def test_the_steps_after_training_run_as_pods_of_the_training_image_up_to_a_champion(steps_played, played):
