@@ -115,6 +115,48 @@ class GateSettings(BaseModel):
     max_latency_ms: float = Field(default=20.0, gt=0.0, description="median CPU scoring time, one row")
 
 
+class ServingSettings(BaseModel):
+    """The scoring service (`mlops serve`, serving/)."""
+
+    host: str = Field(default="127.0.0.1", description="address the service listens on")
+    port: int = Field(default=8000, ge=1, le=65535)
+    # A score at or above the threshold is declined ("decline"), below it approved ("approve").
+    threshold: float = Field(default=0.5, gt=0.0, lt=1.0, description="decision threshold on the score")
+    # Dynamic micro-batching: concurrent transactions are scored together, up to this many per model call,
+    # waiting at most this long for company after the first one arrives (0: no waiting, batch what queued).
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    max_wait_ms: float = Field(default=1.0, ge=0.0, le=1000.0)
+    # A request with more transactions than this is refused with 413.
+    max_request_items: int = Field(default=1000, ge=1)
+    # How often the champion and challenger aliases are read; a moved alias loads the new model beside the
+    # old one, then swaps (no request fails or waits on the load).
+    reload_interval_s: float = Field(default=5.0, gt=0.0)
+    shadow: bool = Field(default=True, description="score the latest challenger in shadow (logged only)")
+    # The scoring log: Parquet under $MLOPS_HOME/scoring_log/date=YYYY-MM-DD, written by a background thread
+    # in files of up to this many rows, or what came in this many seconds.
+    log_flush_rows: int = Field(default=5000, ge=1)
+    log_flush_interval_s: float = Field(default=5.0, gt=0.0)
+    # Keep each entity's state current as transactions are scored (written through to the online store).
+    live_state: bool = Field(default=True, description="update entity state as transactions are scored")
+
+
+class MonitoringSettings(BaseModel):
+    """The monitoring DAG: drift against the champion's training reference and live performance."""
+
+    psi_threshold: float = Field(default=0.2, gt=0.0, description="PSI above this: the feature drifted")
+    ks_threshold: float = Field(default=0.1, gt=0.0, le=1.0, description="KS statistic above this: drifted")
+    # A retrain is requested when at least this many inputs (features or the score) drifted on both tests.
+    min_drifted: int = Field(default=2, ge=1)
+    min_rows: int = Field(default=500, ge=1, description="fewer scored or arrived rows: no verdict")
+    bins: int = Field(default=10, ge=2, le=100, description="quantile bins of the reference for PSI")
+    # Live performance on scored traffic whose labels have matured (training.label_maturity_days).
+    min_labelled_frauds: int = Field(default=20, ge=1, description="fewer known frauds: no verdict")
+    # The champion is rolled back when its live AUC-PR is below the previous champion's (on the same
+    # traffic, scored in shadow or from the previous champion's own live window) by more than this.
+    max_live_auc_pr_drop: float = Field(default=0.05, ge=0.0)
+    window_days: int = Field(default=1, ge=1, le=90, description="days of scoring log per check")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MLOPS_", env_nested_delimiter="__", extra="ignore")
 
@@ -134,6 +176,8 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     training: TrainingSettings = TrainingSettings()
     gate: GateSettings = GateSettings()
+    serving: ServingSettings = ServingSettings()
+    monitoring: MonitoringSettings = MonitoringSettings()
     cluster: ClusterServices = ClusterServices()
     # Data residency: every configured storage location must lie in an allowed region or endpoint.
     storage_policy: StoragePolicy = StoragePolicy()
@@ -213,6 +257,16 @@ class Settings(BaseSettings):
         if self.profile is Profile.LOCAL:
             return f"sqlite:///{self.mlflow_dir / 'promotions.db'}"
         return self.cluster.postgres_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+    @property
+    def scoring_log_dir(self) -> Path:
+        """The scoring service's log: one Parquet folder per date (serving/scoring_log.py)."""
+        return self.home / "scoring_log"
+
+    @property
+    def monitoring_dir(self) -> Path:
+        """The monitoring DAG's results table and reports (monitoring/)."""
+        return self.home / "monitoring"
 
     @property
     def checkpoints_dir(self) -> Path:
