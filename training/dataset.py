@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -190,24 +191,65 @@ def _labeled_table(settings: Settings, day: date, window_days: int, label_maturi
     return mature
 
 
-def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The transaction's own model inputs (pure: returns a new frame)."""
-    import numpy as np
-    import pandas as pd
+MS_PER_HOUR = 3_600_000
+MS_PER_DAY = 86_400_000
+_CODES = {
+    column: {value: index + 1 for index, value in enumerate(vocab)}
+    for column, vocab in CATEGORICAL_VOCAB.items()
+}
 
-    out = pd.DataFrame(index=frame.index)
-    rate = frame["currency"].map(CURRENCY_PER_USD).astype("float64")
-    out["log_amount_usd"] = np.log1p(frame["amount"].astype("float64") / rate)
-    hour = frame["event_timestamp"].dt.hour + frame["event_timestamp"].dt.minute / 60.0
+
+def transaction_inputs(
+    amount: np.ndarray,
+    currency: Sequence[str],
+    country: Sequence[str | None],
+    event_ms: np.ndarray,
+    categoricals: dict[str, Sequence[str | None]],
+) -> dict[str, np.ndarray]:
+    """The transaction's own model inputs (TRANSACTION_NUMERIC, then each `<categorical>_code`) from its
+    values: billing amount (float64) and currency, merchant country, event time as UTC epoch milliseconds
+    (int64), and the categorical columns (channel, merchant_category, country). The one definition the
+    training set (`transaction_columns`) and the scoring service both call.
+
+    Hour of day counts whole minutes (hour + minute / 60); weekend is Saturday or Sunday in UTC; abroad means
+    the merchant's country does not use the card's currency (an unknown country counts as abroad, as in
+    gold); an unknown or missing category is code 0."""
+    import numpy as np
+
+    rate = np.array([CURRENCY_PER_USD.get(c, np.nan) for c in currency], dtype="float64")
+    out: dict[str, np.ndarray] = {"log_amount_usd": np.log1p(np.asarray(amount, dtype="float64") / rate)}
+    ms = np.asarray(event_ms, dtype="int64")
+    hour = (ms // MS_PER_HOUR) % 24 + ((ms // 60_000) % 60) / 60.0
     out["hour_sin"] = np.sin(2 * np.pi * hour / 24.0)
     out["hour_cos"] = np.cos(2 * np.pi * hour / 24.0)
-    out["is_weekend"] = (frame["event_timestamp"].dt.dayofweek >= 5).astype("float64")
-    home_currency = frame["country"].map(HOME_COUNTRIES)
-    out["is_foreign"] = (home_currency != frame["currency"]).astype("float64")
-    for column, vocab in CATEGORICAL_VOCAB.items():
-        codes = {value: index + 1 for index, value in enumerate(vocab)}
-        out[f"{column}_code"] = frame[column].map(codes).fillna(0).astype("float64")
+    out["is_weekend"] = (((ms // MS_PER_DAY) + 3) % 7 >= 5).astype("float64")  # 1970-01-01 was a Thursday
+    out["is_foreign"] = np.array(
+        [HOME_COUNTRIES.get(k) != c for k, c in zip(country, currency, strict=True)], dtype="float64"
+    )
+    for column, codes in _CODES.items():
+        out[f"{column}_code"] = np.array([codes.get(v, 0) for v in categoricals[column]], dtype="float64")  # type: ignore[arg-type]
     return out
+
+
+def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The transaction's own model inputs as a frame (pure: returns a new frame); see transaction_inputs."""
+    import pandas as pd
+
+    def values(column: str) -> list:
+        return [None if pd.isna(v) else v for v in frame[column].tolist()]
+
+    stamps = frame["event_timestamp"]
+    if stamps.dt.tz is None:
+        stamps = stamps.dt.tz_localize("UTC")
+    event_ms = stamps.dt.tz_convert("UTC").astype("datetime64[ns, UTC]").to_numpy(dtype="datetime64[ns]")
+    inputs = transaction_inputs(
+        frame["amount"].astype("float64").to_numpy(),
+        frame["currency"].tolist(),
+        values("country"),
+        event_ms.astype("int64") // 1_000_000,
+        {column: values(column) for column in CATEGORICAL_VOCAB},
+    )
+    return pd.DataFrame(inputs, index=frame.index)
 
 
 def time_splits(event_time: pd.Series, fractions: SplitFractions) -> pd.Series:

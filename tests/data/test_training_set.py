@@ -6,14 +6,17 @@ import math
 import re
 from datetime import date
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from core.settings import Settings
+from pipelines.contracts import CHANNELS, COUNTRIES, CURRENCY_PER_USD, HOME_COUNTRIES, MERCHANT_CATEGORIES
 from pipelines.lake import Tables
 from training.dataset import (
+    CATEGORICAL_VOCAB,
     LABEL,
     SPLIT,
     WEIGHT,
@@ -224,3 +227,36 @@ def test_unit_hash_depends_on_the_bytes_only():
     assert (sliced == values).all()  # chunks and offsets do not matter
     assert unit_hash(pa.array(["tx0000000000000005"]))[0] == values[5]
     assert unit_hash(pa.array(["", "a"])).tolist()[0] != unit_hash(pa.array(["a"])).tolist()[0]
+
+
+def test_transaction_inputs_equal_the_pandas_formula_the_training_sets_were_built_with():
+    """`transaction_inputs` (numpy, shared with the scoring service) must give the training set's values
+    bit for bit: the formula of earlier releases, in pandas, is the oracle."""
+    rng = np.random.default_rng(7)
+    n = 2000
+    currencies = list(CURRENCY_PER_USD)
+    countries = [*COUNTRIES, None]
+    frame = pd.DataFrame(
+        {
+            "amount": np.round(rng.uniform(0.01, 5000, n), 2),
+            "currency": rng.choice(currencies, n),
+            "country": [countries[i] for i in rng.integers(0, len(countries), n)],
+            "channel": rng.choice([*CHANNELS, "telepathy"], n),
+            "merchant_category": rng.choice(MERCHANT_CATEGORIES, n),
+            "event_timestamp": pd.to_datetime(
+                rng.integers(1_700_000_000_000, 1_800_000_000_000, n), unit="ms", utc=True
+            ),
+        }
+    )
+    old = pd.DataFrame(index=frame.index)
+    rate = frame["currency"].map(CURRENCY_PER_USD).astype("float64")
+    old["log_amount_usd"] = np.log1p(frame["amount"].astype("float64") / rate)
+    hour = frame["event_timestamp"].dt.hour + frame["event_timestamp"].dt.minute / 60.0
+    old["hour_sin"] = np.sin(2 * np.pi * hour / 24.0)
+    old["hour_cos"] = np.cos(2 * np.pi * hour / 24.0)
+    old["is_weekend"] = (frame["event_timestamp"].dt.dayofweek >= 5).astype("float64")
+    old["is_foreign"] = (frame["country"].map(HOME_COUNTRIES) != frame["currency"]).astype("float64")
+    for column, vocab in CATEGORICAL_VOCAB.items():
+        codes = {value: index + 1 for index, value in enumerate(vocab)}
+        old[f"{column}_code"] = frame[column].map(codes).fillna(0).astype("float64")
+    pd.testing.assert_frame_equal(transaction_columns(frame), old, check_exact=True)
