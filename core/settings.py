@@ -9,6 +9,7 @@ Folders are created by `Settings.ensure_dirs()`, called by the commands that wri
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
@@ -138,6 +139,9 @@ class ServingSettings(BaseModel):
     log_flush_interval_s: float = Field(default=5.0, gt=0.0)
     # Keep each entity's state current as transactions are scored (written through to the online store).
     live_state: bool = Field(default=True, description="update entity state as transactions are scored")
+    # Where the live state's history from the lake ends and scoring takes over: unset, the time the service
+    # starts. Set it to replay a past day (the lake then holds that day's silver, which must not count twice).
+    live_from: datetime | None = None
 
 
 class MonitoringSettings(BaseModel):

@@ -296,6 +296,40 @@ def promote(
 
 
 @app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="address to listen on (default: serving.host)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (default: serving.port)")] = None,
+    live_from: Annotated[
+        datetime | None,
+        typer.Option(
+            help="UTC time the live entity state takes over from the lake's history (default: now); "
+            "set it to replay a past day"
+        ),
+    ] = None,
+) -> None:
+    """Run the scoring service: POST /score, the Open Inference Protocol under /v2, docs at /docs."""
+    from datetime import UTC
+
+    import uvicorn
+
+    from serving.app import create_app
+
+    settings = get_settings()
+    start = None if live_from is None else live_from.replace(tzinfo=live_from.tzinfo or UTC)
+    listen_host = host or settings.serving.host
+    listen_port = port or settings.serving.port
+    err.print(f"scoring service on http://{listen_host}:{listen_port} (docs at /docs)")
+    uvicorn.run(
+        create_app(settings, start),
+        host=listen_host,
+        port=listen_port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
+@app.command()
 def rollback(
     reason: Annotated[str, typer.Option(help="why; kept in the promotion history")] = "rollback",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,

@@ -1,0 +1,1 @@
+"""The scoring service: champion ONNX model, online features kept current, micro-batching, scoring log."""

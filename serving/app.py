@@ -1,0 +1,405 @@
+"""The scoring service's HTTP interface (FastAPI): `POST /score`, the Open Inference Protocol (v2) for tools
+that speak it, the chargeback feed that keeps merchant state current, health and status.
+
+Errors say what to change: 400 for a body that is not JSON, 413 for more transactions than
+`serving.max_request_items` (or a body too large to hold them), 422 naming each field and the contract
+rule it breaks, 503 with the reason while no champion is loaded (never a score from nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
+from serving.contract import ContractError, validate_request
+from serving.models import Models, ModelUnavailableError
+from serving.scorer import MicroBatcher, Scorer
+from training.registry import MODEL_NAME
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Generous per transaction (a full one is ~300 bytes of JSON): what lets a body be refused before parsing.
+BYTES_PER_ITEM = 4096
+SERVER_NAME = "mlops-fraud-scoring"
+OUTPUTS = (
+    {"name": "score", "datatype": "FP64", "shape": [-1]},
+    {"name": "decision", "datatype": "BYTES", "shape": [-1]},
+)
+
+
+def _json_type(spec: FieldContract) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "number"} if spec.kind == "decimal" else {"type": "string"}
+    if spec.kind == "integer":
+        schema = {"type": "integer"}
+    if spec.allowed:
+        schema["enum"] = list(spec.allowed)
+    if spec.pattern:
+        schema["pattern"] = spec.pattern.replace(r"\z", "$")
+    if spec.kind == "timestamp":
+        schema["format"] = "date-time"
+    if spec.minimum is not None:
+        schema["exclusiveMinimum" if spec.min_exclusive else "minimum"] = spec.minimum
+    if spec.maximum is not None:
+        schema["maximum"] = spec.maximum
+    return schema if spec.required else {"anyOf": [schema, {"type": "null"}]}
+
+
+def _contract_schema(contract) -> dict[str, Any]:
+    item = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(contract.required),
+        "properties": {f.name: _json_type(f) for f in contract.fields},
+    }
+    return {"oneOf": [item, {"type": "array", "items": item}]}
+
+
+def _body_doc(contract, example: Any) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _contract_schema(contract), "example": example}},
+        }
+    }
+
+
+EXAMPLE = {
+    "transaction_id": "tx00000000000000a1",
+    "customer_id": "c0000001",
+    "merchant_id": "m000001",
+    "amount": 42.5,
+    "currency": "EUR",
+    "country": "DE",
+    "channel": "contactless",
+    "merchant_category": "grocery",
+    "event_timestamp": "2026-01-10T12:30:00Z",
+}
+
+
+class ORJSONResponse(Response):
+    """JSON by orjson (FastAPI's own ORJSONResponse is deprecated in favour of response models, which would
+    validate every result through Pydantic on the hot path)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+class Service:
+    """What the endpoints share, built at startup."""
+
+    def __init__(self, settings: Settings, live_from: datetime | None) -> None:
+        from serving.features import open_state
+        from serving.scoring_log import ScoringLog
+
+        self.settings = settings
+        self.started = time.time()
+        self.models = Models.from_settings(settings)
+        self.state = open_state(settings, live_from or settings.serving.live_from)
+        self.scoring_log = ScoringLog(
+            settings.scoring_log_dir, settings.serving.log_flush_rows, settings.serving.log_flush_interval_s
+        )
+        self.scorer = Scorer(self.models, self.state, self.scoring_log, settings.serving.threshold)
+        self.batcher = MicroBatcher(
+            self.scorer, settings.serving.max_batch_size, settings.serving.max_wait_ms
+        )
+
+    def close(self) -> None:
+        self.models.stop()
+        self.scoring_log.close()
+        self.state.close()
+
+
+def _error(status: int, detail: Any) -> ORJSONResponse:
+    return ORJSONResponse({"detail": detail}, status_code=status)
+
+
+def _too_large(size: int, limit: int) -> ORJSONResponse:
+    return _error(
+        413,
+        f"the body ({size} bytes) is larger than {limit} transactions can be; send at most {limit} per "
+        "request (serving.max_request_items)",
+    )
+
+
+async def _read_items(request: Request, limit: int) -> tuple[Any, ORJSONResponse | None]:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit * BYTES_PER_ITEM:
+        return None, _too_large(int(length), limit)
+    raw = await request.body()
+    if len(raw) > limit * BYTES_PER_ITEM:
+        return None, _too_large(len(raw), limit)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return None, _error(400, f"the body is not JSON: {exc}")
+    if isinstance(body, list) and len(body) > limit:
+        return None, _error(
+            413, f"{len(body)} transactions in one request; at most {limit} (serving.max_request_items)"
+        )
+    return body, None
+
+
+def create_app(settings: Settings | None = None, live_from: datetime | None = None) -> FastAPI:
+    from core.settings import get_settings
+
+    settings = settings or get_settings()
+    limit = settings.serving.max_request_items
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service = Service(settings, live_from)
+        service.models.start()
+        service.batcher.start()
+        app.state.service = service
+        try:
+            yield
+        finally:
+            await service.batcher.stop()
+            service.close()
+
+    app = FastAPI(
+        title="Fraud scoring",
+        summary="Scores card transactions with the champion model and features kept current.",
+        default_response_class=ORJSONResponse,
+        lifespan=lifespan,
+    )
+
+    def service_of(request: Request) -> Service:
+        return request.app.state.service
+
+    async def score_items(request: Request, items: list[dict[str, Any]], received: float):
+        service = service_of(request)
+        if service.models.current.champion is None:
+            return None, _error(503, f"no model to score with: {service.models.problem}")
+        try:
+            return await service.batcher.submit(items, received), None
+        except ModelUnavailableError as exc:
+            return None, _error(503, f"no model to score with: {exc}")
+
+    @app.post(
+        "/score",
+        summary="Score one transaction or a list",
+        description="Each transaction must follow the transactions data contract (the ingestion rules). "
+        "Returns, per transaction, the score, the decision at the configured threshold, the champion's "
+        "version, the feature values used and which entities had no state.",
+        openapi_extra=_body_doc(TRANSACTIONS_CONTRACT, EXAMPLE),
+    )
+    async def score(request: Request):
+        received = time.perf_counter()
+        body, refused = await _read_items(request, limit)
+        if refused:
+            return refused
+        try:
+            items, many = validate_request(TRANSACTIONS_CONTRACT, body)
+        except ContractError as exc:
+            return _error(422, [v.as_dict() for v in exc.violations])
+        results, failed = await score_items(request, items, received)
+        if failed:
+            return failed
+        return results if many else results[0]
+
+    @app.post(
+        "/chargebacks",
+        summary="The chargeback feed: fraud reports that move merchant state",
+        description="Label events (the labels data contract). A fraud report counts towards its merchant's "
+        "chargebacks from its label time on, as in the gold features.",
+        openapi_extra=_body_doc(
+            LABELS_CONTRACT,
+            {
+                "transaction_id": "tx00000000000000a1",
+                "is_fraud": 1,
+                "label_timestamp": "2026-01-12T08:00:00Z",
+            },
+        ),
+    )
+    async def chargebacks(request: Request):
+        body, refused = await _read_items(request, limit)
+        if refused:
+            return refused
+        try:
+            items, _ = validate_request(LABELS_CONTRACT, body)
+        except ContractError as exc:
+            return _error(422, [v.as_dict() for v in exc.violations])
+        service = service_of(request)
+        reported = [i for i in items if i["is_fraud"] == 1]
+        loop_result = await _in_scorer(service, reported)
+        return {
+            "received": len(items),
+            "fraud_reports": len(reported),
+            "attributed": loop_result.count(True),
+            "unknown_transactions": [
+                i["transaction_id"] for i, ok in zip(reported, loop_result, strict=True) if not ok
+            ],
+        }
+
+    @app.get("/v2/health/live", summary="The process is up")
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready", summary="A champion is loaded (503 with the reason otherwise)")
+    async def ready(request: Request):
+        service = service_of(request)
+        champion = service.models.current.champion
+        if champion is None:
+            return ORJSONResponse({"ready": False, "reason": service.models.problem}, status_code=503)
+        return {"ready": True, "model": champion.name, "version": champion.version}
+
+    @app.get("/v2", summary="Open Inference Protocol: server metadata")
+    async def server_metadata():
+        return {"name": SERVER_NAME, "version": "2", "extensions": []}
+
+    def _model_or_404(request: Request, name: str):
+        service = service_of(request)
+        if name != MODEL_NAME:
+            return None, _error(404, f"no model {name!r} here; this service serves {MODEL_NAME!r}")
+        return service, None
+
+    @app.get("/v2/models/{name}", summary="Open Inference Protocol: model metadata")
+    async def model_metadata(request: Request, name: str):
+        service, missing = _model_or_404(request, name)
+        if missing:
+            return missing
+        champion = service.models.current.champion
+        return {
+            "name": MODEL_NAME,
+            "versions": [champion.version] if champion else [],
+            "platform": "onnxruntime_onnx",
+            "inputs": [
+                {"name": f.name, "datatype": "FP64" if f.kind == "decimal" else "BYTES", "shape": [-1]}
+                for f in TRANSACTIONS_CONTRACT.fields
+            ],
+            "outputs": list(OUTPUTS),
+        }
+
+    @app.get("/v2/models/{name}/ready", summary="Open Inference Protocol: model readiness")
+    async def model_ready(request: Request, name: str):
+        service, missing = _model_or_404(request, name)
+        if missing:
+            return missing
+        champion = service.models.current.champion
+        if champion is None:
+            return ORJSONResponse(
+                {"name": name, "ready": False, "reason": service.models.problem}, status_code=503
+            )
+        return {"name": name, "ready": True}
+
+    @app.post(
+        "/v2/models/{name}/infer",
+        summary="Open Inference Protocol: score transactions given as columns",
+        description="`inputs`: one tensor per contract field (BYTES for text and times, FP64 for amount), "
+        "all of the same length; `outputs`: `score` (FP64) and `decision` (BYTES).",
+    )
+    async def infer(request: Request, name: str):
+        received = time.perf_counter()
+        _, missing = _model_or_404(request, name)
+        if missing:
+            return missing
+        body, refused = await _read_items(request, limit)
+        if refused:
+            return refused
+        columns, problem = _oip_columns(body, limit)
+        if problem:
+            return ORJSONResponse({"error": problem[1]}, status_code=problem[0])
+        length = len(next(iter(columns.values()))) if columns else 0
+        items = [{name: values[i] for name, values in columns.items()} for i in range(length)]
+        try:
+            parsed, _ = validate_request(TRANSACTIONS_CONTRACT, items)
+        except ContractError as exc:
+            return ORJSONResponse(
+                {"error": str(exc), "detail": [v.as_dict() for v in exc.violations]}, status_code=422
+            )
+        results, failed = await score_items(request, parsed, received)
+        if failed:
+            return ORJSONResponse({"error": failed.body.decode()}, status_code=failed.status_code)
+        champion_version = results[0]["model"]["version"] if results else None
+        return {
+            "model_name": MODEL_NAME,
+            "model_version": champion_version,
+            "id": body.get("id") if isinstance(body, dict) else None,
+            "outputs": [
+                {
+                    "name": "score",
+                    "datatype": "FP64",
+                    "shape": [len(results)],
+                    "data": [r["score"] for r in results],
+                },
+                {
+                    "name": "decision",
+                    "datatype": "BYTES",
+                    "shape": [len(results)],
+                    "data": [r["decision"] for r in results],
+                },
+            ],
+        }
+
+    @app.get("/status", summary="Models in use, counters of this process")
+    async def status(request: Request):
+        service = service_of(request)
+        loaded = service.models.current
+        counters = service.scorer.counters
+        return {
+            "champion": loaded.champion.version if loaded.champion else None,
+            "champion_file": loaded.champion.file if loaded.champion else None,
+            "shadow": loaded.shadow.version if loaded.shadow else None,
+            "problem": service.models.problem,
+            "model_reloads": service.models.reloads,
+            "transactions": counters.transactions,
+            "batches": counters.batches,
+            "largest_batch": counters.largest_batch,
+            "shadow_failures": counters.shadow_failures,
+            "scoring_log_rows_written": service.scoring_log.written,
+            "scoring_log_write_errors": service.scoring_log.errors,
+            "live_state": service.settings.serving.live_state,
+            "uptime_s": time.time() - service.started,
+        }
+
+    return app
+
+
+async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bool]:
+    """Chargebacks go through the scorer's thread, in order with the transactions around them."""
+    import asyncio
+
+    def apply() -> list[bool]:
+        with service.scorer._lock:
+            return [
+                service.state.observe_chargeback(r["transaction_id"], r["label_timestamp"]) for r in reports
+            ]
+
+    return await asyncio.get_running_loop().run_in_executor(service.batcher.executor, apply)
+
+
+def _oip_columns(body: Any, limit: int) -> tuple[dict[str, list], tuple[int, str] | None]:
+    """An OIP request's `inputs` as columns by name, or (status, problem)."""
+    if not isinstance(body, dict) or not isinstance(body.get("inputs"), list) or not body["inputs"]:
+        return {}, (
+            400,
+            "an inference request needs an `inputs` list of tensors (name, shape, datatype, data)",
+        )
+    columns: dict[str, list] = {}
+    for tensor in body["inputs"]:
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+            return {}, (400, "each input tensor needs a `name`")
+        data = tensor.get("data")
+        if not isinstance(data, list):
+            return {}, (400, f"input {tensor['name']!r}: `data` must be a flat list")
+        columns[tensor["name"]] = data
+    lengths = {name: len(values) for name, values in columns.items()}
+    if len(set(lengths.values())) != 1:
+        return {}, (400, f"input tensors differ in length: {lengths}")
+    if next(iter(lengths.values())) > limit:
+        return {}, (413, f"{next(iter(lengths.values()))} transactions in one request; at most {limit}")
+    return columns, None

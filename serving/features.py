@@ -1,0 +1,309 @@
+"""The model inputs of scored transactions: the entity state (the fraud_model_v1 features) plus the
+transaction's own values, the one definition the training set uses (training.dataset).
+
+Two sources of entity state:
+
+- `LiveFeatures` (the default, `serving.live_state`): the state the training set joins for a transaction is
+  the entity's state right after its previous transaction, same-day activity included. The online store is
+  loaded once a day, so reading it would serve yesterday's state to a model that learned from today's. The
+  service therefore keeps the state current itself: `features.live.LiveState`, bootstrapped from the lake's
+  silver history, computes each scored transaction's new gold row by the gold definition, serves the state
+  before each transaction from it, and writes every new row through to the online store (Feast's layout)
+  off the response path, so the store and Feast's own server show the state as of the last scored
+  transaction. Parity with the training set is tested by replaying a day through the running service.
+- `StoreFeatures` (`serving.live_state=false`): the online store as materialized, with the views' TTL applied
+  (Feast's online read does not apply it). Same-day activity is then missing: the documented skew.
+
+Either way an entity without state (new, or silent longer than its view's TTL) is scored with its features
+missing, as the model was trained to see them (NaN: normalised to 0 with a missing indicator), and the
+response says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from features.definitions import (
+    CUSTOMER_JOIN_KEY,
+    CUSTOMER_TTL,
+    CUSTOMER_VIEW,
+    INTEGER_FEATURES,
+    MERCHANT_JOIN_KEY,
+    MERCHANT_TTL,
+    MERCHANT_VIEW,
+)
+from pipelines.gold.contract import CREATED_TIMESTAMP, CUSTOMER_FEATURES, EVENT_TIMESTAMP, MERCHANT_FEATURES
+from training.dataset import (
+    CATEGORICAL_VOCAB,
+    MODEL_INPUTS,
+    NUMERIC_FEATURES,
+    SERVICE_FEATURES,
+    transaction_inputs,
+)
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+    from features.live import LiveState
+
+log = logging.getLogger(__name__)
+
+MS = 1000
+
+
+@dataclass
+class Assembled:
+    """A batch's model inputs and what they were made of."""
+
+    x: np.ndarray  # float32, MODEL_INPUTS order, NaN where missing
+    features: list[dict[str, float | int | None]]  # per transaction: NUMERIC_FEATURES as served
+    missing: list[list[str]]  # per transaction: join keys the state source did not know
+
+
+class EntityState(Protocol):
+    def rows(self, txns: Sequence[dict[str, Any]]) -> list[tuple[dict | None, dict | None]]:
+        """Per transaction (in the order given, each seeing the ones before it): the customer's and the
+        merchant's state before it, or None."""
+
+    def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def assemble(state: EntityState, txns: Sequence[dict[str, Any]]) -> Assembled:
+    """Model inputs of validated transactions (serving.contract), in order."""
+    rows = state.rows(txns)
+    event_ms = np.array([int(t["event_timestamp"].timestamp() * MS) for t in txns], dtype="int64")
+    own = transaction_inputs(
+        np.array([t["amount"] for t in txns], dtype="float64"),
+        [t["currency"] for t in txns],
+        [t["country"] for t in txns],
+        event_ms,
+        {column: [t[column] for t in txns] for column in CATEGORICAL_VOCAB},
+    )
+    n = len(txns)
+    columns: dict[str, np.ndarray] = dict(own)
+    served: dict[str, np.ndarray] = {name: np.full(n, np.nan) for name in SERVICE_FEATURES}
+    missing: list[list[str]] = []
+    for i, (customer, merchant) in enumerate(rows):
+        gone = []
+        if customer is None:
+            gone.append(CUSTOMER_JOIN_KEY)
+        else:
+            for name in CUSTOMER_FEATURES:
+                value = customer.get(name)
+                served[name][i] = np.nan if value is None else value
+        if merchant is None:
+            gone.append(MERCHANT_JOIN_KEY)
+        else:
+            for name in MERCHANT_FEATURES:
+                value = merchant.get(name)
+                served[name][i] = np.nan if value is None else value
+        missing.append(gone)
+    columns.update(served)
+    x = np.column_stack([columns[name] for name in MODEL_INPUTS]).astype("float32")
+    features = [{name: _plain(columns[name][i], name) for name in NUMERIC_FEATURES} for i in range(n)]
+    return Assembled(x, features, missing)
+
+
+def _plain(value: float, name: str) -> float | int | None:
+    if value != value:  # NaN
+        return None
+    return int(value) if name in INTEGER_FEATURES else float(value)
+
+
+class LiveFeatures:
+    """Entity state kept current as transactions are scored (see the module docstring)."""
+
+    def __init__(self, live: LiveState, store_writes: StoreWrites | None) -> None:
+        self.live = live
+        self.store_writes = store_writes
+
+    def rows(self, txns: Sequence[dict[str, Any]]) -> list[tuple[dict | None, dict | None]]:
+        out = []
+        written: list[tuple[dict, dict]] = []
+        for txn in txns:
+            out.append(self.live.state_before(txn["customer_id"], txn["merchant_id"], txn["event_timestamp"]))
+            written.append(self.live.observe(txn))
+        if self.store_writes is not None:
+            self.store_writes.put(written)
+        return out
+
+    def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
+        return self.live.observe_chargeback(transaction_id, label_time)
+
+    def close(self) -> None:
+        if self.store_writes is not None:
+            self.store_writes.close()
+
+
+class StoreFeatures:
+    """The online store as materialized, TTL applied."""
+
+    def __init__(self, settings: Settings) -> None:
+        from features.online import open_online
+
+        self.online = open_online(settings)
+        self._reader = self.online._reader  # the direct reader: it also returns the stored event times
+
+    def rows(self, txns: Sequence[dict[str, Any]]) -> list[tuple[dict | None, dict | None]]:
+        if not txns:
+            return []
+        entity_rows = [
+            {CUSTOMER_JOIN_KEY: t["customer_id"], MERCHANT_JOIN_KEY: t["merchant_id"]} for t in txns
+        ]
+        if self._reader is None:
+            raise RuntimeError(
+                "the online store's layout is not one the scoring service reads directly (SQLite or Redis "
+                "with Feast's defaults); set MLOPS_SERVING__LIVE_STATE=true or use one of those stores"
+            )
+        got = self._reader.read(entity_rows, with_times=True)
+        out = []
+        for i, txn in enumerate(txns):
+            t = txn["event_timestamp"]
+            pair = []
+            for view, names, ttl in (
+                (CUSTOMER_VIEW, CUSTOMER_FEATURES, CUSTOMER_TTL),
+                (MERCHANT_VIEW, MERCHANT_FEATURES, MERCHANT_TTL),
+            ):
+                stamp = got[f"__ts__{view}"][i]
+                # Feast's online read returns whatever is stored; the training join takes a row only within
+                # the TTL and strictly before the transaction.
+                fresh = stamp is not None and t - ttl <= stamp < t
+                pair.append({name: got[name][i] for name in names} if fresh else None)
+            out.append((pair[0], pair[1]))
+        return out
+
+    def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
+        return False  # the store's merchant state moves with the daily materialization only
+
+    def close(self) -> None:
+        pass
+
+
+class StoreWrites:
+    """Writes the live state's new rows through to the online store from a background thread, in batches,
+    keeping only each entity's newest row of a batch. A failed write is logged and counted; the rows
+    stay served from memory and the next materialization rewrites the store."""
+
+    def __init__(self, settings: Settings, flush_interval_s: float = 0.2, retry_s: float = 60.0) -> None:
+        self.settings = settings
+        self.flush_interval_s = flush_interval_s
+        self.retry_s = retry_s
+        self.writers: dict[str, tuple[Any, str, tuple[str, ...]]] = {}
+        self.written = 0
+        self.errors = 0
+        self.problem: str | None = None
+        self._next_try = 0.0
+        self._queue: queue.Queue[list[tuple[dict, dict]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="online-writes", daemon=True)
+        self._thread.start()
+
+    def _open(self) -> bool:
+        """The views' writers, opened on first use: the store may not be set up yet when the service
+        starts (no `mlops features` run so far); until it is, rows are served from memory only."""
+        if self.writers:
+            return True
+        if time.monotonic() < self._next_try:
+            return False
+        from features.online_store import open_writer
+        from features.repo import open_store
+
+        try:
+            store = open_store(self.settings)
+            self.writers = {
+                view: (open_writer(store, store.get_feature_view(view)), key, names)
+                for view, key, names in (
+                    (CUSTOMER_VIEW, CUSTOMER_JOIN_KEY, CUSTOMER_FEATURES),
+                    (MERCHANT_VIEW, MERCHANT_JOIN_KEY, MERCHANT_FEATURES),
+                )
+            }
+            self.problem = None
+            return True
+        except Exception as exc:
+            self._next_try = time.monotonic() + self.retry_s
+            self.problem = f"the online store cannot be written yet ({exc}); live state is served from memory"
+            log.warning("%s; trying again in %.0f s", self.problem, self.retry_s)
+            return False
+
+    def put(self, rows: list[tuple[dict, dict]]) -> None:
+        self._queue.put(rows)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+        for writer, _, _ in list(self.writers.values()):
+            writer.close()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            pending = [] if item is None else [item]
+            stop = item is None
+            while not stop:
+                try:
+                    more = self._queue.get(timeout=self.flush_interval_s if not pending else 0.0)
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                else:
+                    pending.append(more)
+            if pending:
+                self._write([pair for rows in pending for pair in rows])
+            if stop:
+                return
+
+    def _write(self, pairs: list[tuple[dict, dict]]) -> None:
+        import pyarrow as pa
+
+        if not self._open():
+            return
+
+        ts = pa.timestamp("us", tz="UTC")
+        for index, (view, (writer, key, names)) in enumerate(self.writers.items()):
+            newest: dict[str, dict] = {}
+            for pair in pairs:
+                row = pair[index]
+                newest[row[key]] = row  # in scoring order: the last is the newest
+            rows = list(newest.values())
+            now = datetime.now(UTC)
+            table = pa.table(
+                {
+                    key: pa.array([r[key] for r in rows], pa.string()),
+                    EVENT_TIMESTAMP: pa.array([r[EVENT_TIMESTAMP] for r in rows], ts),
+                    CREATED_TIMESTAMP: pa.array([now] * len(rows), ts),
+                    **{
+                        name: pa.array(
+                            [r.get(name) for r in rows],
+                            pa.int64() if name in INTEGER_FEATURES else pa.float64(),
+                        )
+                        for name in names
+                    },
+                }
+            )
+            try:
+                writer.write(table)
+                self.written += table.num_rows
+            except Exception:
+                self.errors += 1
+                log.exception("writing %d live %s rows to the online store failed", table.num_rows, view)
+
+
+def open_state(settings: Settings, live_from: datetime | None = None) -> EntityState:
+    """The entity state source the settings ask for (see the module docstring)."""
+    if not settings.serving.live_state:
+        return StoreFeatures(settings)
+    from features.live import LiveState
+
+    start = live_from or datetime.now(UTC)
+    live = LiveState.from_lake(settings, start)
+    return LiveFeatures(live, StoreWrites(settings))

@@ -1,0 +1,224 @@
+"""The scoring service's models: the champion (scores returned) and the latest challenger (scored in shadow,
+logged, never returned), loaded from the MLflow registry as the ONNX files the export step logged.
+
+`ModelSource` is the registry behind a small interface (aliases, versions, artifacts); `Models` holds what is
+loaded and follows the aliases: every `reload_interval_s` it reads them and, when one moved, loads the new
+version beside the old one and swaps the reference (one assignment). A request takes the pair once, so it
+is scored by one consistent champion whatever moves meanwhile, and no request waits on or fails because of
+a load. A version that cannot be loaded leaves the previous one serving and says why (`Models.problem`);
+with no champion loaded at all the service answers 503 with that reason and never scores.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from training.export import INPUT_NAME
+from training.registry import CHAMPION_ALIAS, MODEL_NAME
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ONNX_DIR = "onnx"
+FP32_FILE = "model.onnx"
+INT8_FILE = "model.int8.onnx"  # kept by the export only where it was faster and as accurate
+
+
+class ModelUnavailableError(RuntimeError):
+    """No model can be served; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    version: str
+    run_id: str
+    file: str  # which ONNX file of the run: model.onnx or model.int8.onnx
+    session: Any  # onnxruntime.InferenceSession
+
+    def score(self, x: np.ndarray) -> np.ndarray:
+        """Fraud probabilities of the float32 rows of `x` (MODEL_INPUTS order)."""
+        return np.asarray(self.session.run(None, {INPUT_NAME: x})[0], dtype="float64").reshape(-1)
+
+
+class ModelSource:
+    """The registered model's aliases, versions and ONNX artifacts (MLflow's client: the local profile's
+    SQLite registry or a tracking server over HTTP with proxied artifacts)."""
+
+    def __init__(self, tracking_uri: str, name: str = MODEL_NAME, cache_dir: Path | None = None) -> None:
+        from mlflow import MlflowClient
+
+        self.name = name
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="mlops-serving-"))
+
+    def champion(self) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.get_model_version_by_alias(self.name, CHAMPION_ALIAS).version)
+        except MlflowException as exc:
+            if exc.error_code in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
+                return None
+            raise
+
+    def latest_challenger(self, champion: str | None) -> str | None:
+        """The newest registered version other than the champion that is newer than it: the candidate the
+        gate saw last (kept or not), which is what a shadow should watch."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            versions = self.client.search_model_versions(f"name='{self.name}'", max_results=200)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        numbers = sorted((int(v.version) for v in versions), reverse=True)
+        floor = int(champion) if champion else 0
+        return next((str(n) for n in numbers if n > floor), None)
+
+    def load(self, version: str, threads: int = 1) -> LoadedModel:
+        """The version's ONNX model: its int8 file where the export kept one, else fp32. Raises
+        ModelUnavailableError naming the version and what is missing."""
+        from mlflow.exceptions import MlflowException
+
+        from training.export import session
+
+        try:
+            run_id = self.client.get_model_version(self.name, version).run_id
+        except MlflowException as exc:
+            raise ModelUnavailableError(
+                f"{self.name} v{version} cannot be read from the registry: {exc}"
+            ) from exc
+        if not run_id:
+            raise ModelUnavailableError(
+                f"{self.name} v{version} has no training run to take its ONNX file from"
+            )
+        try:
+            listed = {Path(a.path).name for a in self.client.list_artifacts(run_id, ONNX_DIR)}
+        except (MlflowException, OSError) as exc:
+            raise ModelUnavailableError(
+                f"{self.name} v{version}: its run's artifacts cannot be listed: {exc}"
+            ) from exc
+        file = INT8_FILE if INT8_FILE in listed else FP32_FILE
+        if file not in listed:
+            raise ModelUnavailableError(
+                f"{self.name} v{version} has no ONNX export (no {ONNX_DIR}/{FP32_FILE} in run {run_id}); "
+                f"run `mlops export --version {version}` (the retrain DAG's export task does it)"
+            )
+        target = self.cache_dir / f"v{version}"
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            local = self.client.download_artifacts(run_id, f"{ONNX_DIR}/{file}", str(target))
+            return LoadedModel(self.name, version, run_id, file, session(Path(local), threads=threads))
+        except Exception as exc:  # a corrupt file, an artifact store that cannot be reached
+            raise ModelUnavailableError(
+                f"{self.name} v{version}: {ONNX_DIR}/{file} cannot be loaded: {exc}"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a request is scored with: one consistent pair."""
+
+    champion: LoadedModel | None
+    shadow: LoadedModel | None
+
+
+class Models:
+    """The champion and shadow in use, following the registry's aliases (see the module docstring)."""
+
+    def __init__(self, source: ModelSource, shadow: bool = True, reload_interval_s: float = 5.0) -> None:
+        self.source = source
+        self.shadow_enabled = shadow
+        self.reload_interval_s = reload_interval_s
+        self.current = Loaded(None, None)
+        self.problem: str | None = "no champion loaded yet"
+        self.reloads = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one refresh at a time (the thread and an explicit call)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Models:
+        return cls(
+            ModelSource(settings.mlflow_tracking_uri),
+            shadow=settings.serving.shadow,
+            reload_interval_s=settings.serving.reload_interval_s,
+        )
+
+    def refresh(self) -> Loaded:
+        """Read the aliases; load and swap in whatever moved. Never raises: a failure keeps what serves."""
+        with self._lock:
+            current = self.current
+            try:
+                wanted = self.source.champion()
+            except Exception as exc:
+                self.problem = f"the model registry cannot be read: {exc}"
+                log.warning("%s", self.problem)
+                return current
+            champion = current.champion
+            if wanted is None:
+                if champion is None:
+                    self.problem = (
+                        f"no version of {self.source.name} has the alias {CHAMPION_ALIAS!r} yet; "
+                        "run the retrain DAG (or `mlops promote`) until one passes the gate"
+                    )
+                    return current
+            elif champion is None or champion.version != wanted:
+                try:
+                    champion = self.source.load(wanted)
+                    self.problem = None
+                except ModelUnavailableError as exc:
+                    self.problem = str(exc)
+                    log.warning(
+                        "champion v%s not loaded, %s: %s",
+                        wanted,
+                        "keeping the previous" if current.champion else "nothing to serve",
+                        exc,
+                    )
+            else:
+                self.problem = None
+            shadow = current.shadow if self.shadow_enabled else None
+            if self.shadow_enabled:
+                try:
+                    challenger = self.source.latest_challenger(champion.version if champion else None)
+                    if challenger is None:
+                        shadow = None
+                    elif shadow is None or shadow.version != challenger:
+                        shadow = self.source.load(challenger)
+                except Exception as exc:  # the shadow never stops the champion from serving
+                    log.warning("shadow challenger not loaded: %s", exc)
+            loaded = Loaded(champion, shadow)
+            if loaded != current:
+                self.reloads += 1
+                self.current = loaded
+                log.info(
+                    "serving champion v%s, shadow %s",
+                    champion.version if champion else None,
+                    f"v{shadow.version}" if shadow else "none",
+                )
+            return loaded
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread = threading.Thread(target=self._follow, name="model-reload", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.reload_interval_s):
+            self.refresh()

@@ -1,0 +1,110 @@
+"""Replay a day of the lake through a running scoring service, as the day happened: its silver transactions
+and its fraud chargebacks in one event-time order (a chargeback reported at the same millisecond as a
+transaction goes first, as the gold features count reports up to and including the transaction's time).
+
+The service must have been started with its live state taking over at the day's start
+(`mlops serve --live-from <day>T00:00:00`), so the day's transactions are not in its history twice. Used by
+the demo, the parity test and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as dtime
+from pathlib import Path
+from typing import Any
+
+from pipelines.contracts import TRANSACTION_COLUMNS
+from pipelines.lake import Tables
+
+
+def day_start(day: date) -> datetime:
+    return datetime.combine(day, dtime.min, tzinfo=UTC)
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def day_events(lake: Path, day: date) -> list[tuple[str, dict[str, Any]]]:
+    """("chargeback" | "transaction", request item) of `day`, in the order they happened: the silver
+    transactions with an event time on `day` (whatever date they arrived), and the fraud reports with a
+    label time on `day`."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    tables = Tables(lake)
+    start, end = day_start(day), day_start(day + timedelta(days=1))
+    events: list[tuple[datetime, int, str, dict[str, Any]]] = []
+    if tables.silver.is_dir():
+        silver = ds.dataset(tables.silver, format="parquet", partitioning="hive")
+        stamp = pc.field("event_timestamp")
+        rows = silver.to_table(
+            columns=list(TRANSACTION_COLUMNS), filter=(stamp >= start) & (stamp < end)
+        ).to_pylist()
+        for row in rows:
+            when = row["event_timestamp"].astimezone(UTC)
+            item = {name: row[name] for name in TRANSACTION_COLUMNS}
+            item["amount"] = float(item["amount"])
+            item["event_timestamp"] = _iso(when)
+            events.append((when, 1, "transaction", item))
+    if tables.silver_labels.is_dir():
+        labels = ds.dataset(tables.silver_labels, format="parquet", partitioning="hive")
+        stamp = pc.field("label_timestamp")
+        rows = labels.to_table(
+            columns=["transaction_id", "is_fraud", "label_timestamp"],
+            filter=(stamp >= start) & (stamp < end) & (pc.field("is_fraud") == 1),
+        ).to_pylist()
+        for row in rows:
+            when = row["label_timestamp"].astimezone(UTC)
+            item = {"transaction_id": row["transaction_id"], "is_fraud": 1, "label_timestamp": _iso(when)}
+            events.append((when, 0, "chargeback", item))
+    events.sort(key=lambda e: (e[0], e[1], e[3]["transaction_id"]))
+    return [(kind, item) for _, _, kind, item in events]
+
+
+@dataclass
+class ReplayReport:
+    transactions: int = 0
+    chargebacks: int = 0
+    latencies_ms: list[float] = field(default_factory=list)  # client-side, one per scoring request
+    results: list[dict[str, Any]] = field(default_factory=list)  # the service's answer per transaction
+    seconds: float = 0.0
+
+    def percentiles(self) -> dict[str, float]:
+        import numpy as np
+
+        if not self.latencies_ms:
+            return {}
+        values = np.asarray(self.latencies_ms)
+        return {f"p{q}": float(np.percentile(values, q)) for q in (50, 90, 99)} | {"max": float(values.max())}
+
+
+def replay_day(base_url: str, lake: Path, day: date, timeout_s: float = 30.0) -> ReplayReport:
+    """Post the day's events to the service one at a time, in order (see the module docstring). Raises
+    RuntimeError naming the transaction and the service's answer when one is refused."""
+    import httpx
+
+    report = ReplayReport()
+    started = time.perf_counter()
+    with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
+        for kind, item in day_events(lake, day):
+            if kind == "chargeback":
+                answer = client.post("/chargebacks", json=item)
+                report.chargebacks += 1
+            else:
+                sent = time.perf_counter()
+                answer = client.post("/score", json=item)
+                report.latencies_ms.append((time.perf_counter() - sent) * 1000.0)
+                report.transactions += 1
+            if answer.status_code != 200:
+                raise RuntimeError(
+                    f"the scoring service refused {kind} {item['transaction_id']} of {day} "
+                    f"({answer.status_code}): {answer.text[:500]}"
+                )
+            if kind == "transaction":
+                report.results.append(answer.json())
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,198 @@
+"""Scoring a batch of validated transactions, and the dynamic micro-batcher that forms the batches.
+
+`Scorer.score` is synchronous and runs on one worker thread: the entity state advances transaction by
+transaction, so it must see them in one order. `MicroBatcher` gathers concurrent requests on the event loop
+(up to `max_batch_size` transactions, waiting at most `max_wait_ms` after the first) and hands each batch to
+that thread: one model call and one state pass for many requests. A request's transactions stay together
+and in their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from serving.features import EntityState, assemble
+from serving.models import Models, ModelUnavailableError
+from serving.scoring_log import ScoringLog
+
+log = logging.getLogger(__name__)
+
+APPROVE, DECLINE = "approve", "decline"
+
+
+def _missing_note(keys: list[str], txn: dict[str, Any]) -> str:
+    who = ", ".join(f"{k.removesuffix('_id')} {txn[k]}" for k in keys)
+    return (
+        f"no state for {who} (new, or no transaction within the view's TTL): scored with those features "
+        "missing, as the model was trained to see them"
+    )
+
+
+@dataclass
+class Counters:
+    transactions: int = 0
+    batches: int = 0
+    largest_batch: int = 0
+    shadow_failures: int = 0
+
+
+@dataclass
+class Scorer:
+    models: Models
+    state: EntityState
+    scoring_log: ScoringLog | None
+    threshold: float
+    counters: Counters = field(default_factory=Counters)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def score(self, txns: Sequence[dict[str, Any]], received: Sequence[float]) -> list[dict[str, Any]]:
+        """One result per transaction (see the module docstring). Raises ModelUnavailableError when no
+        champion is loaded: nothing is scored and the entity state does not move."""
+        loaded = self.models.current
+        champion = loaded.champion
+        if champion is None:
+            raise ModelUnavailableError(self.models.problem or "no champion loaded")
+        with self._lock:
+            assembled = assemble(self.state, txns)
+            scores = champion.score(assembled.x)
+            shadow_scores = None
+            if loaded.shadow is not None:
+                try:
+                    shadow_scores = loaded.shadow.score(assembled.x)
+                except Exception:  # a shadow's failure is logged, never the caller's problem
+                    self.counters.shadow_failures += 1
+                    log.exception("shadow v%s failed to score", loaded.shadow.version)
+            self.counters.transactions += len(txns)
+            self.counters.batches += 1
+            self.counters.largest_batch = max(self.counters.largest_batch, len(txns))
+        done = time.perf_counter()
+        scored_at = datetime.now(UTC)
+        results, rows = [], []
+        for i, txn in enumerate(txns):
+            score = float(scores[i])
+            decision = DECLINE if score >= self.threshold else APPROVE
+            latency_ms = (done - received[i]) * 1000.0
+            features = assembled.features[i]
+            missing = assembled.missing[i]
+            results.append(
+                {
+                    "transaction_id": txn["transaction_id"],
+                    "score": score,
+                    "decision": decision,
+                    "threshold": self.threshold,
+                    "model": {"name": champion.name, "version": champion.version},
+                    "features": features,
+                    "missing_entities": missing,
+                    "notes": [_missing_note(missing, txn)] if missing else [],
+                }
+            )
+            rows.append(
+                {
+                    "transaction_id": txn["transaction_id"],
+                    "customer_id": txn["customer_id"],
+                    "merchant_id": txn["merchant_id"],
+                    "event_timestamp": txn["event_timestamp"],
+                    "scored_at": scored_at,
+                    "amount": txn["amount"],
+                    "currency": txn["currency"],
+                    "country": txn["country"],
+                    "channel": txn["channel"],
+                    "merchant_category": txn["merchant_category"],
+                    **features,
+                    "model_name": champion.name,
+                    "model_version": champion.version,
+                    "score": score,
+                    "decision": decision,
+                    "threshold": self.threshold,
+                    "shadow_version": loaded.shadow.version
+                    if shadow_scores is not None and loaded.shadow
+                    else None,
+                    "shadow_score": float(shadow_scores[i]) if shadow_scores is not None else None,
+                    "missing_entities": ",".join(missing) or None,
+                    "latency_ms": latency_ms,
+                }
+            )
+        if self.scoring_log is not None:
+            self.scoring_log.append(rows)
+        return results
+
+
+@dataclass
+class _Unit:
+    txns: list[dict[str, Any]]
+    received: float
+    future: asyncio.Future
+
+
+class MicroBatcher:
+    """Dynamic micro-batching on the event loop (see the module docstring). `max_batch_size=1` scores each
+    request alone, through the same thread."""
+
+    def __init__(self, scorer: Scorer, max_batch_size: int, max_wait_ms: float) -> None:
+        self.scorer = scorer
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer")
+        self._queue: asyncio.Queue[_Unit] | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.executor.shutdown(wait=True)
+
+    async def submit(self, txns: list[dict[str, Any]], received: float) -> list[dict[str, Any]]:
+        assert self._queue is not None, "start() the batcher on the serving loop first"
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Unit(txns, received, future))
+        return await future
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            units = [await self._queue.get()]
+            size = len(units[0].txns)
+            deadline = loop.time() + self.max_wait_s
+            while size < self.max_batch_size:
+                try:
+                    unit = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        unit = await asyncio.wait_for(self._queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                units.append(unit)
+                size += len(unit.txns)
+            txns = [t for u in units for t in u.txns]
+            received = [u.received for u in units for _ in u.txns]
+            try:
+                results = await loop.run_in_executor(self.executor, self.scorer.score, txns, received)
+            except Exception as exc:
+                for u in units:
+                    if not u.future.done():
+                        u.future.set_exception(exc)
+                continue
+            offset = 0
+            for u in units:
+                if not u.future.done():
+                    u.future.set_result(results[offset : offset + len(u.txns)])
+                offset += len(u.txns)

@@ -1,0 +1,317 @@
+"""`mlops serve` as a process, against a real MLflow registry (SQLite) holding real ONNX exports of FraudMLP
+models: no champion (503 with the reason), an unloadable champion (503, never a score from nothing), then a
+champion, requests good and bad (400, 413, 422 naming field and rule), the Open Inference Protocol, the
+champion swapped under load without a failed request, the challenger scored in shadow, and the scoring log
+on disk. The lake is empty here, so every entity is unknown and said so; train/serve parity on real
+features is tests/e2e/test_scoring_parity.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.conftest import free_port, wait_for
+from tests.model.tensors import make_split
+from training.artifacts import log_model
+from training.dataset import MODEL_INPUTS, NUMERIC_FEATURES
+from training.registry import CHAMPION_ALIAS, MODEL_NAME, ModelRegistry
+
+MAX_ITEMS = 20
+
+
+def transaction(n: int, **overrides) -> dict:
+    item = {
+        "transaction_id": f"tx{n:016x}",
+        "customer_id": f"c{n % 1000:07d}",
+        "merchant_id": f"m{n % 100:06d}",
+        "amount": 12.5 + n,
+        "currency": "EUR",
+        "country": "DE",
+        "channel": "contactless",
+        "merchant_category": "grocery",
+        "event_timestamp": f"2026-01-10T12:{n // 60 % 60:02d}:{n % 60:02d}Z",
+    }
+    return {**item, **overrides}
+
+
+def _model(seed: int):
+    from training.model import FraudMLP
+
+    torch.manual_seed(seed)
+    model = FraudMLP()
+    model.fit_normalization(make_split(2_000, seed=seed).x[:, : len(NUMERIC_FEATURES)])
+    return model.eval()
+
+
+def _register(tracking_uri: str, artifacts: Path, seed: int, onnx: bool = True) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name("serving-test") is None:
+        mlflow.create_experiment("serving-test", artifact_location=artifacts.as_uri())
+    mlflow.set_experiment("serving-test")
+    model = _model(seed)
+    with mlflow.start_run() as run:
+        log_model(model, name="model", pip_requirements=[])
+    version = ModelRegistry(tracking_uri).register(run.info.run_id)
+    if onnx:
+        _export(tracking_uri, run.info.run_id, model, artifacts / f"onnx-{seed}")
+    return version
+
+
+def _export(tracking_uri: str, run_id: str, model, folder: Path) -> None:
+    from mlflow import MlflowClient
+
+    from training.export import to_onnx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = to_onnx(model, torch.zeros(2, len(MODEL_INPUTS)), folder / "model.onnx")
+    MlflowClient(tracking_uri).log_artifact(run_id, str(path), "onnx")
+
+
+class Server:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = home / "serve.log"
+        env = {
+            **os.environ,
+            "MLOPS_HOME": str(home),
+            "MLOPS_SERVING__RELOAD_INTERVAL_S": "0.2",
+            "MLOPS_SERVING__MAX_REQUEST_ITEMS": str(MAX_ITEMS),
+            "MLOPS_SERVING__LOG_FLUSH_INTERVAL_S": "0.2",
+            "MLOPS_SERVING__LIVE_FROM": "2026-01-10T00:00:00Z",
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mlops.cli", "serve", "--port", str(self.port)],
+            env=env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def live(self) -> bool:
+        assert self.process.poll() is None, self.log.read_text()[-3000:]
+        try:
+            return self.client.get("/v2/health/live").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def registry_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("serving-home")
+    (home / "mlflow").mkdir()
+    return home
+
+
+@pytest.fixture(scope="module")
+def server(registry_home):
+    server = Server(registry_home)
+    wait_for(server.live, 120, "the scoring service to listen")
+    yield server
+    server.stop()
+
+
+def _tracking(home: Path) -> str:
+    return f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
+
+
+def test_without_a_loadable_champion_the_service_refuses_to_score_and_says_why(server, registry_home):
+    answer = server.client.post("/score", json=transaction(1))
+    assert answer.status_code == 503
+    assert "no model to score with" in answer.json()["detail"] and CHAMPION_ALIAS in answer.json()["detail"]
+    ready = server.client.get("/v2/health/ready")
+    assert ready.status_code == 503 and CHAMPION_ALIAS in ready.json()["reason"]
+
+    # a champion whose ONNX file was never exported: still no score, and the reason names the fix
+    tracking = _tracking(registry_home)
+    version = _register(tracking, registry_home / "artifacts", seed=1, onnx=False)
+    ModelRegistry(tracking).set_champion(version)
+    wait_for(
+        lambda: "no ONNX export" in (server.client.get("/v2/health/ready").json().get("reason") or ""),
+        30,
+        "the service to see the champion without an export",
+    )
+    answer = server.client.post("/score", json=transaction(2))
+    assert answer.status_code == 503 and f"v{version} has no ONNX export" in answer.json()["detail"]
+    assert "mlops export" in answer.json()["detail"]
+
+
+@pytest.fixture(scope="module")
+def champion(server, registry_home):
+    """v1 exported and champion; the service ready."""
+    tracking = _tracking(registry_home)
+    registry = ModelRegistry(tracking)
+    if registry.champion() is None:
+        registry.set_champion(_register(tracking, registry_home / "artifacts", seed=1, onnx=False))
+    version = registry.champion()
+    run_id = registry.client.get_model_version(MODEL_NAME, version).run_id
+    _export(tracking, run_id, _model(1), registry_home / "artifacts" / "onnx-late")
+    wait_for(lambda: server.client.get("/v2/health/ready").status_code == 200, 30, "the champion to load")
+    return version
+
+
+def test_a_transaction_is_scored_with_the_features_used_and_unknown_entities_named(server, champion):
+    answer = server.client.post("/score", json=transaction(3))
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    assert result["transaction_id"] == transaction(3)["transaction_id"]
+    assert 0.0 <= result["score"] <= 1.0
+    assert result["decision"] == ("decline" if result["score"] >= result["threshold"] else "approve")
+    assert result["model"] == {"name": MODEL_NAME, "version": champion}
+    assert list(result["features"]) == list(NUMERIC_FEATURES)
+    assert result["features"]["log_amount_usd"] == pytest.approx(
+        torch.log1p(torch.tensor(15.5 / 0.92)).item()
+    )
+    # an empty lake: neither entity has state, the score used missing values and says so
+    assert result["missing_entities"] == ["customer_id", "merchant_id"]
+    assert result["features"]["customer_txn_count_24h"] is None
+    assert "customer c0000003" in result["notes"][0] and "missing" in result["notes"][0]
+
+    many = server.client.post("/score", json=[transaction(10), transaction(11)])
+    assert many.status_code == 200
+    assert [r["transaction_id"] for r in many.json()] == [
+        transaction(10)["transaction_id"],
+        transaction(11)["transaction_id"],
+    ]
+    # the live state moved: the second transaction of customer c0000010 sees the first
+    again = server.client.post(
+        "/score", json=transaction(1010, event_timestamp="2026-01-10T13:00:00Z")
+    ).json()
+    assert again["missing_entities"] == []  # merchant m000010 was seen by transaction 10 too
+    assert again["features"]["customer_txn_count_24h"] == 1
+
+
+def test_bad_requests_are_refused_with_what_to_change(server, champion):
+    unknown = server.client.post("/score", json=transaction(4, colour="red"))
+    assert unknown.status_code == 422
+    [problem] = unknown.json()["detail"]
+    assert problem["field"] == "colour" and problem["rule"].startswith("unknown field")
+
+    wrong = server.client.post(
+        "/score", json=[transaction(5), transaction(6, amount="1,000", currency="XXX")]
+    )
+    assert wrong.status_code == 422
+    found = {(p["loc"][1], p["field"]): p["rule"] for p in wrong.json()["detail"]}
+    assert found[(1, "amount")].startswith("pattern") and found[(1, "currency")].startswith("allowed")
+    assert all(item == 1 for item, _ in found)
+
+    typed = server.client.post("/score", json=transaction(7, customer_id=7, event_timestamp="yesterday"))
+    fields = {p["field"]: p["rule"] for p in typed.json()["detail"]}
+    assert (
+        typed.status_code == 422 and fields["customer_id"].startswith("type") and "event_timestamp" in fields
+    )
+
+    missing = {k: v for k, v in transaction(8).items() if k != "merchant_id"}
+    assert server.client.post("/score", json=missing).json()["detail"][0]["rule"].startswith("required")
+
+    assert (
+        server.client.post(
+            "/score", content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code
+        == 400
+    )
+    oversized = server.client.post("/score", json=[transaction(i) for i in range(MAX_ITEMS + 1)])
+    assert oversized.status_code == 413 and str(MAX_ITEMS) in oversized.json()["detail"]
+    # nothing refused was scored: the counters saw only the good requests
+    status = server.client.get("/status").json()
+    assert status["transactions"] >= 1
+
+
+def test_the_open_inference_protocol_scores_columns(server, champion):
+    items = [transaction(20), transaction(21)]
+    request = {
+        "id": "req-1",
+        "inputs": [
+            {
+                "name": name,
+                "shape": [2],
+                "datatype": "FP64" if name == "amount" else "BYTES",
+                "data": [i[name] for i in items],
+            }
+            for name in items[0]
+        ],
+    }
+    answer = server.client.post(f"/v2/models/{MODEL_NAME}/infer", json=request)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["model_name"] == MODEL_NAME and body["model_version"] == champion and body["id"] == "req-1"
+    outputs = {o["name"]: o for o in body["outputs"]}
+    assert outputs["score"]["shape"] == [2] and len(outputs["decision"]["data"]) == 2
+    assert server.client.get(f"/v2/models/{MODEL_NAME}/ready").json()["ready"] is True
+    assert server.client.get("/v2/models/other/ready").status_code == 404
+    request["inputs"][0]["data"] = ["nope", "nope"]
+    assert server.client.post(f"/v2/models/{MODEL_NAME}/infer", json=request).status_code == 422
+    assert server.client.get("/openapi.json").json()["paths"]["/score"]["post"]["requestBody"]
+
+
+def test_the_champion_moves_under_load_without_a_failed_request_and_the_challenger_runs_in_shadow(
+    server, champion, registry_home
+):
+    tracking = _tracking(registry_home)
+    challenger = _register(tracking, registry_home / "artifacts", seed=2)
+    wait_for(lambda: server.client.get("/status").json()["shadow"] == challenger, 30, "the shadow to load")
+    answers: list[tuple[int, str | None]] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            n = 100
+            while not stop.is_set():
+                n += 1
+                reply = client.post("/score", json=transaction(n))
+                answers.append(
+                    (
+                        reply.status_code,
+                        reply.json().get("model", {}).get("version")
+                        if reply.status_code == 200
+                        else reply.text,
+                    )
+                )
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    ModelRegistry(tracking).set_champion(challenger)
+    wait_for(lambda: server.client.get("/status").json()["champion"] == challenger, 30, "the new champion")
+    time.sleep(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert answers and all(code == 200 for code, _ in answers), [a for a in answers if a[0] != 200][:3]
+    versions = [v for _, v in answers]
+    assert versions[0] == champion and versions[-1] == challenger
+    assert server.client.get("/status").json()["largest_batch"] > 1  # concurrent requests were batched
+
+    # the scoring log has every answer, with the shadow's score while v1 was champion
+    server_status = server.client.get("/status").json()
+    wait_for(
+        lambda: (
+            server.client.get("/status").json()["scoring_log_rows_written"] >= server_status["transactions"]
+        ),
+        30,
+        "the scoring log to flush",
+    )
+    rows = pq.read_table(registry_home / "scoring_log").to_pylist()
+    assert len(rows) == server.client.get("/status").json()["transactions"]
+    shadowed = [r for r in rows if r["model_version"] == champion and r["shadow_version"] == challenger]
+    assert shadowed and all(r["shadow_score"] is not None for r in shadowed)
+    assert all(r["latency_ms"] > 0 and r["date"] for r in rows)
