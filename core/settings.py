@@ -135,6 +135,7 @@ class ServingSettings(BaseModel):
     shadow: bool = Field(default=True, description="score the latest challenger in shadow (logged only)")
     # The scoring log: Parquet under $MLOPS_HOME/scoring_log/date=YYYY-MM-DD, written by a background thread
     # in files of up to this many rows, or what came in this many seconds.
+    scoring_log: bool = Field(default=True, description="write the scoring log (monitoring reads it)")
     log_flush_rows: int = Field(default=5000, ge=1)
     log_flush_interval_s: float = Field(default=5.0, gt=0.0)
     # Keep each entity's state current as transactions are scored (written through to the online store).

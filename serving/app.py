@@ -108,8 +108,14 @@ class Service:
         self.started = time.time()
         self.models = Models.from_settings(settings)
         self.state = open_state(settings, live_from or settings.serving.live_from)
-        self.scoring_log = ScoringLog(
-            settings.scoring_log_dir, settings.serving.log_flush_rows, settings.serving.log_flush_interval_s
+        self.scoring_log = (
+            ScoringLog(
+                settings.scoring_log_dir,
+                settings.serving.log_flush_rows,
+                settings.serving.log_flush_interval_s,
+            )
+            if settings.serving.scoring_log
+            else None
         )
         self.scorer = Scorer(self.models, self.state, self.scoring_log, settings.serving.threshold)
         self.batcher = MicroBatcher(
@@ -118,7 +124,8 @@ class Service:
 
     def close(self) -> None:
         self.models.stop()
-        self.scoring_log.close()
+        if self.scoring_log is not None:
+            self.scoring_log.close()
         self.state.close()
 
 
@@ -360,8 +367,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "batches": counters.batches,
             "largest_batch": counters.largest_batch,
             "shadow_failures": counters.shadow_failures,
-            "scoring_log_rows_written": service.scoring_log.written,
-            "scoring_log_write_errors": service.scoring_log.errors,
+            "scoring_log_rows_written": service.scoring_log.written if service.scoring_log else None,
+            "scoring_log_write_errors": service.scoring_log.errors if service.scoring_log else None,
             "live_state": service.settings.serving.live_state,
             "uptime_s": time.time() - service.started,
         }
