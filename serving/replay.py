@@ -65,6 +65,21 @@ def day_events(lake: Path, day: date) -> list[tuple[str, dict[str, Any]]]:
     return [(kind, item) for _, _, kind, item in events]
 
 
+def drifted(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The same events with every transaction shifted as the generator's `drift` fault shifts a row
+    (pipelines/synthetic/faults.py): a changed population, for showing monitoring at work."""
+    from pipelines.contracts import AMOUNT_MAX
+    from pipelines.synthetic.faults import DRIFT_CHANNEL, drift_amount
+
+    out = []
+    for kind, item in events:
+        if kind == "transaction":
+            amount = min(float(drift_amount([item["amount"]])[0]), AMOUNT_MAX)
+            item = {**item, "amount": amount, "channel": DRIFT_CHANNEL}
+        out.append((kind, item))
+    return out
+
+
 @dataclass
 class ReplayReport:
     transactions: int = 0
@@ -82,15 +97,21 @@ class ReplayReport:
         return {f"p{q}": float(np.percentile(values, q)) for q in (50, 90, 99)} | {"max": float(values.max())}
 
 
-def replay_day(base_url: str, lake: Path, day: date, timeout_s: float = 30.0) -> ReplayReport:
-    """Post the day's events to the service one at a time, in order (see the module docstring). Raises
-    RuntimeError naming the transaction and the service's answer when one is refused."""
+def replay_day(
+    base_url: str,
+    lake: Path,
+    day: date,
+    timeout_s: float = 30.0,
+    events: list[tuple[str, dict[str, Any]]] | None = None,
+) -> ReplayReport:
+    """Post the day's events (or `events`) to the service one at a time, in order (see the module
+    docstring). Raises RuntimeError naming the transaction and the service's answer when one is refused."""
     import httpx
 
     report = ReplayReport()
     started = time.perf_counter()
     with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
-        for kind, item in day_events(lake, day):
+        for kind, item in day_events(lake, day) if events is None else events:
             if kind == "chargeback":
                 answer = client.post("/chargebacks", json=item)
                 report.chargebacks += 1

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 
+import numpy as np
+
 from pipelines.contracts import AMOUNT_MAX, REQUIRED_TRANSACTION_COLUMNS
 
 
@@ -41,6 +43,16 @@ class FaultKind(StrEnum):
     EMPTY = "empty"
     LATE = "late"
     OUT_OF_ORDER = "out_of_order"
+
+
+# The `drift` fault: a valid row, shifted as a changed population would shift it.
+DRIFT_AMOUNT_FACTOR = 2.5
+DRIFT_CHANNEL = "online"
+
+
+def drift_amount(amount: np.ndarray) -> np.ndarray:
+    """Amounts of drifted rows: scaled and rounded to cents (the contract's scale)."""
+    return np.round(np.asarray(amount, dtype="float64") * DRIFT_AMOUNT_FACTOR, 2)
 
 
 # Faults that replace a row, in the order positions are handed out.

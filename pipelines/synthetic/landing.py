@@ -35,11 +35,13 @@ from pipelines.contracts import (
 )
 from pipelines.synthetic.faults import (
     DELIVERY_FAULTS,
+    DRIFT_CHANNEL,
     FILE_FAULTS,
     REPLACING_FAULTS,
     VARIANTS,
     FaultKind,
     corrupt,
+    drift_amount,
     format_faults,
     parse_faults,
 )
@@ -356,8 +358,8 @@ def _render(
     frame = frame.copy()
     drift = kinds == _DRIFT
     if drift.any():
-        frame.loc[drift, "amount"] = np.round(frame.loc[drift, "amount"].to_numpy() * 2.5, 2)
-        frame.loc[drift, "channel"] = "online"
+        frame.loc[drift, "amount"] = drift_amount(frame.loc[drift, "amount"].to_numpy())
+        frame.loc[drift, "channel"] = DRIFT_CHANNEL
         counts[FaultKind.DRIFT.value] += int(drift.sum())
     view = frame[columns]
     if fmt == "csv":
