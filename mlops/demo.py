@@ -380,6 +380,54 @@ def run_through_airflow(
     }
 
 
+def score_day(settings: Settings, day: date, console: Console, drift: bool = False) -> dict:
+    """Replay `day` through a scoring service started with its live state taking over at the day's start
+    (serving/replay.py): every transaction of the day scored in event-time order, the day's chargebacks fed
+    between them. With `drift`, the transactions are shifted as the generator's `drift` fault shifts rows
+    (the population changed). Returns the figures printed."""
+    import os
+    import socket
+
+    import httpx
+
+    from core.settings import settings_as_env
+    from serving.replay import day_events, drifted, replay_day, replay_service
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, **settings_as_env(settings, include_secrets=True)}
+    log = settings.home / "run" / f"serving-replay-{day.isoformat()}{'-drift' if drift else ''}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    events = day_events(settings.lake, day)
+    with replay_service(env, day, port, log) as url:
+        report = replay_day(url, settings.lake, day, events=drifted(events) if drift else events)
+        status = httpx.get(f"{url}/status", timeout=10).json()
+    latency = report.percentiles()
+    declined = sum(r["decision"] == "decline" for r in report.results)
+    unknown = sum(bool(r["missing_entities"]) for r in report.results)
+    shadow = f"v{status['shadow']}" if status["shadow"] else "none"
+    console.print(
+        f"scored {day}{' (drifted: amounts x2.5, all online)' if drift else ''} through the scoring service: "
+        f"{report.transactions} transactions one request at a time in event-time order, {report.chargebacks} "
+        f"chargebacks fed between them; latency p50 {latency.get('p50', 0):.2f} ms, p99 "
+        f"{latency.get('p99', 0):.2f} ms (client side); {declined} declined; {unknown} with an entity never "
+        f"seen before; champion v{status['champion']}, shadow {shadow}"
+    )
+    return {
+        "date": day.isoformat(),
+        "drifted": drift,
+        "transactions": report.transactions,
+        "chargebacks": report.chargebacks,
+        "latency_ms": latency,
+        "declined": declined,
+        "unknown_entities": unknown,
+        "champion": status["champion"],
+        "shadow": status["shadow"],
+        "seconds": report.seconds,
+    }
+
+
 def _wait_for_dags(api, deadline: float, console: Console) -> None:
     """The dag-processor has parsed every DAG file (asset schedules are known only then), without errors."""
     from mlops.airflow_api import wait_until

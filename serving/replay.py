@@ -9,7 +9,13 @@ the demo, the parity test and the benchmarks.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dtime
@@ -18,6 +24,53 @@ from typing import Any
 
 from pipelines.contracts import TRANSACTION_COLUMNS
 from pipelines.lake import Tables
+
+
+@contextlib.contextmanager
+def replay_service(
+    env: dict[str, str], day: date, port: int, log_path: Path, ready_timeout_s: float = 180.0
+) -> Iterator[str]:
+    """`mlops serve` as a process with its live state taking over at the start of `day`, ready (a champion
+    loaded) before this yields its base URL; stopped with SIGTERM afterwards, which flushes its scoring
+    log. `env` is the process's whole environment (the settings as MLOPS_* variables)."""
+    import httpx
+
+    args = [
+        sys.executable, "-m", "mlops.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--live-from", day_start(day).strftime("%Y-%m-%dT%H:%M:%S"),
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        reason = "no answer"
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the scoring service exited ({process.returncode}): {log_path.read_text()[-2000:]}"
+                )
+            try:
+                answer = httpx.get(f"{url}/v2/health/ready", timeout=5)
+                if answer.status_code == 200:
+                    break
+                reason = answer.json().get("reason", answer.text)
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the scoring service was not ready in {ready_timeout_s:.0f} s: {reason}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def day_start(day: date) -> datetime:
