@@ -1,5 +1,5 @@
 """The embedded stack of `make up` / `make down` seen from Python: start and stop it with the same scripts
-(scripts/up.sh, scripts/down.sh), and find its URLs and login.
+(scripts/up.sh, scripts/down.sh), and find its URLs (Airflow, MLflow, the scoring service) and login.
 
 The scripts are the one place that knows how each component starts; this module only runs them, streams
 their output and reads what they print and write.
@@ -32,6 +32,9 @@ class StackError(RuntimeError):
 class Stack:
     airflow_url: str
     mlflow_url: str
+    # The scoring service (`mlops serve`): live once the stack is up, ready (GET /v2/health/ready) only once a
+    # champion exists.
+    scoring_url: str
     username: str
     password: str
     password_file: Path
@@ -64,8 +67,11 @@ def up(settings: Settings, env: dict[str, str] | None = None, echo: Callable[[st
         raise StackError(f"scripts/up.sh exited {code}; its output is above (logs: {settings.home / 'run'})")
     airflow = re.search(r"^Airflow:\s+(\S+)", output, re.MULTILINE)
     mlflow = re.search(r"^MLflow:\s+(\S+)", output, re.MULTILINE)
-    if not airflow or not mlflow:
-        raise StackError(f"scripts/up.sh printed no 'Airflow:' and 'MLflow:' lines:\n{output[-2000:]}")
+    scoring = re.search(r"^Scoring:\s+(\S+)", output, re.MULTILINE)
+    if not airflow or not mlflow or not scoring:
+        raise StackError(
+            f"scripts/up.sh printed no 'Airflow:', 'MLflow:' and 'Scoring:' lines:\n{output[-2000:]}"
+        )
     username = env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin").split(",")[0].split(":")[0]
     password_file = settings.airflow_home / PASSWORD_FILE
     try:
@@ -78,6 +84,7 @@ def up(settings: Settings, env: dict[str, str] | None = None, echo: Callable[[st
     return Stack(
         airflow_url=airflow.group(1),
         mlflow_url=mlflow.group(1),
+        scoring_url=scoring.group(1),
         username=username,
         password=password,
         password_file=password_file,
@@ -92,7 +99,8 @@ def down(env: dict[str, str] | None = None, echo: Callable[[str], None] = print)
         raise StackError(f"scripts/down.sh exited {code}; its output is above")
 
 
-# The Airflow components that keep a run going; up.sh writes each one's pid to $MLOPS_HOME/run/<name>.pid.
+# The Airflow components that keep a run going; up.sh writes each one's pid to $MLOPS_HOME/run/<name>.pid
+# (and the scoring service's to serving.pid, which a run does not need).
 AIRFLOW_COMPONENTS = ("scheduler", "dag-processor", "triggerer")
 
 

@@ -9,9 +9,10 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 PY="$REPO/${VENV:-.venv}/bin/python"
 GRACE=${MLOPS_DOWN_GRACE:-30}
-# Stop the API and the Spark Connect server last: task processes report their final state to the API
-# and may still be finishing a Spark job.
-COMPONENTS=(scheduler triggerer dag-processor mlflow api-server spark-connect)
+# The scoring service first (it flushes its scoring log on TERM, and nothing depends on it); the API and the
+# Spark Connect server last: task processes report their final state to the API and may still be finishing
+# a Spark job.
+COMPONENTS=(serving scheduler triggerer dag-processor mlflow api-server spark-connect)
 
 [ -x "$PY" ] || { echo "down: $PY not found: run 'make install' first" >&2; exit 1; }
 home=$("$PY" -c 'from core.settings import get_settings; print(get_settings().home)') \
@@ -31,6 +32,7 @@ ours() {
   case $1 in
     mlflow) [[ $args == *mlflow* ]] ;;
     spark-connect) [[ $args == *SparkConnectServer* ]] ;;
+    serving) [[ $args == *"mlops serve"* ]] ;;
     *) [[ $args == *airflow* ]] ;;
   esac
 }

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Start Airflow (api-server, scheduler, dag-processor, triggerer) and the MLflow UI in the background, wait
-# until they answer, and print their URLs and the login. Idempotent: what already runs is left alone.
+# Start Airflow (api-server, scheduler, dag-processor, triggerer), the MLflow UI and the scoring service
+# (`mlops serve`) in the background, wait until they answer, and print their URLs and the login. Idempotent:
+# what already runs is left alone.
 #
 # Locations and database URIs come from the active profile's settings (core/settings.py), so the UI shows
 # exactly what `mlops ...` and the DAGs write. Logs and PID files: $MLOPS_HOME/run/<component>.{log,pid}.
 # Stop everything with scripts/down.sh (make down).
 #
 # Environment: MLOPS_PROFILE (local | cluster), MLOPS_HOME, MLOPS_AIRFLOW_PORT (8080),
-# MLOPS_MLFLOW_PORT (5000, or the tracking URI's port in the cluster profile), MLOPS_UP_TIMEOUT (180 s),
+# MLOPS_MLFLOW_PORT (5000, or the tracking URI's port in the cluster profile), MLOPS_SERVING__PORT (8000,
+# the scoring service's own setting; it listens on 127.0.0.1 here), MLOPS_UP_TIMEOUT (180 s),
 # MLOPS_AIRFLOW_API_WORKERS (1); other AIRFLOW__* variables pass through (parallelism defaults to 4),
 # MLOPS_MLFLOW_BACKEND_STORE_URI (cluster profile only: defaults to the `mlflow` database on the
 # cluster's PostgreSQL; MLflow and Airflow both keep an `alembic_version` table, so they cannot share one).
@@ -75,6 +77,7 @@ values = {
     "MLFLOW_ARTIFACTS_DESTINATION": artifacts_destination,
     "PROFILE_MLFLOW_PORT": mlflow_port,
     "SPARK_MASTER": s.spark_master,
+    "SERVING_PORT": s.serving.port,
 }
 for name, value in values.items():
     print(f"{name}={shlex.quote(str(value))}")
@@ -129,6 +132,7 @@ running() {
   case $1 in
     mlflow) [[ $args == *mlflow* ]] ;;
     spark-connect) [[ $args == *SparkConnectServer* ]] ;;
+    serving) [[ $args == *"mlops serve"* ]] ;;
     *) [[ $args == *airflow* ]] ;;
   esac
 }
@@ -160,6 +164,9 @@ wanted=()
 [ "$MANAGE_SPARK" = 1 ] && wanted+=(spark-connect)
 wanted+=(api-server scheduler dag-processor triggerer)
 [ "$MANAGE_MLFLOW" = 1 ] && wanted+=(mlflow)
+# The scoring service reads the same settings (registry, online store, lake); it answers /v2/health/live as
+# soon as it runs, and is ready only once a champion exists, which up.sh does not wait for.
+wanted+=(serving)
 missing=()
 for name in "${wanted[@]}"; do
   if running "$name"; then
@@ -177,6 +184,7 @@ if [ ${#missing[@]} -gt 0 ]; then
       api-server) port=$AIRFLOW_PORT var=MLOPS_AIRFLOW_PORT ;;
       spark-connect) port=$SPARK_CONNECT_PORT var=MLOPS_SPARK_CONNECT_PORT ;;
       mlflow) port=$MLFLOW_PORT var=MLOPS_MLFLOW_PORT ;;
+      serving) port=$SERVING_PORT var=MLOPS_SERVING__PORT ;;
     esac
     if [ -n "$port" ] && port_in_use "$port"; then
       die "port $port (for $name) is taken by another program; stop it or set $var to a free port"
@@ -201,18 +209,22 @@ if [ ${#missing[@]} -gt 0 ]; then
         ${MLFLOW_ARTIFACT_ROOT:+--default-artifact-root "$MLFLOW_ARTIFACT_ROOT"} \
         --artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" \
         --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 ;;
+      serving) ;;  # below, once the rest answers
     esac
   done
 fi
 
 AIRFLOW_URL="http://127.0.0.1:$AIRFLOW_PORT"
+SCORING_URL="http://127.0.0.1:$SERVING_PORT"
 if [ "$MANAGE_MLFLOW" = 1 ]; then MLFLOW_URL="http://127.0.0.1:$MLFLOW_PORT"; else MLFLOW_URL=$MLFLOW_TRACKING_URI; fi
 
 # Ready means: Airflow's health endpoint reports the database, scheduler, dag-processor and triggerer
-# healthy (they heartbeat into the metadata database), and MLflow's /health answers OK. A component that
-# exits while we wait fails at once, naming its log.
-SPARK_CONNECT_PORT=$SPARK_CONNECT_PORT "$PY" - "$TIMEOUT" "$RUN" "$AIRFLOW_URL" "$MLFLOW_URL" "${wanted[@]}" <<'EOF' \
-  || exit 1
+# healthy (they heartbeat into the metadata database), MLflow's /health answers OK, and the scoring service
+# is live (/v2/health/live; not /v2/health/ready, which waits for a champion). A component that exits while
+# we wait fails at once, with the end of its log.
+await_ready() {
+  SPARK_CONNECT_PORT=$SPARK_CONNECT_PORT SCORING_URL=$SCORING_URL "$PY" - "$TIMEOUT" "$RUN" "$AIRFLOW_URL" \
+    "$MLFLOW_URL" "$@" <<'EOF'
 import json
 import os
 import socket
@@ -235,6 +247,8 @@ def get(url: str) -> bytes | None:
 
 
 def airflow_unready() -> list[str]:
+    if "api-server" not in components:
+        return []
     body = get(f"{airflow_url}/api/v2/monitor/health")
     if body is None:
         return ["api-server"]
@@ -256,6 +270,19 @@ def spark_unready() -> list[str]:
         return ["spark-connect"]
 
 
+def serving_unready() -> list[str]:
+    url = f"{os.environ['SCORING_URL']}/v2/health/live"
+    return [] if get(url) is not None else [f"serving ({url})"]
+
+
+def log_tail(name: str, lines: int = 25) -> str:
+    try:
+        tail = (run / f"{name}.log").read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        return f"  (no log: {exc})"
+    return "\n".join(f"  | {line}" for line in tail) or "  (the log is empty)"
+
+
 def exited(name: str) -> bool:
     pid = int((run / f"{name}.pid").read_text())
     try:
@@ -271,15 +298,29 @@ waiting: list[str] = []
 while time.monotonic() < deadline:
     for name in components:
         if exited(name):
-            sys.exit(f"up: {name} exited while starting; read {run / (name + '.log')}")
+            log = run / f"{name}.log"
+            sys.exit(f"up: {name} exited while starting; the end of {log}:\n{log_tail(name)}")
     waiting = airflow_unready() + (mlflow_unready() if "mlflow" in components else [])
     waiting += spark_unready() if "spark-connect" in components else []
+    waiting += serving_unready() if "serving" in components else []
     if not waiting:
         sys.exit(0)
     time.sleep(1)
 logs = ", ".join(str(run / f"{name}.log") for name in components)
 sys.exit(f"up: not ready after {timeout}s: {', '.join(waiting)}; read the logs: {logs}")
 EOF
+}
+
+rest=()
+for name in "${wanted[@]}"; do [ "$name" = serving ] || rest+=("$name"); done
+await_ready "${rest[@]}" || exit 1
+# The scoring service starts once the rest answers: in the local profile it opens the MLflow registry's
+# SQLite database, which the MLflow server creates (and migrates) as it starts; two processes creating the
+# same database at once could collide.
+if [[ " ${missing[*]} " == *" serving "* ]]; then
+  start serving "$BIN/mlops" serve --host 127.0.0.1 --port "$SERVING_PORT"
+fi
+await_ready serving || exit 1
 
 login="see $PASSWORD_FILE"
 if [ -s "$PASSWORD_FILE" ]; then
@@ -293,5 +334,7 @@ echo "Airflow:  $AIRFLOW_URL   (login: $login; password file $PASSWORD_FILE)"
 echo "MLflow:   $MLFLOW_URL$([ "$MANAGE_MLFLOW" = 1 ] || echo '   (not managed here: the profile points at it)')"
 echo "Spark:    $MLOPS_SPARK_REMOTE   (Spark Connect on $SPARK_MASTER$([ "$MANAGE_SPARK" = 1 ] || echo ', not managed here'); \
 MLOPS_SPARK_REMOTE=$MLOPS_SPARK_REMOTE sends 'mlops' commands to it too)"
+echo "Scoring:  $SCORING_URL   (POST /score, /v2/models/<name>/infer, /docs; ready once a champion exists: \
+/v2/health/ready)"
 echo "Logs:     $RUN/*.log      Stop: make down"
 echo "DAGs are paused when first parsed: unpause them in the UI or with '$BIN/airflow dags unpause <dag_id>'."

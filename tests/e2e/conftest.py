@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "mlflow", "spark-connect")
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "mlflow", "spark-connect", "serving")
 DAG_IDS = {"synthetic_landing", "ingest_transactions", "build_features", "retrain_fraud_model"}
 # Three days of 1500 rows: the first two build the champion, the third a challenger. Labels are taken as
 # known after one day (the default of three would leave nothing to train on), and the first model needs no
@@ -48,7 +48,9 @@ def stack_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.pop("MLOPS_PROFILE", None)
     env.pop("MLOPS_SPARK_REMOTE", None)  # the stack starts its own Spark Connect server
-    env.update(MLOPS_HOME=str(home), **extra)
+    # the scoring service's port too: a stack left running elsewhere on this machine may hold the default
+    env.update(MLOPS_HOME=str(home), MLOPS_SERVING__PORT=str(free_port()))
+    env.update(extra)
     return env
 
 

@@ -1,7 +1,8 @@
 """`make up` / `make down` (scripts/up.sh, scripts/down.sh). The shared `demo_stack` was started by up.sh
 (through `mlops demo`) on a fresh MLOPS_HOME and free ports; its teardown runs down.sh and fails if a
 component survives or a second down.sh finds anything to stop. Here: a second `up` starts nothing and
-prints the same URLs and login, MLflow answers, and a port held by another program stops `up` early."""
+prints the same URLs and login, MLflow answers, the scoring service is live and serves the champion the demo
+made, and a port held by another program stops `up` early."""
 
 from __future__ import annotations
 
@@ -10,23 +11,28 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import free_port
 from tests.e2e.conftest import COMPONENTS, run_script, stack_env
 
+# What up.sh starts: the components the shared fixture stops and checks, and the scoring service.
+STACK = (*COMPONENTS, "serving")
+
 
 def test_up_again_starts_nothing_and_prints_the_same_urls_and_login(demo_stack):
     run = demo_stack.home / "run"
-    pids = {name: (run / f"{name}.pid").read_text() for name in COMPONENTS}
+    pids = {name: (run / f"{name}.pid").read_text() for name in STACK}
     again = run_script("up.sh", demo_stack.env, timeout=120)
     assert again.returncode == 0, again.stderr
-    for name in COMPONENTS:
+    for name in STACK:
         assert f"up: {name} is already running" in again.stdout
     assert "started" not in again.stdout
-    assert {name: (run / f"{name}.pid").read_text() for name in COMPONENTS} == pids
+    assert {name: (run / f"{name}.pid").read_text() for name in STACK} == pids
     assert f"Airflow:  {demo_stack.airflow_url}" in again.stdout
     assert f"MLflow:   {demo_stack.mlflow_url}" in again.stdout
     assert re.search(r"login: (\S+) / (\S+);", again.stdout).groups() == (
@@ -35,6 +41,20 @@ def test_up_again_starts_nothing_and_prints_the_same_urls_and_login(demo_stack):
     )
     health = httpx.get(f"{demo_stack.mlflow_url}/health")
     assert (health.status_code, health.text) == (200, "OK")
+
+
+def test_the_stacks_scoring_service_is_live_and_serves_the_champion_the_demo_made(demo_stack):
+    """up.sh waited for /v2/health/live only (there was no champion yet); the service follows the champion
+    alias, so after the demo it is ready too, without a restart."""
+    again = run_script("up.sh", demo_stack.env, timeout=120)
+    (scoring_url,) = re.findall(r"^Scoring:\s+(\S+)", again.stdout, re.MULTILINE)
+    port = demo_stack.env.get("MLOPS_SERVING__PORT", "8000")
+    assert scoring_url == f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{scoring_url}/v2/health/live").status_code == 200
+    deadline = time.monotonic() + 60
+    while (ready := httpx.get(f"{scoring_url}/v2/health/ready")).status_code != 200:
+        assert time.monotonic() < deadline, f"not ready 60 s after the demo: {ready.text}"
+        time.sleep(2)
 
 
 def test_the_doctor_runs_a_spark_job_on_the_stacks_spark_connect_server(demo_stack):
@@ -52,20 +72,25 @@ def test_the_doctor_runs_a_spark_job_on_the_stacks_spark_connect_server(demo_sta
     assert f"Spark Connect server {remote}" in checks["spark"]["detail"]
 
 
-def test_up_refuses_a_port_another_program_holds_and_starts_nothing(tmp_path: Path):
+PORT_VARIABLES = {
+    "api-server": "MLOPS_AIRFLOW_PORT",
+    "mlflow": "MLOPS_MLFLOW_PORT",
+    "spark-connect": "MLOPS_SPARK_CONNECT_PORT",
+    "serving": "MLOPS_SERVING__PORT",
+}
+
+
+@pytest.mark.parametrize("component", ["api-server", "serving"])
+def test_up_refuses_a_port_another_program_holds_and_starts_nothing(tmp_path: Path, component):
     home = tmp_path / "home"
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        env = stack_env(
-            home,
-            MLOPS_AIRFLOW_PORT=str(port),
-            MLOPS_MLFLOW_PORT=str(free_port()),
-            MLOPS_SPARK_CONNECT_PORT=str(free_port()),
-        )
+        ports = {variable: str(free_port()) for variable in PORT_VARIABLES.values()}
+        env = stack_env(home, **{**ports, PORT_VARIABLES[component]: str(port)})
         up = run_script("up.sh", env, timeout=120)
     assert up.returncode == 1
-    assert f"port {port} (for api-server) is taken by another program" in up.stderr
-    assert "MLOPS_AIRFLOW_PORT" in up.stderr
+    assert f"port {port} (for {component}) is taken by another program" in up.stderr
+    assert PORT_VARIABLES[component] in up.stderr
     assert not list((home / "run").glob("*.pid"))

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -132,15 +134,32 @@ def quota_and_limits(objects) -> tuple[dict[str, str], list[dict[str, Any]]]:
     return quota, limit_items
 
 
-# Which namespaces write to the shared filesystem (infra/README.md, "Storage"): Airflow's tasks and MLflow do,
-# training and serving only read it, and their volumes and mounts are read-only.
+# Which namespaces write the whole shared filesystem (infra/README.md, "Storage"): Airflow's tasks and MLflow
+# do; training and serving read it, and every mount of it there is read-only, but for the folders below.
 DATA_WRITABLE = {
     contract.ORCHESTRATION_NAMESPACE: True,
     contract.TRAINING_NAMESPACE: False,
     contract.SERVING_NAMESPACE: False,
 }
-# The one part of the shared filesystem mounted on its own: MLflow's artifact folder, at /mlflow-artifacts.
-DATA_SUBPATH_MOUNTS = {contract.MLFLOW_ARTIFACTS_SUBPATH: f"/{contract.MLFLOW_ARTIFACTS_SUBPATH}"}
+# The scoring service's log, $MLOPS_HOME/scoring_log (core.settings.Settings.scoring_log_dir).
+SCORING_LOG_SUBPATH = "scoring_log"
+# Folders a namespace that otherwise only reads may write: each mounted on its own (a subPath), read-write.
+DATA_WRITABLE_SUBPATHS: dict[str, frozenset[str]] = {
+    contract.ORCHESTRATION_NAMESPACE: frozenset(),
+    contract.TRAINING_NAMESPACE: frozenset(),
+    contract.SERVING_NAMESPACE: frozenset({SCORING_LOG_SUBPATH}),
+}
+# Whether each namespace's volume of the export is writable at all (read-only on the volume itself otherwise).
+DATA_VOLUME_WRITABLE = {
+    namespace: writable or bool(DATA_WRITABLE_SUBPATHS[namespace])
+    for namespace, writable in DATA_WRITABLE.items()
+}
+# The parts of the shared filesystem mounted on their own, and where: MLflow's artifact folder at
+# /mlflow-artifacts, the scoring log where MLOPS_HOME puts it.
+DATA_SUBPATH_MOUNTS = {
+    contract.MLFLOW_ARTIFACTS_SUBPATH: f"/{contract.MLFLOW_ARTIFACTS_SUBPATH}",
+    SCORING_LOG_SUBPATH: f"{contract.DATA_MOUNT}/{SCORING_LOG_SUBPATH}",
+}
 
 
 def data_claim_mounts(pod_spec: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -162,9 +181,17 @@ def data_claim_mounts(pod_spec: dict[str, Any]) -> list[tuple[str, dict[str, Any
 def data_claim_mount_problems(namespace: str, pod_spec: dict[str, Any]) -> list[str]:
     """Why this pod's mounts of the shared filesystem break the storage design; empty when they do not. The
     whole claim goes at contract.DATA_MOUNT (and MLOPS_HOME, where a container sets it, is that path), a
-    sub-folder only as DATA_SUBPATH_MOUNTS says, and in read-only namespaces every mount is read-only."""
+    sub-folder only as DATA_SUBPATH_MOUNTS says, and in read-only namespaces every mount is read-only but a
+    subPath mount of one of the namespace's DATA_WRITABLE_SUBPATHS; the pod's volume of the claim is
+    read-only there unless such a mount needs it writable."""
     problems = []
-    for container, volume, mount in data_claim_mounts(pod_spec):
+    mounts = data_claim_mounts(pod_spec)
+    writable_volumes = {
+        volume["name"]
+        for _, volume, mount in mounts
+        if mount.get("subPath") in DATA_WRITABLE_SUBPATHS[namespace] and not mount.get("readOnly")
+    }
+    for container, volume, mount in mounts:
         where = f"{namespace} {container}: {mount['mountPath']}"
         sub_path = mount.get("subPath")
         if sub_path is None and mount["mountPath"] != contract.DATA_MOUNT:
@@ -172,9 +199,9 @@ def data_claim_mount_problems(namespace: str, pod_spec: dict[str, Any]) -> list[
         if sub_path is not None and DATA_SUBPATH_MOUNTS.get(sub_path) != mount["mountPath"]:
             problems.append(f"{where}: subPath {sub_path} is not one of {DATA_SUBPATH_MOUNTS}")
         if not DATA_WRITABLE[namespace]:
-            if not mount.get("readOnly"):
+            if not mount.get("readOnly") and sub_path not in DATA_WRITABLE_SUBPATHS[namespace]:
                 problems.append(f"{where}: must be mounted readOnly in {namespace}")
-            if not volume["persistentVolumeClaim"].get("readOnly"):
+            if not volume["persistentVolumeClaim"].get("readOnly") and volume["name"] not in writable_volumes:
                 problems.append(
                     f"{where}: the volume's persistentVolumeClaim must be readOnly in {namespace}"
                 )
@@ -191,3 +218,171 @@ def data_claim_mount_problems(namespace: str, pod_spec: dict[str, Any]) -> list[
                     f"{namespace} {container['name']}: MLOPS_HOME={home} without the claim mounted there"
                 )
     return problems
+
+
+# --- infra/helm/fraud-scoring, rendered without helm -------------------------------------------------------
+#
+# No helm binary reaches this machine (nor CI's), so the chart is rendered by the small renderer below, which
+# knows exactly the template language the chart uses and refuses anything else: actions with Go's trim markers
+# (`{{- ` and ` -}}`), values (`.Values.a.b`, `.Release.Name|Namespace|Service`, `.Chart.Name|Version|
+# AppVersion`), `range $key, $value := <map>` (keys in sorted order, as Go ranges over a map) ... `end`, and
+# the functions quote, toYaml, nindent and indent with Helm's (sprig's) meanings. A value printed or quoted
+# must be a string: Helm prints numbers of a values file as floats (2e+06), so the values file has none.
+# `helm lint` / `helm template` remain the deploy-time check (infra/README.md).
+
+CHART_DIR = INFRA / "helm" / "fraud-scoring"
+_ACTION = re.compile(r"\{\{(- )?(.*?)( -)?\}\}", re.DOTALL)
+_RANGE = re.compile(r"range \$(\w+), \$(\w+) := (\S+)")
+
+
+class TemplateError(ValueError):
+    """The template uses something the renderer does not know, or names a value that is not there."""
+
+
+def _template_tree(text: str) -> list[Any]:
+    """Text and actions, trim markers applied, `range` ... `end` nested: [str | ("action", expr) |
+    ("range", key, value, expr, body)]."""
+    pieces: list[Any] = []
+    position, trim_next = 0, False
+    for match in _ACTION.finditer(text):
+        before = text[position : match.start()]
+        if trim_next:
+            before = before.lstrip()
+        if match.group(1):
+            before = before.rstrip()
+        pieces += [before, ("action", match.group(2).strip())]
+        position, trim_next = match.end(), bool(match.group(3))
+    rest = text[position:]
+    pieces.append(rest.lstrip() if trim_next else rest)
+    if "{{" in "".join(p for p in pieces if isinstance(p, str)):
+        raise TemplateError("an action without its trim markers' spaces or closing braces")
+
+    def nest(items: list[Any], inside_range: bool) -> tuple[list[Any], list[Any]]:
+        tree: list[Any] = []
+        while items:
+            item, items = items[0], items[1:]
+            if isinstance(item, str):
+                tree.append(item)
+            elif item[1] == "end":
+                if not inside_range:
+                    raise TemplateError("`end` without `range`")
+                return tree, items
+            elif item[1].startswith("range "):
+                match = _RANGE.fullmatch(item[1])
+                if not match:
+                    raise TemplateError(f"unsupported range: {item[1]}")
+                body, items = nest(items, True)
+                tree.append(("range", *match.groups(), body))
+            else:
+                tree.append(item)
+        if inside_range:
+            raise TemplateError("`range` without `end`")
+        return tree, items
+
+    return nest(pieces, False)[0]
+
+
+def _lookup(path: str, scope: dict[str, Any]) -> Any:
+    if path.startswith("$"):
+        name = path[1:]
+        if name not in scope["vars"]:
+            raise TemplateError(f"undefined variable {path}")
+        return scope["vars"][name]
+    if not path.startswith("."):
+        raise TemplateError(f"unsupported term: {path}")
+    node: Any = scope["root"]
+    for part in path[1:].split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise TemplateError(f"{path}: no such value")
+        node = node[part]
+    return node
+
+
+def _quote(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TemplateError(f"quote of {value!r}: write it as a string in the values")
+    return json.dumps(value)
+
+
+def _indent(spaces: str, text: str) -> str:
+    pad = " " * int(spaces)
+    return pad + text.replace("\n", "\n" + pad)
+
+
+_FUNCTIONS = {
+    "quote": _quote,
+    # sigs.k8s.io/yaml's Marshal, with Helm's trailing newline removed.
+    "toYaml": lambda value: yaml.safe_dump(value, sort_keys=True, default_flow_style=False).rstrip("\n"),
+    "indent": _indent,
+    "nindent": lambda spaces, text: "\n" + _indent(spaces, text),
+}
+
+
+def _evaluate(expr: str, scope: dict[str, Any]) -> str:
+    value: Any = None
+    for index, command in enumerate(part.split() for part in expr.split("|")):
+        if not command:
+            raise TemplateError(f"empty command in {expr!r}")
+        name, args = command[0], command[1:]
+        if name in _FUNCTIONS:
+            arguments = [a if a.isdigit() else _lookup(a, scope) for a in args]
+            value = _FUNCTIONS[name](*arguments, *([value] if index else []))
+        elif index == 0 and not args:
+            value = _lookup(name, scope)
+        else:
+            raise TemplateError(f"unsupported command {' '.join(command)!r} in {expr!r}")
+    if not isinstance(value, str):
+        raise TemplateError(f"{expr!r} prints {value!r}: write it as a string in the values")
+    return value
+
+
+def _render_tree(tree: list[Any], scope: dict[str, Any]) -> str:
+    out = []
+    for node in tree:
+        if isinstance(node, str):
+            out.append(node)
+        elif node[0] == "action":
+            out.append(_evaluate(node[1], scope))
+        else:
+            _, key_name, value_name, path, body = node
+            mapping = _lookup(path, scope)
+            if not isinstance(mapping, dict):
+                raise TemplateError(f"range over {path}, which is not a map")
+            for key in sorted(mapping):
+                inner = {**scope, "vars": {**scope["vars"], key_name: key, value_name: mapping[key]}}
+                out.append(_render_tree(body, inner))
+    return "".join(out)
+
+
+def render_helm_template(text: str, values: dict[str, Any], release: dict[str, str], chart: dict[str, str]):
+    root = {"Values": values, "Release": release, "Chart": chart}
+    return _render_tree(_template_tree(text), {"root": root, "vars": {}})
+
+
+def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` deep-merged into a copy of `base`, as Helm merges --set and -f values into the chart's."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def render_chart(
+    chart_dir: Path = CHART_DIR,
+    overrides: dict[str, Any] | None = None,
+    namespace: str = contract.SERVING_NAMESPACE,
+    release_name: str = "fraud-scoring",
+) -> list[dict[str, Any]]:
+    """`helm template <release_name> <chart_dir> --namespace <namespace>` with `overrides`, as objects."""
+    meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
+    chart = {key[0].upper() + key[1:]: str(value) for key, value in meta.items()}
+    values = merged(yaml.safe_load((chart_dir / "values.yaml").read_text()), overrides or {})
+    release = {"Name": release_name, "Namespace": namespace, "Service": "Helm"}
+    objects = []
+    for template in sorted((chart_dir / "templates").glob("*.yaml")):
+        text = render_helm_template(template.read_text(), values, release, chart)
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects

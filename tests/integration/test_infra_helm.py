@@ -1,13 +1,18 @@
-"""infra/helm/airflow/values.yaml against the decisions it encodes and the names the cluster objects use.
+"""infra/helm: the Airflow values against the decisions they encode and the names the cluster objects use, and
+the scoring service's chart against the kustomize objects it repeats.
 
-The official chart is not reachable offline, so these tests check the values themselves: executor, external
-database, secrets only by reference, baked DAGs, sizing, the restricted profile, and that every name and
-address the Airflow pods are given agrees with orchestration/k8s_contract.py, core/settings.py and infra/k8s.
-`helm lint` / `helm template` against the pinned chart version is the deploy-time check (infra/README.md).
+The official Airflow chart is not reachable offline, so these tests check the values themselves: executor,
+external database, secrets only by reference, baked DAGs, sizing, the restricted profile, and that every name
+and address the Airflow pods are given agrees with orchestration/k8s_contract.py, core/settings.py and
+infra/k8s. The scoring chart (infra/helm/fraud-scoring) is rendered by conftest.render_chart, which knows the
+template language the chart uses and nothing more. The settings of every pod that runs the project's code
+(Airflow's, the scoring service's from kustomize and from the chart) are read from exactly the environment
+those files give it. `helm lint` / `helm template` are the deploy-time check (infra/README.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -19,6 +24,18 @@ import yaml
 
 from core.settings import SECRET_SETTINGS, ClusterServices, Profile, Settings, setting_env_names
 from orchestration import k8s_contract as contract
+from tests.integration.conftest import (
+    CHART_DIR,
+    DATA_SUBPATH_MOUNTS,
+    OVERLAYS,
+    SCORING_LOG_SUBPATH,
+    TemplateError,
+    data_claim_mount_problems,
+    one,
+    render_chart,
+    render_helm_template,
+    schema_errors,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = yaml.safe_load((REPO / "infra" / "helm" / "airflow" / "values.yaml").read_text())
@@ -178,6 +195,9 @@ UNSET_MEANS = {
     "MLOPS_CLUSTER__OBJECT_STORE_URI": "DVC remote on the shared filesystem ($MLOPS_HOME/dvc-remote)",
     "MLOPS_CLUSTER__OBJECT_STORE_REGION": "no object storage, so no region to check",
     "MLOPS_CLUSTER__OBJECT_STORE_ENDPOINT": "no object storage, so no endpoint to check",
+    # The scoring service's live entity state takes over from the lake's history when it starts; a time is
+    # set only to replay a past day through it.
+    "MLOPS_SERVING__LIVE_FROM": "the scoring service's start time",
 }
 # Settings whose cluster value differs from the code's default on purpose; every other one in values.yaml
 # repeats the default, so a default changed in code and not here fails below instead of drifting apart.
@@ -345,3 +365,256 @@ def test_every_airflow_container_mounts_the_shared_filesystem_read_write_at_the_
     assert mount["mountPath"] == contract.DATA_MOUNT
     assert not mount.get("readOnly") and not mount.get("subPath")
     assert env_value("MLOPS_HOME") == contract.DATA_MOUNT
+
+
+# --- the scoring service: kustomize's Deployment and the chart, settings and objects ------------------------
+#
+# The scoring pod gets every setting as a plain `env` value, its credentials from Secrets of the serving
+# namespace and its address from the downward API (infra/k8s/base/serving/fraud-scoring.yaml); the chart
+# renders the same container. Its environment is rebuilt here the same way as the Airflow pods', and the
+# settings read from it.
+
+SCORING_SECRET_PLACEHOLDERS = {
+    ("mlops-feast-redis-url", "url"): SECRET_PLACEHOLDERS[("mlops-feast-redis-url", "url")],
+    ("mlops-mlflow-client", "username"): "scoring",
+    ("mlops-mlflow-client", "password"): "placeholder",
+}
+# What the scoring pod leaves unset besides UNSET_MEANS, and why.
+SCORING_UNSET = {
+    **UNSET_MEANS,
+    # The service keeps no promotion history: no database credential, nor a route to the database, in the
+    # serving namespace. The code's default (a local address) is never used there.
+    "MLOPS_CLUSTER__POSTGRES_DSN": "no database: the scoring service reads the registry through MLflow",
+}
+# Settings that differ between the scoring pod and the Airflow pods on purpose; all others must agree, so a
+# value changed for one (a threshold, a window) and not the other fails here.
+PER_POD = {
+    "MLOPS_SERVING__HOST": "the scoring service listens on the pod's address; Airflow runs no service",
+    "MLOPS_CLUSTER__SPARK_MASTER": "Spark runs in Airflow's task pods (local[2]); none in the scoring image",
+    "MLOPS_CLUSTER__POSTGRES_DSN": "only Airflow's pods write the promotion history",
+}
+
+
+def _scoring_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = one(objects, "Deployment", "fraud-scoring", contract.SERVING_NAMESPACE)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def container_env_sources(container: dict[str, Any]) -> dict[str, str]:
+    """Each variable the container gets, and from where: `value`, `secret` or `downward`."""
+    assert not container.get("envFrom"), "settings are plain values, so a change replaces the pod"
+    sources: dict[str, str] = {}
+    for item in container["env"]:
+        assert item["name"] not in sources, f"{item['name']} is set twice"
+        value_from = item.get("valueFrom") or {}
+        sources[item["name"]] = (
+            "value" if "value" in item else "secret" if "secretKeyRef" in value_from else "downward"
+        )
+    return sources
+
+
+def container_environment(container: dict[str, Any]) -> dict[str, str]:
+    env = {}
+    for item in container["env"]:
+        if "value" in item:
+            assert isinstance(item["value"], str), f"{item['name']}: a Kubernetes env value is a string"
+            env[item["name"]] = item["value"]
+        elif ref := item["valueFrom"].get("secretKeyRef"):
+            env[item["name"]] = SCORING_SECRET_PLACEHOLDERS[(ref["name"], ref["key"])]
+        else:
+            env[item["name"]] = DOWNWARD_API[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+@pytest.fixture(scope="module", params=[*(f"kustomize {o}" for o in OVERLAYS), "helm chart"])
+def scoring_objects(request, rendered) -> list[dict[str, Any]]:
+    """The scoring service's objects as each overlay renders them, and as the chart does with its values."""
+    if request.param == "helm chart":
+        return render_chart()
+    return rendered[request.param.removeprefix("kustomize ")]
+
+
+def test_every_setting_is_given_to_the_scoring_pod_or_listed_as_unset_on_purpose(scoring_objects):
+    sources = container_env_sources(_scoring_container(scoring_objects))
+    missing = [name for name in setting_env_names() if name not in sources and name not in SCORING_UNSET]
+    assert missing == [], "set these in the scoring Deployment's env (and the chart), or list them above"
+    assert not set(SCORING_UNSET) & set(sources), "a setting listed as unset is set after all"
+    unknown = set(sources) - set(setting_env_names()) - MLFLOW_VARIABLES
+    assert unknown == set(), "misspelt? not a core.settings setting nor a known library variable"
+    defaults = Settings.model_construct()
+    for name in set(SCORING_UNSET) - {"MLOPS_CLUSTER__POSTGRES_DSN"}:
+        assert setting_value(defaults, name) is None, f"{name} has a default: set it explicitly"
+
+
+def test_the_scoring_pods_credentials_come_only_from_secrets(scoring_objects):
+    sources = container_env_sources(_scoring_container(scoring_objects))
+    for name in {"MLOPS_CLUSTER__REDIS_URL", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}:
+        assert sources.get(name) == "secret", name
+    assert "MLOPS_CLUSTER__POSTGRES_DSN" not in sources
+
+
+def test_the_scoring_pods_settings_point_at_cluster_services_and_its_own_port(scoring_objects, monkeypatch):
+    container = _scoring_container(scoring_objects)
+    settings = settings_from(monkeypatch, container_environment(container))
+    assert settings.profile is Profile.CLUSTER
+    assert settings.home == Path(contract.DATA_MOUNT)
+    assert settings.online_store == "redis"
+    for what, address in {
+        "redis_url": settings.cluster.redis_url,
+        "mlflow_tracking_uri": settings.mlflow_tracking_uri,
+    }.items():
+        assert _host(address) not in LOOPBACK_HOSTS | {None}, f"{what}={address}"
+    assert settings.cluster.spark_driver_host not in LOOPBACK_HOSTS
+    assert re.fullmatch(r"local\[\d+\]", settings.spark_master), settings.spark_master
+    # It listens where the probes, the Service and the command say.
+    (port,) = container["ports"]
+    assert settings.serving.port == port["containerPort"]
+    assert container["command"] == [
+        "mlops",
+        "serve",
+        "--host",
+        settings.serving.host,
+        "--port",
+        str(port["containerPort"]),
+    ]
+    assert settings.serving.host == "0.0.0.0"
+    # The scoring log goes where the writable mount is.
+    assert str(settings.scoring_log_dir) == DATA_SUBPATH_MOUNTS[SCORING_LOG_SUBPATH]
+    assert settings.serving.scoring_log is True
+
+
+def test_the_scoring_pod_and_the_airflow_pods_read_the_same_settings(scoring_objects, monkeypatch):
+    scoring = settings_from(monkeypatch, container_environment(_scoring_container(scoring_objects)))
+    airflow = settings_from(monkeypatch, pod_environment(VALUES))
+    differ = {
+        name for name in setting_env_names() if setting_value(scoring, name) != setting_value(airflow, name)
+    }
+    assert differ - set(PER_POD) == set(), "the scoring pod and the Airflow pods disagree"
+    assert set(PER_POD) - {"MLOPS_CLUSTER__POSTGRES_DSN"} <= differ, "no longer differs: drop it from PER_POD"
+
+
+def test_the_comparison_catches_a_threshold_changed_on_one_side_only(monkeypatch):
+    changed = render_chart(overrides={"threshold": "0.7"})
+    scoring = settings_from(monkeypatch, container_environment(_scoring_container(changed)))
+    airflow = settings_from(monkeypatch, pod_environment(VALUES))
+    assert (scoring.serving.threshold, airflow.serving.threshold) == (0.7, 0.5)
+
+
+# --- the chart ---------------------------------------------------------------------------------------------
+
+CHART_VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+KUSTOMIZE_SCORING = [
+    *yaml.safe_load_all((BASE / "serving" / "fraud-scoring.yaml").read_text()),
+    one(
+        list(yaml.safe_load_all((BASE / "network-policies" / "serving.yaml").read_text())),
+        "NetworkPolicy",
+        "fraud-scoring",
+    ),
+]
+
+
+def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without its metadata labels (the chart adds Helm's), its container env as a map (the chart
+    sorts the settings by name)."""
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"].pop("labels", None)
+    if obj["kind"] == "Deployment":
+        for container in obj["spec"]["template"]["spec"]["containers"]:
+            container["env"] = {item["name"]: item for item in container["env"]}
+    return obj
+
+
+def test_the_chart_renders_the_kustomize_objects_with_its_default_values():
+    chart = {(obj["kind"], obj["metadata"]["name"]): obj for obj in render_chart()}
+    base = {(obj["kind"], obj["metadata"]["name"]): obj for obj in KUSTOMIZE_SCORING}
+    assert set(chart) == set(base)
+    for key, obj in chart.items():
+        assert _comparable(obj) == _comparable(base[key]), key
+        labels = obj["metadata"]["labels"]
+        assert set(base[key]["metadata"].get("labels", {}).items()) <= set(labels.items())
+        assert (
+            labels[contract.APP_LABEL] == "fraud-scoring" and labels["app.kubernetes.io/managed-by"] == "Helm"
+        )
+
+
+def test_the_chart_objects_validate_and_pass_the_restricted_profile_and_the_storage_design(infra_tools):
+    objects = render_chart()
+    assert schema_errors(infra_tools, objects) == []
+    deployment = one(objects, "Deployment", "fraud-scoring", contract.SERVING_NAMESPACE)
+    spec = deployment["spec"]["template"]["spec"]
+    assert contract.restricted_profile_violations(spec) == []
+    assert data_claim_mount_problems(contract.SERVING_NAMESPACE, spec) == []
+
+
+def test_the_chart_values_set_the_image_the_threshold_and_the_batching(monkeypatch):
+    objects = render_chart(
+        overrides={
+            "image": {"repository": "registry.internal/fraud/mlops-fraud-scoring", "tag": "1.4.2"},
+            "threshold": "0.35",
+            "batching": {"maxBatchSize": "256", "maxWaitMs": "2.5"},
+            "settings": {"MLOPS_SERVING__SHADOW": "false"},
+        },
+        namespace="scoring-canary",
+    )
+    container = _scoring_container(
+        [{**o, "metadata": {**o["metadata"], "namespace": contract.SERVING_NAMESPACE}} for o in objects]
+    )
+    assert container["image"] == "registry.internal/fraud/mlops-fraud-scoring:1.4.2"
+    assert {o["metadata"]["namespace"] for o in objects} == {"scoring-canary"}
+    settings = settings_from(monkeypatch, container_environment(container))
+    assert settings.serving.threshold == 0.35
+    assert (settings.serving.max_batch_size, settings.serving.max_wait_ms) == (256, 2.5)
+    assert settings.serving.shadow is False
+
+
+def test_the_chart_values_hold_no_credential_and_give_settings_as_strings():
+    assert inline_secrets(CHART_VALUES) == []
+    image = CHART_VALUES["image"]
+    assert image["repository"].endswith("/mlops-fraud-scoring") and image["tag"] not in ("", "latest")
+    given = [
+        CHART_VALUES["threshold"],
+        *CHART_VALUES["batching"].values(),
+        *CHART_VALUES["settings"].values(),
+    ]
+    assert all(isinstance(value, str) for value in given), "Helm prints a number of a values file as a float"
+    assert not set(CHART_VALUES["settings"]) & {
+        "MLOPS_SERVING__THRESHOLD",
+        "MLOPS_SERVING__MAX_BATCH_SIZE",
+        "MLOPS_SERVING__MAX_WAIT_MS",
+    }, "these are the values threshold and batching, set once"
+    meta = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert meta["apiVersion"] == "v2" and meta["name"] == "fraud-scoring"
+    assert meta["appVersion"] == image["tag"]
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("a:\n  {{- toYaml .Values.m | nindent 2 }}\nb: 1", "a:\n  x: 1\n  y: '2'\nb: 1"),
+        ("{{ .Values.s | quote }}", '"say \\"hi\\""'),
+        ("l:\n  {{- range $k, $v := .Values.m }}\n  - {{ $k }}\n  {{- end }}\nend", "l:\n  - x\n  - y\nend"),
+        ("{{ .Release.Namespace }}-{{ .Chart.Name }}", "ns-chart"),
+    ],
+)
+def test_the_renderer_follows_helms_trim_markers_ranges_and_functions(template, expected):
+    values = {"m": {"y": "2", "x": 1}, "s": 'say "hi"'}
+    rendered = render_helm_template(template, values, {"Namespace": "ns"}, {"Name": "chart"})
+    assert rendered == expected
+
+
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ("{{ .Values.missing }}", "no such value"),
+        ("{{ .Values.n | quote }}", "write it as a string"),
+        ("{{ .Values.n }}", "write it as a string"),
+        ('{{ include "name" . }}', "unsupported command"),
+        ("{{ .Values.s | upper }}", "unsupported command"),
+        ("{{ range $k, $v := .Values.m }}x", "without `end`"),
+        ("{{-.Values.s}}", "unsupported term"),
+    ],
+)
+def test_the_renderer_refuses_what_it_does_not_know(template, error):
+    with pytest.raises(TemplateError, match=re.escape(error)):
+        render_helm_template(template, {"n": 2000000, "s": "x", "m": {}}, {}, {})

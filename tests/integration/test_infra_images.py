@@ -1,18 +1,22 @@
-"""The two images: what each Dockerfile installs, the dependency closure that follows, and what it runs as.
+"""The three images: what each Dockerfile installs, the dependency closure that follows, and what it runs as.
 
 No Docker engine is needed: the Dockerfiles are parsed, and the packages an image would get are computed by
 walking the project's extras through the installed distributions' metadata (the same versions the lock pins).
+checkov's dockerfile framework lints all three (tests/integration/test_infra_k8s.py).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -20,7 +24,10 @@ from orchestration import k8s_contract as contract
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "infra" / "docker"
-PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+PROJECT = PYPROJECT["project"]
+# The project's own packages (what its wheel holds).
+OUR_PACKAGES = set(PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"])
 LOCK = dict(
     line.split("==", 1) for line in (REPO / "requirements.lock").read_text().splitlines() if "==" in line
 )
@@ -117,10 +124,17 @@ def closure(extras: set[str]) -> set[str]:
 
 TRAINING = DOCKER / "training.Dockerfile"
 AIRFLOW = DOCKER / "airflow.Dockerfile"
+SERVING = DOCKER / "serving.Dockerfile"
+IMAGES = [TRAINING, AIRFLOW, SERVING]
 
 
 @pytest.mark.parametrize(
-    ("dockerfile", "extras"), [(TRAINING, {"training", "cluster"}), (AIRFLOW, {"airflow", "data", "cluster"})]
+    ("dockerfile", "extras"),
+    [
+        (TRAINING, {"training", "cluster"}),
+        (AIRFLOW, {"airflow", "data", "cluster"}),
+        (SERVING, {"serving", "cluster"}),
+    ],
 )
 def test_each_image_installs_its_extras_constrained_by_the_lock(dockerfile, extras):
     assert installed_extras(dockerfile) == extras
@@ -137,6 +151,77 @@ def test_the_airflow_image_carries_no_torch_and_the_training_image_no_airflow():
     assert {"torch", "mlflow", "onnx", "onnxruntime"} <= training
 
 
+def test_the_scoring_image_carries_the_onnx_runtime_and_no_torch_airflow_spark_or_full_mlflow():
+    """The lock pins torch (for the training image); as constraints it installs nothing the extras do not
+    pull in, so the scoring image's closure decides what it carries."""
+    serving = closure(installed_extras(SERVING))
+    assert "torch" in LOCK
+    assert not {"torch", "mlflow", "onnx", "scikit-learn", "matplotlib", "dvc", "dvc-data"} & serving
+    assert not {"apache-airflow", "apache-airflow-core", "pyspark", "great-expectations"} & serving
+    assert not any(name.startswith("nvidia-") for name in serving)
+    assert {"fastapi", "uvicorn", "onnxruntime", "mlflow-skinny", "feast", "redis", "pyarrow"} <= serving
+    assert {"psycopg2-binary", "uvloop", "httptools"} <= serving  # cluster extra, uvicorn[standard]
+
+
+# Modules the scoring service imports only inside functions, when it first needs them.
+SERVING_LAZY_IMPORTS = ("uvicorn", "onnxruntime", "mlflow", "feast", "redis", "pyarrow.parquet")
+IMPORT_GUARD = """
+import importlib, importlib.abc, json, pkgutil, sys
+allowed, foreign, modules = json.loads(sys.argv[1])
+
+class NotInTheImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in foreign and top not in allowed:
+            raise ModuleNotFoundError(f"{top} is not in the scoring image (imported as {name})")
+        return None
+
+sys.meta_path.insert(0, NotInTheImage())
+import serving
+names = [f"serving.{m.name}" for m in pkgutil.iter_modules(serving.__path__)] + modules
+for name in names:
+    importlib.import_module(name)
+print(json.dumps(sorted(names)))
+"""
+
+
+def test_everything_the_scoring_service_imports_is_in_the_scoring_image():
+    """Import every module of serving/, the `mlops` CLI that runs it and the libraries it loads lazily, in a
+    process where any third-party module outside the scoring image's closure fails to import."""
+    distributions = closure(installed_extras(SERVING))
+    owners = metadata.packages_distributions()
+    foreign = {module for module in owners if module not in OUR_PACKAGES}
+    allowed = {
+        module
+        for module, names in owners.items()
+        if any(canonicalize_name(name) in distributions for name in names)
+    }
+    assert {"torch", "airflow", "pyspark"} <= foreign - allowed, "the guard would not catch them"
+    modules = ["mlops.cli", *SERVING_LAZY_IMPORTS]
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_GUARD, json.dumps([sorted(allowed), sorted(foreign), modules])],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"serving.app", "serving.models", "serving.scoring_log", "mlops.cli"} <= set(imported)
+
+
+def test_the_import_guard_refuses_a_module_outside_the_scoring_image():
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_GUARD, json.dumps([[], ["torch"], ["torch"]])],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert "torch is not in the scoring image" in done.stderr
+
+
 def test_the_closure_follows_transitive_dependencies_and_extras():
     # sympy comes only through torch, alembic through mlflow, redis through feast[redis]: if the walk stopped
     # at the first level, the image checks above would pass for the wrong reason.
@@ -146,7 +231,7 @@ def test_the_closure_follows_transitive_dependencies_and_extras():
     assert {"torch", "apache-airflow"} <= everything
 
 
-@pytest.mark.parametrize("dockerfile", [TRAINING, AIRFLOW])
+@pytest.mark.parametrize("dockerfile", IMAGES)
 def test_every_base_image_is_pinned(dockerfile):
     bases = base_images(dockerfile)
     assert bases
@@ -155,7 +240,7 @@ def test_every_base_image_is_pinned(dockerfile):
         assert tag and tag != "latest" and "$" not in base, f"{dockerfile.name}: FROM {base}"
 
 
-@pytest.mark.parametrize("dockerfile", [TRAINING, AIRFLOW])
+@pytest.mark.parametrize("dockerfile", IMAGES)
 def test_every_base_image_is_a_build_argument_so_the_same_file_builds_on_a_local_base(dockerfile):
     defaults = arg_defaults(dockerfile)
     for op, args in instructions(dockerfile):
@@ -188,7 +273,45 @@ def test_the_airflow_image_is_the_official_base_of_the_locked_airflow_version_an
     assert any(args.endswith("dags /opt/airflow/dags") for args in copies), "DAGs are baked into the image"
 
 
-@pytest.mark.parametrize("dockerfile", [TRAINING, AIRFLOW])
+def test_the_scoring_image_is_python_311_non_root_and_runs_the_deployments_command():
+    stage = final_stage(SERVING)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base_images(SERVING)[-1])
+    users = [args for op, args in stage if op == "USER"]
+    assert users[-1] == "10001:10001"
+    (cmd,) = [args for op, args in stage if op == "CMD"]
+    assert not [args for op, args in stage if op == "ENTRYPOINT"]
+    # The Deployment (and the chart) run the same command, on the port its probes and Service use.
+    manifest = REPO / "infra" / "k8s" / "base" / "serving" / "fraud-scoring.yaml"
+    deployment = next(d for d in yaml.safe_load_all(manifest.read_text()) if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert (
+        json.loads(cmd) == container["command"] == ["mlops", "serve", "--host", "0.0.0.0", "--port", "8000"]
+    )
+    (port,) = container["ports"]
+    assert [args for op, args in stage if op == "EXPOSE"] == [str(port["containerPort"])] == ["8000"]
+    assert pod["securityContext"]["runAsUser"] == 10001
+    env = dict(
+        line.split("=", 1) for op, args in stage if op == "ENV" for line in args.split() if "=" in line
+    )
+    assert env["HOME"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1"  # read-only root: /tmp writable
+    assert env["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] == "false"
+
+
+@pytest.mark.parametrize("dockerfile", IMAGES)
+def test_the_commit_is_required_and_baked_in_last(dockerfile):
+    """GIT_COMMIT has no default, an empty one stops the build, and it becomes MLOPS_GIT_COMMIT after every
+    layer that installs or copies anything, so a new commit rebuilds only that last layer."""
+    stage = final_stage(dockerfile)
+    (arg,) = [i for i, (op, args) in enumerate(stage) if op == "ARG" and args.startswith("GIT_COMMIT")]
+    assert stage[arg][1] == "GIT_COMMIT"
+    guard, env = stage[arg + 1], stage[arg + 2]
+    assert guard[0] == "RUN" and guard[1].startswith('test -n "${GIT_COMMIT}" || {') and "exit 1" in guard[1]
+    assert env == ("ENV", "MLOPS_GIT_COMMIT=${GIT_COMMIT}")
+    assert not [op for op, _ in stage[arg + 3 :] if op in ("RUN", "COPY", "ADD")]
+
+
+@pytest.mark.parametrize("dockerfile", IMAGES)
 def test_the_build_context_admits_exactly_what_the_dockerfile_copies(dockerfile):
     ignore = [
         line.strip()

@@ -20,10 +20,13 @@ import yaml
 
 from orchestration import k8s_contract as contract
 from tests.integration.conftest import (
+    DATA_SUBPATH_MOUNTS,
+    DATA_VOLUME_WRITABLE,
     DATA_WRITABLE,
     INFRA,
     OVERLAYS,
     REPO,
+    SCORING_LOG_SUBPATH,
     InfraTools,
     data_claim_mount_problems,
     data_claim_mounts,
@@ -34,6 +37,8 @@ from tests.integration.conftest import (
 )
 
 NAMESPACES = {contract.ORCHESTRATION_NAMESPACE, contract.TRAINING_NAMESPACE, contract.SERVING_NAMESPACE}
+# The label an operator puts on a namespace whose pods may call the scoring service (infra/README.md).
+SCORING_CLIENT_LABEL = "mlops-fraud/scoring-client"
 TRAINING_IMAGE = contract.training_image("registry.example.com", "0.1.0")
 # Labels the official Airflow chart puts on a task pod; `tier: airflow` is on every pod of the release.
 AIRFLOW_POD_LABELS = {"tier": "airflow", "component": "worker", "release": "airflow"}
@@ -169,7 +174,12 @@ def test_quota_and_limits_name_the_contract_gpu_resource(rendered, overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_workload_passes_the_restricted_profile(rendered, overlay):
     found = workloads(rendered[overlay])
-    assert {obj["metadata"]["name"] for obj, _ in found} >= {"mlflow", "feast-redis", "feast-feature-server"}
+    assert {obj["metadata"]["name"] for obj, _ in found} >= {
+        "mlflow",
+        "feast-redis",
+        "feast-feature-server",
+        "fraud-scoring",
+    }
     for obj, spec in found:
         assert contract.restricted_profile_violations(spec) == [], obj["metadata"]["name"]
 
@@ -288,7 +298,9 @@ def _peer_matches(peer, policy_ns, namespace_labels, src_ns, src_labels) -> bool
 
 def _allowed(objects, direction, at_ns, at_labels, peer_ns, peer_labels, port) -> bool:
     """Whether the policies selecting (at_ns, at_labels) let traffic through in `direction` to or from the
-    in-cluster peer on this TCP port. Every namespace here is default-deny, so absent a rule it is refused."""
+    in-cluster peer on this TCP port. A pod no policy of that direction selects is not isolated (a namespace
+    without policies, such as a caller's); every namespace here is default-deny, so absent a rule it is
+    refused."""
     # The API server adds kubernetes.io/metadata.name to every namespace; the manifests do not carry it.
     namespace_labels = {
         ns["metadata"]["name"]: {
@@ -298,10 +310,14 @@ def _allowed(objects, direction, at_ns, at_labels, peer_ns, peer_labels, port) -
         for ns in find(objects, "Namespace")
     }
     policy_type, peers_key = ("Ingress", "from") if direction == "ingress" else ("Egress", "to")
-    for policy in find(objects, "NetworkPolicy", namespace=at_ns):
-        spec = policy["spec"]
-        if policy_type not in spec["policyTypes"] or not _selects(spec["podSelector"], at_labels):
-            continue
+    isolating = [
+        policy["spec"]
+        for policy in find(objects, "NetworkPolicy", namespace=at_ns)
+        if policy_type in policy["spec"]["policyTypes"] and _selects(policy["spec"]["podSelector"], at_labels)
+    ]
+    if not isolating:
+        return True
+    for spec in isolating:
         for rule in spec.get(direction, []):
             ports = rule.get("ports")
             if ports is not None and not any(p.get("port") == port and p["protocol"] == "TCP" for p in ports):
@@ -374,6 +390,38 @@ def test_the_needed_paths_are_open_and_nothing_else_between_the_services(rendere
     assert not _reachable(objects, stray, mlflow, mlflow_port)
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scoring_service_reaches_redis_and_mlflow_and_answers_only_its_callers(rendered, overlay):
+    # Two namespaces of callers: one labelled as the scoring service's client, one not.
+    clients = [
+        {"kind": "Namespace", "metadata": {"name": "payments", "labels": {SCORING_CLIENT_LABEL: "true"}}},
+        {"kind": "Namespace", "metadata": {"name": "elsewhere", "labels": {}}},
+    ]
+    objects = rendered[overlay] + clients
+    scoring = _pod_labels(objects, "fraud-scoring")
+    scoring_port = _container_port(objects, "fraud-scoring")
+    redis = _pod_labels(objects, "feast-redis")
+    mlflow = _pod_labels(objects, "mlflow")
+    assert scoring_port == _service_port(objects, "fraud-scoring") == 8000
+
+    assert _reachable(objects, scoring, redis, _container_port(objects, "feast-redis"))
+    assert _reachable(objects, scoring, mlflow, _container_port(objects, "mlflow"))
+    assert _reachable(objects, ("payments", {"app": "authoriser"}), scoring, scoring_port)
+
+    assert not _reachable(objects, ("elsewhere", {"app": "authoriser"}), scoring, scoring_port)
+    assert not _reachable(objects, ("payments", {"app": "authoriser"}), scoring, 9090)
+    assert not _reachable(objects, scoring, _pod_labels(objects, "feast-feature-server"), 6566)
+    trainer = (contract.TRAINING_NAMESPACE, training_manifest()["metadata"]["labels"])
+    assert not _reachable(objects, trainer, scoring, scoring_port)
+    assert not _reachable(
+        objects, (contract.ORCHESTRATION_NAMESPACE, AIRFLOW_POD_LABELS), scoring, scoring_port
+    )
+    # Another pod of the serving namespace gets none of the scoring service's allowances.
+    stray = (contract.SERVING_NAMESPACE, {"app.kubernetes.io/name": "debug"})
+    assert not _reachable(objects, stray, mlflow, _container_port(objects, "mlflow"))
+    assert not _reachable(objects, stray, redis, _container_port(objects, "feast-redis"))
+
+
 def _egress_to_ip_blocks(objects, namespace, labels) -> set[tuple[str, int]]:
     allowed = set()
     for policy in find(objects, "NetworkPolicy", namespace=namespace):
@@ -411,6 +459,9 @@ def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rend
     # The feature server reads its registry from the mounted volume: nothing outside the cluster.
     server_ns, server_labels = _pod_labels(objects, "feast-feature-server")
     assert _egress_to_ip_blocks(objects, server_ns, server_labels) == set()
+    # Nor the scoring service: no database, no object storage, no internet.
+    scoring_ns, scoring_labels = _pod_labels(objects, "fraud-scoring")
+    assert _egress_to_ip_blocks(objects, scoring_ns, scoring_labels) == set()
 
 
 # --- MLflow ------------------------------------------------------------------------------------------------
@@ -503,12 +554,12 @@ def test_each_namespace_has_the_data_claim_bound_to_its_own_volume_of_one_export
     objects = rendered[overlay]
     volumes = {pv["metadata"]["name"]: pv["spec"] for pv in find(objects, "PersistentVolume")}
     assert set(contract.DATA_VOLUMES.values()) <= set(volumes)
-    assert set(contract.DATA_VOLUMES) == NAMESPACES == set(DATA_WRITABLE)
+    assert set(contract.DATA_VOLUMES) == NAMESPACES == set(DATA_WRITABLE) == set(DATA_VOLUME_WRITABLE)
     exports = set()
     for namespace, volume_name in contract.DATA_VOLUMES.items():
         claim = one(objects, "PersistentVolumeClaim", contract.DATA_CLAIM, namespace)["spec"]
         volume = volumes[volume_name]
-        mode = ["ReadWriteMany"] if DATA_WRITABLE[namespace] else ["ReadOnlyMany"]
+        mode = ["ReadWriteMany"] if DATA_VOLUME_WRITABLE[namespace] else ["ReadOnlyMany"]
         assert claim["accessModes"] == volume["accessModes"] == mode, namespace
         # Bound both ways, statically: no provisioner makes an empty volume, no other claim takes this one.
         assert claim["volumeName"] == volume_name
@@ -518,7 +569,7 @@ def test_each_namespace_has_the_data_claim_bound_to_its_own_volume_of_one_export
         requested = contract.parse_quantity(claim["resources"]["requests"]["storage"])
         assert requested <= contract.parse_quantity(volume["capacity"]["storage"])
         # Read-only on the volume itself where the namespace only reads, whatever a pod asks for.
-        assert volume["nfs"].get("readOnly", False) is not DATA_WRITABLE[namespace], namespace
+        assert volume["nfs"].get("readOnly", False) is not DATA_VOLUME_WRITABLE[namespace], namespace
         exports.add((volume["nfs"]["server"], volume["nfs"]["path"]))
     assert len(exports) == 1, f"the volumes must all be the one export, not {sorted(exports)}"
 
@@ -541,7 +592,13 @@ def _pods_mounting_the_data_claim(objects) -> dict[str, tuple[str, dict[str, Any
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_pod_mounting_the_shared_filesystem_mounts_it_where_and_how_the_design_says(rendered, overlay):
     pods = _pods_mounting_the_data_claim(rendered[overlay])
-    assert {"airflow (Helm)", "mlflow", "feast-feature-server", "training pod (contract)"} <= set(pods)
+    assert {
+        "airflow (Helm)",
+        "mlflow",
+        "feast-feature-server",
+        "fraud-scoring",
+        "training pod (contract)",
+    } <= set(pods)
     for name, (namespace, spec) in pods.items():
         assert data_claim_mount_problems(namespace, spec) == [], name
 
@@ -554,11 +611,110 @@ def test_the_mount_check_catches_a_writable_serving_mount_and_a_wrong_path(rende
     mount["readOnly"] = False
     del volume["persistentVolumeClaim"]["readOnly"]
     assert len(data_claim_mount_problems(namespace, writable)) == 2
+    # The scoring pod: its /mlops mount made writable, or a writable subPath other than the scoring log.
+    namespace, spec = pods["fraud-scoring"]
+    whole = json.loads(json.dumps(spec))
+    (mount,) = [m for _, _, m in data_claim_mounts(whole) if m["mountPath"] == contract.DATA_MOUNT]
+    mount["readOnly"] = False
+    assert data_claim_mount_problems(namespace, whole) == [
+        f"{namespace} scoring: {contract.DATA_MOUNT}: must be mounted readOnly in {namespace}"
+    ]
+    lake = json.loads(json.dumps(spec))
+    (mount,) = [m for _, _, m in data_claim_mounts(lake) if m.get("subPath")]
+    mount.update(subPath="lake", mountPath=f"{contract.DATA_MOUNT}/lake")
+    problems = data_claim_mount_problems(namespace, lake)
+    assert (
+        f"{namespace} scoring: {contract.DATA_MOUNT}/lake: must be mounted readOnly in {namespace}"
+        in problems
+    )
+    assert any("subPath lake is not one of" in problem for problem in problems), problems
+    # Nothing then needs the pod's volume of the claim writable: both its mounts say so.
+    assert sum("persistentVolumeClaim must be readOnly" in problem for problem in problems) == 2
     moved = json.loads(json.dumps(_airflow_pod_spec()))
     moved["containers"][0]["volumeMounts"][0]["mountPath"] = "/data"
     problems = data_claim_mount_problems(contract.ORCHESTRATION_NAMESPACE, moved)
     assert any(f"must be mounted at {contract.DATA_MOUNT}" in p for p in problems), problems
     assert any("MLOPS_HOME" in p for p in problems), problems
+
+
+# --- the scoring service ------------------------------------------------------------------------------------
+
+
+def _probe_path(container: dict[str, Any], probe: str) -> tuple[str, str]:
+    get = container[probe]["httpGet"]
+    return get["path"], get["port"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scoring_service_is_one_hardened_replica_probed_on_the_inference_protocols_health(
+    rendered, overlay
+):
+    objects = rendered[overlay]
+    deployment = one(objects, "Deployment", "fraud-scoring", contract.SERVING_NAMESPACE)
+    # One replica, replaced (not rolled) on a change: each replica keeps entity state in memory.
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    budgets = [
+        pdb for pdb in find(objects, "PodDisruptionBudget") if _selects(pdb["spec"]["selector"], labels)
+    ]
+    assert budgets == [], "a budget on one replica blocks every node drain"
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == contract.SERVING_PRIORITY_CLASS
+    assert spec["serviceAccountName"] == "fraud-scoring"
+    assert (
+        one(objects, "ServiceAccount", "fraud-scoring", contract.SERVING_NAMESPACE)[
+            "automountServiceAccountToken"
+        ]
+        is False
+    )
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": contract.TRAINING_UID,
+        "runAsGroup": contract.TRAINING_UID,
+        "fsGroup": contract.TRAINING_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (container,) = spec["containers"]
+    assert container["image"].rsplit(":", 1)[0].endswith("/mlops-fraud-scoring")
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    # Ready only with a champion loaded; live while the process answers (also before the first champion).
+    assert _probe_path(container, "readinessProbe") == ("/v2/health/ready", "http")
+    assert _probe_path(container, "livenessProbe") == ("/v2/health/live", "http")
+    assert _probe_path(container, "startupProbe") == ("/v2/health/live", "http")
+    (port,) = container["ports"]
+    assert (port["name"], port["containerPort"]) == ("http", 8000)
+    assert container["command"][-2:] == ["--port", str(port["containerPort"])]
+    service = one(objects, "Service", "fraud-scoring", contract.SERVING_NAMESPACE)["spec"]
+    assert service["selector"] == {contract.APP_LABEL: "fraud-scoring"}
+    assert service["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    # The read-only root: /tmp is a size-limited emptyDir.
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert "sizeLimit" in volumes[tmp["name"]]["emptyDir"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scoring_service_writes_only_its_log_on_the_shared_filesystem(rendered, overlay):
+    """/mlops read-only (silver tables, Feast registry), and the scoring log's folder alone read-write: a
+    subPath mount of the same claim, at the path the settings put it (Settings.scoring_log_dir)."""
+    from core.settings import Settings
+
+    deployment = one(rendered[overlay], "Deployment", "fraud-scoring", contract.SERVING_NAMESPACE)
+    spec = deployment["spec"]["template"]["spec"]
+    mounts = {mount["mountPath"]: (volume, mount) for _, volume, mount in data_claim_mounts(spec)}
+    log_dir = str(Settings(home=Path(contract.DATA_MOUNT)).scoring_log_dir)
+    assert set(mounts) == {contract.DATA_MOUNT, log_dir}
+    assert mounts[contract.DATA_MOUNT][1]["readOnly"] is True
+    volume, log = mounts[log_dir]
+    assert log["subPath"] == SCORING_LOG_SUBPATH and DATA_SUBPATH_MOUNTS[SCORING_LOG_SUBPATH] == log_dir
+    # Writable: neither the mount nor the pod's volume of the claim read-only (that would win over the mount).
+    assert not log.get("readOnly") and not volume["persistentVolumeClaim"].get("readOnly")
+    assert data_claim_mount_problems(contract.SERVING_NAMESPACE, spec) == []
 
 
 # What only the writers (Airflow's tasks) need in features/feature_store.cluster.yaml: the atomic registry
