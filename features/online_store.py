@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sqlite3
 import struct
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from itertools import chain
 from typing import TYPE_CHECKING, Protocol
 
@@ -47,6 +47,9 @@ ENCODE_ROWS = 10_000
 READ_KEYS = 10_000  # entity keys per SQLite query of the reader
 # SQLite page cache of the writing connection: the two indexes Feast keeps on its table stay in memory.
 SQLITE_CACHE_KIB = 64 * 1024
+# `OnlineReader.read(..., with_times=True)`: the key of a view's stored event times in the result.
+TIMES_PREFIX = "__ts__"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class OnlineWriter(Protocol):
@@ -404,8 +407,15 @@ class OnlineReader:
             )
         )
 
-    def read(self, entity_rows: list[dict]) -> dict[str, list]:
-        """Raises KeyError naming a join key that an entity row lacks."""
+    def read(self, entity_rows: list[dict], with_times: bool = False) -> dict[str, list]:
+        """Raises KeyError naming a join key that an entity row lacks.
+
+        `with_times`: also, per view, `"__ts__<view name>"` (TIMES_PREFIX): the stored event time of each
+        entity's row, a tz-aware UTC datetime, None where the store holds nothing; what Feast's
+        `online_read` returns beside the values. Feast's online read does not apply the view's TTL, so a
+        caller that must (the scoring service) needs these. Redis keeps microseconds; SQLite only whole
+        seconds (Feast's sqlite3 adapter stores `int(datetime.timestamp())`), so a time read from SQLite
+        can be up to a second earlier than the row's event time."""
         if not entity_rows:
             return {}
         missing = [k for k in self.join_keys if k not in entity_rows[0]]
@@ -428,13 +438,20 @@ class OnlineReader:
             )
             for view, join_key, names, _, head in self.views
         ]
-        for (_, _, names, integer, _), per_entity in zip(self.views, self._fetch(requests), strict=True):
+        fetched = self._fetch(requests, with_times)
+        for (view, _, names, integer, _), (per_entity, times) in zip(self.views, fetched, strict=True):
             for j, (name, is_int) in enumerate(zip(names, integer, strict=True)):
                 decode = _decode_int64 if is_int else _decode_double
                 result[name] = [decode(values[j]) for values in per_entity]
+            if times is not None:
+                result[TIMES_PREFIX + view.name] = times
         return result
 
-    def _fetch(self, requests) -> list[list[list[bytes | None]]]:
+    def _fetch(
+        self, requests, with_times: bool
+    ) -> list[tuple[list[list[bytes | None]], list[datetime | None] | None]]:
+        """Per request (view), each entity's stored values in the request's feature order, and, when
+        `with_times`, each entity's stored event time (else None)."""
         raise NotImplementedError
 
 
@@ -476,22 +493,48 @@ class SqliteReader(OnlineReader):
             for view, *_ in self.views
         }
 
-    def _fetch(self, requests):
-        out = []
+    def _fetch(self, requests, with_times: bool):
+        out: list[tuple[list[list[bytes | None]], list[datetime | None] | None]] = []
+        columns = (
+            "entity_key, feature_name, value, event_ts" if with_times else "entity_key, feature_name, value"
+        )
         for view, names, keys in requests:
             unique = list(dict.fromkeys(keys))
             found: dict[bytes, dict[str, bytes]] = {}
+            stamps: dict[bytes, object] = {}
             for offset in range(0, len(unique), READ_KEYS):  # SQLite binds at most 32,766 parameters
                 part = unique[offset : offset + READ_KEYS]
                 sql = (
-                    f"SELECT entity_key, feature_name, value FROM {self.tables[view.name]} "
+                    f"SELECT {columns} FROM {self.tables[view.name]} "
                     f"WHERE entity_key IN ({','.join('?' * len(part))})"
                 )
-                for key, name, value in self.conn.execute(sql, part):
-                    found.setdefault(key, {})[name] = value
+                rows = self.conn.execute(sql, part)
+                if with_times:
+                    for key, name, value, stamp in rows:
+                        found.setdefault(key, {})[name] = value
+                        stamps[key] = stamp  # an entity's feature rows carry one time (one write)
+                else:
+                    for key, name, value in rows:
+                        found.setdefault(key, {})[name] = value
             empty: dict[str, bytes] = {}
-            out.append([[found.get(k, empty).get(n) for n in names] for k in keys])
+            values = [[found.get(k, empty).get(n) for n in names] for k in keys]
+            times = [_sqlite_time(stamps.get(k)) for k in keys] if with_times else None
+            out.append((values, times))
         return out
+
+
+def _sqlite_time(stored: object) -> datetime | None:
+    """The event time Feast's SQLite store returns for a stored `event_ts`: its adapter writes
+    `int(naive_utc.timestamp())` (whole seconds, the naive time read as local), and its reader turns the
+    value back with `datetime.fromtimestamp` (local) and labels it UTC; the same here. ISO text (what
+    sqlite3's own adapter writes where Feast's is not registered) is read as UTC when it has no offset."""
+    if stored is None:
+        return None
+    if isinstance(stored, int | float):
+        return datetime.fromtimestamp(int(stored)).replace(tzinfo=UTC)
+    text = stored.decode() if isinstance(stored, bytes) else str(stored)
+    parsed = datetime.fromisoformat(text)
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 class RedisReader(OnlineReader):
@@ -503,20 +546,39 @@ class RedisReader(OnlineReader):
         self.fields = {
             view.name: [mmh3(f"{view.name}:{name}") for name in names] for view, _, names, *_ in self.views
         }
+        self.ts_fields = {view.name: f"_ts:{view.name}".encode() for view, *_ in self.views}
         self.client = redis_client(store)
 
-    def _fetch(self, requests):
+    def _fetch(self, requests, with_times: bool):
         with self.client.pipeline(transaction=False) as pipe:
             for view, _, keys in requests:
                 fields = self.fields[view.name]
+                if with_times:
+                    fields = [*fields, self.ts_fields[view.name]]
                 for key in keys:
                     pipe.execute_command("HMGET", key + self.project, *fields)
             replies = pipe.execute()
-        out, offset = [], 0
+        out: list[tuple[list[list[bytes | None]], list[datetime | None] | None]] = []
+        offset = 0
         for _, _, keys in requests:
-            out.append(replies[offset : offset + len(keys)])
+            part = replies[offset : offset + len(keys)]
             offset += len(keys)
+            if with_times:
+                out.append(([reply[:-1] for reply in part], [_redis_time(reply[-1]) for reply in part]))
+            else:
+                out.append((part, None))
         return out
+
+
+def _redis_time(stored: bytes | None) -> datetime | None:
+    """A view's `_ts:<view>` field: a serialized protobuf `Timestamp` (RedisWriter, Feast's
+    online_write_batch), exact to the microsecond (Feast's own reader goes through a float)."""
+    if not stored:
+        return None
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    stamp = Timestamp.FromString(stored)
+    return _EPOCH + timedelta(seconds=stamp.seconds, microseconds=stamp.nanos // 1000)
 
 
 def open_reader(store: FeatureStore, service) -> OnlineReader | None:

@@ -44,6 +44,7 @@ from features.definitions import (
 from pipelines.gold.contract import CREATED_TIMESTAMP, CUSTOMER_FEATURES, EVENT_TIMESTAMP, MERCHANT_FEATURES
 from training.dataset import (
     CATEGORICAL_VOCAB,
+    FEATURE_LAG,
     MODEL_INPUTS,
     NUMERIC_FEATURES,
     SERVICE_FEATURES,
@@ -175,9 +176,10 @@ class StoreFeatures:
                 (MERCHANT_VIEW, MERCHANT_FEATURES, MERCHANT_TTL),
             ):
                 stamp = got[f"__ts__{view}"][i]
-                # Feast's online read returns whatever is stored; the training join takes a row only within
-                # the TTL and strictly before the transaction.
-                fresh = stamp is not None and t - ttl <= stamp < t
+                # Feast's online read returns whatever is stored; the training join looks at t - 1 ms and
+                # takes a row at or before it and no older than the TTL from it.
+                at = t - FEATURE_LAG
+                fresh = stamp is not None and at - ttl <= stamp <= at
                 pair.append({name: got[name][i] for name in names} if fresh else None)
             out.append((pair[0], pair[1]))
         return out
