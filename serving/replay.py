@@ -121,13 +121,15 @@ def day_events(lake: Path, day: date) -> list[tuple[str, dict[str, Any]]]:
 def drifted(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """The same events with every transaction shifted as the generator's `drift` fault shifts a row
     (pipelines/synthetic/faults.py): a changed population, for showing monitoring at work."""
+    import numpy as np
+
     from pipelines.contracts import AMOUNT_MAX
     from pipelines.synthetic.faults import DRIFT_CHANNEL, drift_amount
 
     out = []
     for kind, item in events:
         if kind == "transaction":
-            amount = min(float(drift_amount([item["amount"]])[0]), AMOUNT_MAX)
+            amount = min(float(drift_amount(np.array([item["amount"]]))[0]), AMOUNT_MAX)
             item = {**item, "amount": amount, "channel": DRIFT_CHANNEL}
         out.append((kind, item))
     return out
