@@ -137,6 +137,7 @@ def run_in_process(
     before, arrived = dict(clock.seconds), time.perf_counter()
     through_features(dates[-1])
     retrain(dates[-1])
+    scoring = _score_if_champion(settings, dates[-1], console, clock)
     arrival = {
         "seconds": time.perf_counter() - arrived,
         "task_seconds_per_stage": {
@@ -162,6 +163,7 @@ def run_in_process(
         **_data_summary(settings, manifests, daily),
         "retrains": [_retrain_row(r) for r in retrains],
         "champion_version": retrains[-1].get("champion_version"),
+        "scoring": scoring,
         "seconds_per_stage": clock.seconds,
         "arrival_to_model": arrival,
         "seconds": time.perf_counter() - started,
@@ -326,6 +328,7 @@ def run_through_airflow(
         console.print(f"landed {last}; the waiting {INGEST} run picks it up")
         second = _follow_chain(api, [ingest_runs[last]], deadline, console)
         arrival = _arrival_to_model(api, {INGEST: [ingest_runs[last]], **second}, arrived)
+        scoring = _score_if_champion(settings, last, console, clock)
 
         runs = {
             INGEST: [ingest_runs[d] for d in dates],
@@ -370,6 +373,7 @@ def run_through_airflow(
         "champion_version": trained[-1].get("champion_version") if trained else None,
         "dag_runs": runs,
         "phases": {"history": first, "one_more_day": second},
+        "scoring": scoring,
         "arrival_to_model": arrival,
         "seconds_per_stage": seconds,
         "run_seconds_per_stage": {STAGE_OF[d]: t["run_seconds"] for d, t in timings.items()},
@@ -378,6 +382,16 @@ def run_through_airflow(
         "mlflow_url": stack.mlflow_url,
         "stack": "stopped" if stop else "up",
     }
+
+
+def _score_if_champion(settings: Settings, day: date, console: Console, clock: StageClock) -> list[dict]:
+    from training.registry import ModelRegistry
+
+    console.rule(f"scoring: {day} replayed through the scoring service")
+    if ModelRegistry(settings.mlflow_tracking_uri).champion() is None:
+        console.print("no champion yet (no model passed the gate): nothing to score with")
+        return []
+    return [clock.run("scoring", lambda: score_day(settings, day, console))]
 
 
 def score_day(settings: Settings, day: date, console: Console, drift: bool = False) -> dict:

@@ -47,7 +47,7 @@ def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_
     assert len(last[FEATURES]) == 1 and len(last[RETRAIN]) == 1
     assert last[RETRAIN][0] == trained[-1]["dag_run_id"]
     assert len(summary["dag_runs"][INGEST]) == 3
-    assert set(summary["seconds_per_stage"]) == {"stack", "land", "ingest", "features", "retrain"}
+    assert set(summary["seconds_per_stage"]) == {"stack", "land", "ingest", "features", "retrain", "scoring"}
     assert all(seconds > 0 for seconds in summary["seconds_per_stage"].values())
     # From the last day's arrival to the gate: the chain's task time and Airflow's overhead around it.
     arrival = summary["arrival_to_model"]
@@ -56,6 +56,12 @@ def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_
     assert set(arrival["task_seconds_per_stage"]) == {"ingest", "features", "retrain"}
     # Stages run one after another, tasks inside a stage partly in parallel: the union is at most the sum.
     assert arrival["busy_seconds"] <= sum(arrival["task_seconds_per_stage"].values()) + 1e-6
+    # the last day was replayed through the scoring service with the champion
+    [scored] = summary["scoring"]
+    assert scored["date"] == days[-1] and scored["transactions"] > 0 and scored["chargebacks"] >= 0
+    assert scored["champion"] == summary["champion_version"]
+    assert 0 < scored["latency_ms"]["p50"] <= scored["latency_ms"]["p99"]
+    assert 0 <= scored["unknown_entities"] < scored["transactions"]
     # the human summary went to stderr
     assert "time per stage" in demo_stack.stderr and "make down" in demo_stack.stderr
 
