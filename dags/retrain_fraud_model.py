@@ -1,9 +1,14 @@
 """
 ### Retrain the fraud model: training set -> train -> evaluate -> register -> gate -> ONNX export
 
-Runs weekly (Monday 04:00 UTC) **or** when the `fraud_features` asset is updated, whichever comes first.
-The as-of date is the latest event date the triggering feature events name, the `as_of` param of a
-manual run, or the day before a scheduled run.
+Runs weekly (Monday 04:00 UTC) **or** when the `fraud_features` asset is updated (new features) **or** when
+`fraud_drift` is (the monitor DAG found the traffic drifted from the champion's training reference),
+whichever comes first. The as-of date is the `as_of` param of a manual run, else the latest date the
+triggering events name (feature event dates, drifted days), else the day before a scheduled run.
+
+- **as_of_date** also records why the run started, as a sentence and the triggering events (its XCom
+  `start_reason` and its log): e.g. `drift: log_amount_usd PSI 0.43 KS 0.31; channel PSI 0.52 (check of
+  2026-01-10, ...)`, `fraud_features of 2026-01-10`, `the time schedule`.
 
 - **training_set**: labeled transactions (labels as known at the end of the as-of date) joined point in
   time with the `fraud_model_v1` features, split by event time, versioned with DVC (the revision travels on).
@@ -33,13 +38,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Param, task
-from airflow.timetables.assets import AssetOrTimeSchedule
-from airflow.timetables.trigger import CronTriggerTimetable
+from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
 
 from core.settings import get_settings
-from orchestration.assets import FRAUD_FEATURES, FRAUD_MODEL
-from orchestration.tasks import run_step
+from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES, FRAUD_MODEL
+from orchestration.tasks import event_dates, run_step, start_reason
 from orchestration.training_task import (
     TRAIN_TASK_ID,
     local_task_timeout,
@@ -61,8 +64,9 @@ MODEL_VERSION = "{{ ti.xcom_pull(task_ids='register')['model_version'] }}"
 
 with DAG(
     dag_id="retrain_fraud_model",
+    # `|`: either asset starts a run (a list would mean both, AssetAll).
     schedule=AssetOrTimeSchedule(
-        timetable=CronTriggerTimetable("0 4 * * 1", timezone="UTC"), assets=[FRAUD_FEATURES]
+        timetable=CronTriggerTimetable("0 4 * * 1", timezone="UTC"), assets=FRAUD_FEATURES | FRAUD_DRIFT
     ),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
@@ -74,13 +78,21 @@ with DAG(
 ):
 
     @task(
-        doc_md="The as-of date: param, else the newest date of the triggering feature events, else yesterday."
+        doc_md="The as-of date: param, else the newest date the triggering feature and drift events name, "
+        "else yesterday. Records why the run started (XCom `start_reason`, and the log)."
     )
-    def as_of_date(params: dict, logical_date=None, triggering_asset_events=None) -> str:
+    def as_of_date(
+        params: dict, logical_date=None, triggering_asset_events=None, dag_run=None, ti=None
+    ) -> str:
+        import logging
+
+        reason = start_reason(triggering_asset_events, dag_run.run_type, params)
+        logging.getLogger(__name__).info("run started by %s", reason["reason"])
+        ti.xcom_push(key="start_reason", value=reason)  # for the UI, `mlops demo` and the tests
         if params.get("as_of"):
             return params["as_of"]
-        events = triggering_asset_events[FRAUD_FEATURES] if triggering_asset_events else []
-        dates = [d for e in events if e.extra for d in e.extra.get("event_dates", [])]
+        events = triggering_asset_events or {}
+        dates = event_dates([*events.get(FRAUD_FEATURES, []), *events.get(FRAUD_DRIFT, [])])
         if dates:
             return max(dates)
         return (logical_date - timedelta(days=1)).date().isoformat()

@@ -1,4 +1,5 @@
-"""Airflow assets that chain the DAGs (ingest -> features -> retrain). Importing costs only airflow.sdk."""
+"""Airflow assets that chain the DAGs (ingest -> features -> retrain, features and scoring -> monitor ->
+retrain). Importing costs only airflow.sdk."""
 
 from __future__ import annotations
 
@@ -14,3 +15,9 @@ FRAUD_FEATURES = Asset(name="fraud_features", uri="x-mlops://lake/gold", group="
 # The same dates loaded into the Feast online store: what a scorer reads.
 FRAUD_FEATURES_ONLINE = Asset(name="fraud_features_online", uri="x-mlops://feast/online", group="fraud")
 FRAUD_MODEL = Asset(name="fraud_model", uri="x-mlops://mlflow/models/fraud-detector", group="fraud")
+# The scoring service's log (serving/scoring_log.py) has a day's rows: posted by whoever closes the day
+# (`POST /api/v2/assets/events`, extra {"event_dates": ["YYYY-MM-DD", ...]}); the monitor DAG starts on it.
+SCORING_LOG = Asset(name="scoring_log", uri="x-mlops://scoring_log", group="fraud")
+# The monitor DAG found drift against the champion's training reference: its extra names the days, the
+# drifted inputs with their PSI and KS, and a one-line summary; the retrain DAG starts on it.
+FRAUD_DRIFT = Asset(name="fraud_drift", uri="x-mlops://monitoring/drift", group="fraud")

@@ -5,7 +5,7 @@ Imported at DAG parse time, so it imports nothing heavier than the Airflow SDK a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -94,3 +94,104 @@ def fail_fast_on_bad_data(step: Callable[[], R]) -> R:
         return step()
     except PipelineError as exc:
         raise AirflowFailException(str(exc)) from exc
+
+
+# --- asset-triggered runs: which dates, and why a run started ---------------------------------------------
+
+
+def event_dates(events: Iterable[Any]) -> list[str]:
+    """The dates asset events name in their `extra`: `event_dates` (a list, what the features DAG and the
+    scoring service post), `days` (the drift event's) or `date`; sorted, each once."""
+    found: set[str] = set()
+    for event in events:
+        extra = getattr(event, "extra", None) or {}
+        found.update(extra.get("event_dates") or [])
+        found.update(extra.get("days") or [])
+        if extra.get("date"):
+            found.add(extra["date"])
+    return sorted(found)
+
+
+def dates_from_param_or_events(param: str, triggering_asset_events: Mapping[Any, Any] | None) -> list[str]:
+    """The dates a run works on: the comma-separated `param` of a manual run, else the dates its triggering
+    asset events name (every asset's). Raises ValueError when there are none, or a date is malformed."""
+    from datetime import date
+
+    if param:
+        dates = sorted({d.strip() for d in param.split(",") if d.strip()})
+    else:
+        events = triggering_asset_events or {}
+        dates = event_dates(e for asset in events for e in events[asset])
+    if not dates:
+        raise ValueError("no date to work on: the run has no triggering event naming one and no date param")
+    for value in dates:
+        try:
+            date.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a date; give YYYY-MM-DD, several comma-separated") from None
+    return dates
+
+
+def start_reason(
+    triggering_asset_events: Mapping[Any, Any] | None,
+    run_type: Any = "",
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Why a run started, for a person: each triggering asset event as a phrase (a drift event by its
+    `summary`, e.g. "drift: log_amount_usd PSI 0.43 KS 0.31; ...", a features event as "fraud_features
+    of 2026-01-10"), or the schedule, or a manual trigger with its params; and the events themselves."""
+    run_type = str(getattr(run_type, "value", run_type) or "")  # the Task SDK's DagRunType prints its name
+    events = triggering_asset_events or {}
+    phrases: list[str] = []
+    triggers: list[dict[str, Any]] = []
+    for asset in events:
+        for event in events[asset]:
+            extra = dict(getattr(event, "extra", None) or {})
+            name = getattr(asset, "name", str(asset))
+            if extra.get("summary"):
+                phrases.append(str(extra["summary"]))
+            elif event_dates([event]):
+                phrases.append(f"{name} of {', '.join(event_dates([event]))}")
+            else:
+                phrases.append(f"an event of {name}")
+            triggers.append(
+                {
+                    "asset": name,
+                    "source_dag_id": getattr(event, "source_dag_id", None),
+                    "source_run_id": getattr(event, "source_run_id", None),
+                    "timestamp": str(getattr(event, "timestamp", "")),
+                    "extra": extra,
+                }
+            )
+    if not phrases and run_type == "scheduled":
+        phrases.append("the time schedule")
+    elif not phrases:
+        given = {k: v for k, v in (params or {}).items() if v}
+        phrases.append(f"{run_type or 'manual'} run" + (f" with {given}" if given else ""))
+    return {"reason": "; ".join(phrases), "triggers": triggers}
+
+
+MONITORING_COMMAND = ("python", "-m", "monitoring")
+
+
+def monitor_pod_operator(settings: Settings, dates: str, **operator_args: Any):
+    """The cluster profile's monitoring check: `python -m monitoring check --dates ...` as a CPU pod of the
+    training image (MLflow, onnxruntime, scikit-learn, SciPy: the Airflow image has none of them), with the
+    retrain DAG's step pods' identity, hardening, settings and read-only shared volume; its result comes
+    back through the XCom file. `dates`: comma-separated, usually a template of an upstream XCom."""
+    from datetime import timedelta
+
+    from orchestration import k8s_contract as contract
+    from orchestration.training_task import XCOM_RETURN, _pod_operator, pod_environment
+
+    arguments = ["check", "--dates", dates, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}"]
+    manifest = contract.training_pod_manifest(
+        "fraud-monitor",
+        settings.training.image,
+        [*arguments, "--xcom-path", XCOM_RETURN],
+        step=True,
+        env=pod_environment(settings),
+    )
+    manifest["spec"]["containers"][0]["command"] = list(MONITORING_COMMAND)
+    timeout = timedelta(seconds=manifest["spec"]["activeDeadlineSeconds"])
+    return _pod_operator(settings, "check", manifest, execution_timeout=timeout, **operator_args)

@@ -1,0 +1,218 @@
+"""The champion's training reference: its train split's inputs and the scores it gives them.
+
+Version -> its MLflow run -> the run's `lineage.training_set_rev` -> the train split of that training set
+(read in place by DVC revision, training/dataset.py) -> the model inputs, categorical codes decoded back
+to their values, plus the version's offline scores of those rows.
+
+Scored with the version's ONNX export (`onnx/model.onnx` of its run, what `export` writes for every
+registered version): onnxruntime loads in a fraction of a second where torch takes seconds to import, and
+the file is what a CPU scorer serves. A version without an export (its export step failed) is scored by
+its torch weights through the registry instead; `Reference.scorer` says which.
+
+The train split of a sampled set (training/dataset.py: every fraud kept, legitimate rows at a rate) is
+not the population: frauds are over-represented by 1 / rate. The reference keeps each fraud with
+probability `rate` (seeded, so the same set gives the same reference), which restores the population's
+mix, then at most MAX_REFERENCE_ROWS rows (drift tests need thousands, not millions).
+
+Cached per version under `$MLOPS_HOME/monitoring/reference/` (Parquet plus a JSON of its provenance):
+a champion is checked daily and its reference never changes. Where that folder cannot be written (the
+cluster's step pods mount the shared volume read-only) the reference is rebuilt each time, with a warning.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.errors import PipelineError
+from training.dataset import (
+    CATEGORICAL_VOCAB,
+    LABEL,
+    MODEL_INPUTS,
+    NUMERIC_FEATURES,
+    WEIGHT,
+    read_training_set,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SCORE = "score"
+UNKNOWN = "<unknown>"  # a categorical value outside the model's vocabulary (its code 0)
+MAX_REFERENCE_ROWS = 200_000
+REFERENCE_FORMAT = 1  # bump when the cached file's content changes meaning
+ONNX_ARTIFACT = "onnx/model.onnx"
+TRAINING_SET_TAG = "lineage.training_set_rev"  # training/tracking.py Lineage
+SEED = 7
+
+
+class ReferenceUnavailableError(PipelineError):
+    """The champion's training reference cannot be read; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A registered version as a function of the model-input matrix (float32, MODEL_INPUTS order)."""
+
+    version: str
+    kind: str  # "onnx" | "torch"
+    score: Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference of one version: NUMERIC_FEATURES, CATEGORICAL_FEATURES (values) and SCORE."""
+
+    version: str
+    training_set_rev: str
+    frame: pd.DataFrame
+    scorer: str
+    cached: bool  # read from the cache rather than built
+
+    @property
+    def rows(self) -> int:
+        return len(self.frame)
+
+
+def decode_categories(frame: pd.DataFrame) -> pd.DataFrame:
+    """The categorical values of `frame`'s `<column>_code` columns (0, unknown: UNKNOWN); a new frame."""
+    import pandas as pd
+
+    out = pd.DataFrame(index=frame.index)
+    for column, vocab in CATEGORICAL_VOCAB.items():
+        names = np.array([UNKNOWN, *vocab], dtype=object)
+        codes = frame[f"{column}_code"].to_numpy(dtype="float64")
+        known = ~np.isnan(codes) & (codes >= 0) & (codes < len(names))
+        values = np.full(len(codes), None, dtype=object)
+        values[known] = names[codes[known].astype(int)]
+        out[column] = values
+    return out
+
+
+def categories_as_the_model_sees_them(frame: pd.DataFrame) -> pd.DataFrame:
+    """Raw categorical values (a scoring log's) with those outside the vocabulary as UNKNOWN, nulls kept:
+    the same categories the reference has. Returns the categorical columns only, as a new frame."""
+    import pandas as pd
+
+    out = pd.DataFrame(index=frame.index)
+    for column, vocab in CATEGORICAL_VOCAB.items():
+        values = frame[column].astype("object")
+        out[column] = values.where(values.isin(vocab) | values.isna(), UNKNOWN)
+    return out
+
+
+def model_matrix(frame: pd.DataFrame) -> np.ndarray:
+    """MODEL_INPUTS of a frame that has them (numeric features and `<column>_code`), float32, NaN missing."""
+    return frame[list(MODEL_INPUTS)].to_numpy(dtype="float32", na_value=float("nan"))
+
+
+def version_scorer(settings: Settings, version: str) -> Scorer:
+    """The registered version as a scorer: its ONNX export where it has one, else its torch weights."""
+    from training.registry import ModelRegistry
+
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    run_id = registry.client.get_model_version(registry.name, version).run_id
+    assert run_id is not None, "versions are registered from training runs"
+    exported = {a.path for a in registry.client.list_artifacts(run_id, "onnx")}
+    if ONNX_ARTIFACT in exported:
+        from training.export import onnx_scores, session
+
+        with tempfile.TemporaryDirectory() as scratch:
+            path = registry.client.download_artifacts(run_id, ONNX_ARTIFACT, scratch)
+            onnx_session = session(Path(path))  # read into memory: the file may go
+        return Scorer(version, "onnx", lambda x: onnx_scores(onnx_session, x).reshape(-1))
+    log.warning("v%s has no %s in run %s: scoring it with its torch weights", version, ONNX_ARTIFACT, run_id)
+    model = registry.load(version)
+
+    def torch_scores(x: np.ndarray) -> np.ndarray:
+        import torch
+
+        from training.loop import predict
+
+        return predict(model, torch.from_numpy(x)).numpy().reshape(-1)
+
+    return Scorer(version, "torch", torch_scores)
+
+
+def population_sample(frame: pd.DataFrame, negative_sample_rate: float, max_rows: int) -> pd.DataFrame:
+    """Rows of a (possibly sampled) train split in the population's mix: each fraud kept with probability
+    `negative_sample_rate` (the rate legitimate rows were kept at), then at most `max_rows` rows, both
+    drawn with a fixed seed. Returns a new frame; `frame` is not changed."""
+    rng = np.random.default_rng(SEED)
+    keep = np.ones(len(frame), dtype=bool)
+    if negative_sample_rate < 1.0 and LABEL in frame:
+        fraud = frame[LABEL].to_numpy() == 1
+        keep &= ~fraud | (rng.random(len(frame)) < negative_sample_rate)
+    kept = frame[keep]
+    if len(kept) > max_rows:
+        kept = kept.iloc[np.sort(rng.choice(len(kept), size=max_rows, replace=False))]
+    return kept.reset_index(drop=True)
+
+
+def build_reference(settings: Settings, version: str, training_set_rev: str) -> Reference:
+    """The reference of `version`, built from its training set (no cache)."""
+    frame = read_training_set(settings, training_set_rev, "train", [*MODEL_INPUTS, LABEL, WEIGHT])
+    sample = population_sample(frame, float(frame.attrs.get("negative_sample_rate", 1.0)), MAX_REFERENCE_ROWS)
+    scorer = version_scorer(settings, version)
+    reference = sample[list(NUMERIC_FEATURES)].astype("float64")
+    reference = reference.join(decode_categories(sample))
+    reference[SCORE] = scorer.score(model_matrix(sample)).astype("float64")
+    return Reference(version, training_set_rev, reference, scorer.kind, cached=False)
+
+
+def reference_dir(settings: Settings) -> Path:
+    return settings.monitoring_dir / "reference"
+
+
+def load_reference(settings: Settings, version: str) -> Reference:
+    """The reference of registered `version`, from the cache when it holds this version's (same training
+    set, same format), else built and cached."""
+    import pandas as pd
+
+    from training.registry import ModelRegistry
+
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    run_id = registry.client.get_model_version(registry.name, version).run_id
+    assert run_id is not None, "versions are registered from training runs"
+    rev = registry.client.get_run(run_id).data.tags.get(TRAINING_SET_TAG)
+    if not rev:
+        raise ReferenceUnavailableError(
+            f"{registry.name} v{version} (run {run_id}) has no {TRAINING_SET_TAG} tag, so its training set "
+            "is unknown and there is no reference to compare traffic with; register versions from "
+            "training runs (`python -m training train`, then `register`)"
+        )
+    folder = reference_dir(settings)
+    data, meta = folder / f"{registry.name}-v{version}.parquet", folder / f"{registry.name}-v{version}.json"
+    provenance = {"version": version, "training_set_rev": rev, "format": REFERENCE_FORMAT}
+    if meta.is_file() and data.is_file():
+        recorded = json.loads(meta.read_text())
+        if {k: recorded.get(k) for k in provenance} == provenance:
+            return Reference(version, rev, pd.read_parquet(data), recorded["scorer"], cached=True)
+    reference = build_reference(settings, version, rev)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = folder / f".{data.name}.tmp"
+        reference.frame.to_parquet(scratch, index=False)
+        scratch.replace(data)
+        scratch = folder / f".{meta.name}.tmp"
+        scratch.write_text(
+            json.dumps({**provenance, "scorer": reference.scorer, "rows": reference.rows}, sort_keys=True)
+        )
+        scratch.replace(meta)  # last: a reader trusts the data only once its provenance is there
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        log.warning("reference of v%s not cached: %s is not writable here (%s)", version, folder, exc)
+    return reference

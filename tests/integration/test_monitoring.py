@@ -1,0 +1,427 @@
+"""Monitoring against the real engines on tiny data, without Spark: a champion trained by the training
+step on a versioned training set of the synthetic feed's clean days (transaction columns computed from
+the generator's files as the pipeline computes them; the feature-service columns drawn from one fixed
+distribution, since no gold is built), the scoring log written by the scoring service's own writer, labels
+as silver parquet partitions, MLflow and the promotion history on SQLite, the monitor DAG through
+`dag.test()`.
+
+(a) drift: a day landed with the generator's `drift` fault (amount x2.5, channel online) drifts against
+the clean reference, the DAG emits `fraud_drift` with the figures, Airflow queues the retrain DAG on it,
+and the retrain run records the drift as why it started; a clean day does not drift.
+(b) degradation: v1 served well (recorded), v2 is promoted and serves badly on matured labels: the check
+rolls back to v1 through the gate, and the promotion history says why with both figures.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.settings import get_settings
+from pipelines.synthetic.faults import FaultKind
+from pipelines.synthetic.landing import GenerateRequest, generate_landing
+
+REFERENCE_DAYS = (date(2026, 3, 2), date(2026, 3, 3), date(2026, 3, 4))
+DRIFT_DAY = date(2026, 3, 10)
+CLEAN_DAY = date(2026, 3, 11)
+ROWS_PER_DAY = 2500
+SEED = 13
+# (b): the check of GOOD_CHECK sees the matured traffic of GOOD_CHECK - 3 days (label maturity), v1 serving;
+# the check of BAD_CHECK the traffic of BAD_CHECK - 3 days, v2 serving.
+GOOD_CHECK, BAD_CHECK = date(2026, 3, 20), date(2026, 3, 25)
+
+
+def _land(day: date, faults: dict | None = None) -> pd.DataFrame:
+    """One arrival date of the synthetic feed (with `faults`), read back as the feed's transactions."""
+    settings = get_settings()
+    generate_landing(
+        GenerateRequest(
+            start=day,
+            days=1,
+            rows_per_day=ROWS_PER_DAY,
+            seed=SEED,
+            landing=settings.landing,
+            customers=400,
+            merchants=80,
+            feed_start=REFERENCE_DAYS[0],
+            faults=faults or {},
+        )
+    )
+    files = sorted((settings.landing / day.isoformat()).glob("transactions-*.csv"))
+    frame = pd.concat([pd.read_csv(f, dtype={"amount": "float64"}) for f in files], ignore_index=True)
+    frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
+    return frame[frame["event_timestamp"].dt.date == day].reset_index(drop=True)  # no late rows
+
+
+def _model_inputs(transactions: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """The model inputs of `transactions`: their own columns as the training set computes them, the
+    feature-service columns drawn from one fixed distribution (no gold without Spark)."""
+    from training.dataset import SERVICE_FEATURES, transaction_columns
+
+    rng = np.random.default_rng(seed)
+    inputs = transaction_columns(transactions)
+    for name in SERVICE_FEATURES:
+        inputs[name] = rng.gamma(2.0, 1.0, size=len(inputs))
+    return inputs
+
+
+def _training_set(settings, days: tuple[date, ...]) -> str:
+    from training.dataset import LABEL, SPLIT, WEIGHT, version_training_frame
+
+    parts = []
+    for offset, day in enumerate(days):
+        transactions = _land(day)
+        inputs = _model_inputs(transactions, seed=offset)
+        inputs["transaction_id"] = transactions["transaction_id"]
+        inputs["event_timestamp"] = transactions["event_timestamp"]
+        parts.append(inputs)
+    frame = pd.concat(parts, ignore_index=True).sort_values("event_timestamp", ignore_index=True)
+    rng = np.random.default_rng(5)
+    signal = frame["log_amount_usd"] + 0.8 * frame["customer_seconds_since_previous"]
+    frame[LABEL] = (signal + rng.normal(scale=0.5, size=len(frame)) > np.quantile(signal, 0.95)).astype(int)
+    position = np.arange(len(frame)) / len(frame)
+    frame[SPLIT] = np.where(position < 0.7, "train", np.where(position < 0.85, "validation", "holdout"))
+    frame[WEIGHT] = 1.0
+    rev, _ = version_training_frame(settings, days[-1], frame, {"window_days": len(days)})
+    return rev
+
+
+@pytest.fixture(scope="module")
+def monitored_home(tmp_path_factory):
+    """An installation with a champion (v1, ONNX-exported) trained on the reference days, and v2 (the
+    same run registered again, not exported) waiting."""
+    from training import steps
+    from training.loop import TrainConfig
+
+    home = tmp_path_factory.mktemp("monitoring-home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("MLOPS_HOME", str(home))
+    get_settings.cache_clear()
+    settings = get_settings()
+    settings.ensure_dirs()
+    rev = _training_set(settings, REFERENCE_DAYS)
+    trained = steps.train(settings, rev, TrainConfig(epochs=2, batch_size=256, device="cpu"))
+    first = steps.register(settings, trained["run_id"])["model_version"]
+    second = steps.register(settings, trained["run_id"])["model_version"]
+    steps.export(settings, first)
+    steps.promote_by_hand(settings, first, "first champion of the monitoring tests")
+    drift_day = _land(DRIFT_DAY, {FaultKind.DRIFT: 0.6})
+    clean_day = _land(CLEAN_DAY)
+    patch.undo()
+    get_settings.cache_clear()
+    return SimpleNamespace(home=home, v1=first, v2=second, drift_day=drift_day, clean_day=clean_day)
+
+
+@pytest.fixture
+def home(monitored_home, monkeypatch):
+    monkeypatch.setenv("MLOPS_HOME", str(monitored_home.home))
+    get_settings.cache_clear()
+    yield monitored_home
+    get_settings.cache_clear()
+
+
+def _log_rows(transactions: pd.DataFrame, inputs: pd.DataFrame, version: str, scores: np.ndarray) -> list:
+    from training.dataset import CATEGORICAL_FEATURES, NUMERIC_FEATURES
+
+    rows = []
+    for i, record in enumerate(transactions.to_dict(orient="records")):
+        stamp = record["event_timestamp"].to_pydatetime()
+        rows.append(
+            {
+                "transaction_id": record["transaction_id"],
+                "customer_id": record["customer_id"],
+                "merchant_id": record["merchant_id"],
+                "event_timestamp": stamp,
+                "scored_at": stamp + timedelta(milliseconds=3),
+                "amount": record["amount"],
+                "currency": record["currency"],
+                **{c: record[c] for c in CATEGORICAL_FEATURES},
+                **{n: float(inputs[n].iat[i]) for n in NUMERIC_FEATURES},
+                "model_name": "fraud-detector",
+                "model_version": version,
+                "score": float(scores[i]),
+                "decision": "decline" if scores[i] >= 0.5 else "approve",
+                "threshold": 0.5,
+                "shadow_version": None,
+                "shadow_score": None,
+                "missing_entities": None,
+                "latency_ms": 1.5,
+            }
+        )
+    return rows
+
+
+def _write_log(rows: list) -> None:
+    from serving.scoring_log import ScoringLog
+
+    writer = ScoringLog(get_settings().scoring_log_dir, flush_rows=100_000, flush_interval_s=60)
+    writer.append(rows)
+    writer.flush()
+    writer.close()
+    assert writer.errors == 0 and writer.written == len(rows)
+
+
+def _serve(transactions: pd.DataFrame, version: str, seed: int) -> None:
+    """Score `transactions` with `version` as the scoring service would and log them."""
+    from monitoring.reference import model_matrix, version_scorer
+
+    inputs = _model_inputs(transactions, seed)
+    scores = version_scorer(get_settings(), version).score(model_matrix(inputs))
+    _write_log(_log_rows(transactions, inputs, version, scores))
+
+
+# --- (a) drift ---------------------------------------------------------------------------------------------
+
+
+def _run_states(run) -> dict[str, str]:
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance).filter(
+            TaskInstance.run_id == run.run_id, TaskInstance.dag_id == run.dag_id
+        )
+        return {ti.task_id: str(ti.state) for ti in rows}
+
+
+def _unpause_consumers() -> None:
+    """Write dags/ to the metadata database and unpause the retrain DAG: Airflow queues asset events only
+    for consumers that are unpaused when the event is emitted."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    manager = DagBundlesManager()
+    manager.sync_bundles_to_db()
+    for bundle in manager.get_all_dag_bundles():
+        bundle.initialize()
+        bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name)
+        sync_bag_to_db(bag, bundle.name, bundle.version)
+    with create_session() as session:
+        session.query(DagModel).filter(DagModel.dag_id == "retrain_fraud_model").update({"is_paused": False})
+
+
+def test_drifted_traffic_emits_the_drift_asset_and_starts_a_retrain_that_says_why(airflow_db, home):
+    import mlflow
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
+    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.utils.session import create_session
+
+    from monitoring.check import run_check
+    from monitoring.store import read_results
+    from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES
+
+    _serve(home.drift_day, home.v1, seed=20)
+    _serve(home.clean_day, home.v1, seed=21)
+    _unpause_consumers()
+    bag = DagBag(dag_folder="dags")
+    run = bag.dags["monitor_fraud_model"].test(run_conf={"date": DRIFT_DAY.isoformat()})
+    assert _run_states(run) == {t: "success" for t in ("dates_to_check", "check", "announce_drift")}
+
+    with create_session() as session:
+        (event,) = (
+            session.query(AssetEvent)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .filter(AssetModel.name == FRAUD_DRIFT.name, AssetEvent.source_run_id == run.run_id)
+            .all()
+        )
+        queued = {
+            q.target_dag_id
+            for q in session.query(AssetDagRunQueue).filter(AssetDagRunQueue.asset_id == event.asset_id)
+        }
+        session.expunge(event)
+    extra = event.extra
+    drifted = {d["input"]: d for d in extra["drifted"]}
+    assert {"log_amount_usd", "channel"} <= set(drifted), extra
+    assert drifted["log_amount_usd"]["psi"] > 0.2 and drifted["log_amount_usd"]["ks"] > 0.1
+    assert extra["days"] == [DRIFT_DAY.isoformat()] and extra["champion_version"] == home.v1
+    assert extra["summary"].startswith("drift: ") and "log_amount_usd PSI" in extra["summary"]
+    assert queued == {"retrain_fraud_model"}  # Airflow itself will start the retrain on this event
+
+    retrain = bag.dags["retrain_fraud_model"]
+    assert FRAUD_DRIFT in retrain.timetable.asset_condition.objects
+    assert type(retrain.timetable.asset_condition).__name__ == "AssetAny"  # either asset starts a run
+    pushed: dict = {}
+    stand_in = SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value}))
+    as_of = retrain.task_dict["as_of_date"].python_callable(
+        params={"as_of": ""},
+        logical_date=datetime(2026, 3, 12, tzinfo=UTC),
+        triggering_asset_events={FRAUD_DRIFT: [event]},
+        dag_run=SimpleNamespace(run_type="asset_triggered"),
+        ti=stand_in,
+    )
+    assert as_of == DRIFT_DAY.isoformat()
+    assert pushed["start_reason"]["reason"] == extra["summary"]
+    assert pushed["start_reason"]["triggers"][0]["source_dag_id"] == "monitor_fraud_model"
+    features_event = SimpleNamespace(extra={"event_dates": ["2026-03-11"]})
+    retrain.task_dict["as_of_date"].python_callable(
+        params={"as_of": ""},
+        logical_date=datetime(2026, 3, 12, tzinfo=UTC),
+        triggering_asset_events={FRAUD_FEATURES: [features_event]},
+        dag_run=SimpleNamespace(run_type="asset_triggered"),
+        ti=stand_in,
+    )
+    assert pushed["start_reason"]["reason"] == "fraud_features of 2026-03-11"
+    from airflow.sdk.api.datamodels._generated import DagRunType  # what a task's dag_run.run_type is
+
+    retrain.task_dict["as_of_date"].python_callable(
+        params={"as_of": ""},
+        logical_date=datetime(2026, 3, 16, 4, tzinfo=UTC),
+        triggering_asset_events={},
+        dag_run=SimpleNamespace(run_type=DagRunType.SCHEDULED),
+        ti=stand_in,
+    )
+    assert pushed["start_reason"] == {"reason": "the time schedule", "triggers": []}
+
+    settings = get_settings()
+    rows = read_results(settings, DRIFT_DAY, DRIFT_DAY)
+    (verdict,) = rows[rows["kind"] == "check"].itertuples()
+    assert verdict.verdict == "drift" and verdict.feature_source == "scoring_log"
+    assert verdict.dag_id == "monitor_fraud_model" and verdict.dag_run_id == run.run_id
+    inputs = rows[rows["kind"].isin(["numeric", "categorical", "score"])].set_index("name")
+    assert bool(inputs.loc["log_amount_usd", "drifted"]) and bool(inputs.loc["channel", "drifted"])
+    assert "is_weekend" not in inputs.index and "score" in inputs.index
+    client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
+    logged = client.get_run(verdict.mlflow_run_id)
+    assert logged.data.metrics["psi.log_amount_usd"] == pytest.approx(
+        drifted["log_amount_usd"]["psi"], abs=1e-4
+    )
+    assert logged.data.tags["monitoring.verdict"] == "drift"
+    assert {a.path for a in client.list_artifacts(verdict.mlflow_run_id)} == {"psi.png", "report.html"}
+
+    clean = run_check(settings, CLEAN_DAY)
+    assert clean.drift.verdict == "no_drift", clean.drift.reason
+    assert clean.feature_source == "scoring_log" and clean.drift.rows >= settings.monitoring.min_rows
+    announce = bag.dags["monitor_fraud_model"].task_dict["announce_drift"].python_callable
+    with pytest.raises(AirflowSkipException, match="no drift"):
+        announce(checked={"drift": False, "checks": [clean.to_dict()], "drift_event": None})
+
+
+# --- (b) degradation and rollback --------------------------------------------------------------------------
+
+
+def _labelled_traffic(
+    clean: pd.DataFrame, day: date, rows: int, fraud_rate: float, seed: int
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """`rows` transactions of `day` (the clean day's, re-dated and renamed), and which are fraud."""
+    rng = np.random.default_rng(seed)
+    transactions = clean.iloc[:rows].copy()
+    transactions["event_timestamp"] = transactions["event_timestamp"] + pd.Timedelta(
+        days=(day - CLEAN_DAY).days
+    )
+    transactions["transaction_id"] = [f"{day:%Y%m%d}-{i:06d}" for i in range(len(transactions))]
+    return transactions.reset_index(drop=True), rng.random(len(transactions)) < fraud_rate
+
+
+def _chargebacks(day: date, ids: pd.Series) -> None:
+    """Silver labels as ingest writes them: the chargebacks reported on `day` (one arrival partition)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.lake import Tables
+
+    folder = Tables.partition(Tables(get_settings().lake).silver_labels, day)
+    folder.mkdir(parents=True, exist_ok=True)
+    reported = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+    table = pa.table(
+        {
+            "transaction_id": pa.array(ids.tolist(), pa.string()),
+            "is_fraud": pa.array([1] * len(ids), pa.int32()),
+            "label_timestamp": pa.array([reported] * len(ids), pa.timestamp("us", tz="UTC")),
+        }
+    )
+    pq.write_table(table, folder / "part-00000.parquet")
+
+
+def _served_with_labels(
+    clean: pd.DataFrame, day: date, version: str, good: bool, shadow: str | None, seed: int
+) -> None:
+    transactions, fraud = _labelled_traffic(clean, day, 1500, 0.05, seed)
+    rng = np.random.default_rng(seed + 1)  # not the stream that drew the frauds
+    inputs = _model_inputs(transactions, seed)
+    noise = rng.random(len(fraud))
+    scores = np.clip(0.35 * fraud + 0.65 * noise, 0, 1) if good else noise  # bad: no better than chance
+    rows = _log_rows(transactions, inputs, version, scores)
+    if shadow is not None:
+        for row, score in zip(rows, rng.random(len(rows)), strict=True):
+            row.update(shadow_version=shadow, shadow_score=float(score))
+    _write_log(rows)
+    _chargebacks(day + timedelta(days=1), transactions["transaction_id"][fraud])
+
+
+def test_a_champion_that_serves_worse_than_its_predecessor_is_rolled_back_with_the_reason(home):
+    from monitoring.check import run_check
+    from monitoring.reference import reference_dir
+    from monitoring.store import read_results
+    from training import steps
+    from training.registry import ModelRegistry
+
+    settings = get_settings()
+    maturity = timedelta(days=settings.training.label_maturity_days)
+    _served_with_labels(home.clean_day, GOOD_CHECK - maturity, home.v1, good=True, shadow=home.v2, seed=31)
+    first = run_check(settings, GOOD_CHECK)
+    served, shadow = first.performance.of(home.v1, "served"), first.performance.of(home.v2, "shadow")
+    assert (
+        served.sufficient and served.auc_pr > 0.6 and served.frauds >= settings.monitoring.min_labelled_frauds
+    )
+    assert shadow.sufficient and shadow.auc_pr < 0.3 and shadow.rows == served.rows
+    assert not first.rollback.rolled_back and "no previous champion" in first.rollback.reason
+    assert first.drift.verdict == "insufficient"  # no traffic of the checked day itself
+
+    steps.promote_by_hand(settings, home.v2, "monitoring test: the new model goes live")
+    _served_with_labels(home.clean_day, BAD_CHECK - maturity, home.v2, good=False, shadow=None, seed=32)
+    second = run_check(settings, BAD_CHECK)
+
+    champion = second.performance.of(home.v2, "served")
+    assert champion.sufficient and champion.auc_pr < 0.3
+    assert second.rollback.rolled_back, second.rollback.reason
+    assert (second.rollback.champion_before, second.rollback.champion_after) == (home.v2, home.v1)
+    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == home.v1
+    last = steps.history(settings)["history"][-1]
+    assert (last["action"], last["decision"], last["champion_after"]) == ("rollback", "rolled_back", home.v1)
+    assert f"{champion.auc_pr:.4f}" in last["reason"] and f"{served.auc_pr:.4f}" in last["reason"]
+    assert f"check of {GOOD_CHECK}" in last["reason"] and f"monitoring check of {BAD_CHECK}" in last["reason"]
+    note = read_results(settings, BAD_CHECK, BAD_CHECK, kinds=["check"])["note"].item()
+    assert f"rollback: live performance: live AUC-PR of champion v{home.v2}" in note
+    # the champion's reference was scored by its run's ONNX export (v2 is the same run, so the same file)
+    recorded = json.loads((reference_dir(settings) / f"fraud-detector-v{home.v2}.json").read_text())
+    assert recorded["scorer"] == "onnx" and recorded["version"] == home.v2
+
+
+def test_the_cluster_profile_runs_the_check_as_a_restricted_pod_of_the_monitoring_cli(monkeypatch):
+    """Parsed as the DAG processor would under the cluster profile, rendered as the worker would."""
+    import typer
+    from airflow.dag_processing.dagbag import DagBag
+    from kubernetes.client import ApiClient
+
+    from monitoring.__main__ import app
+    from orchestration import k8s_contract as contract
+
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_TRAINING__IMAGE", contract.training_image("registry.example.com", "0.1.0"))
+    get_settings.cache_clear()
+    bag = DagBag(dag_folder=str(Path("dags") / "monitor_fraud_model.py"))
+    assert bag.import_errors == {}
+    dag = bag.dags["monitor_fraud_model"]
+    check = dag.get_task("check")
+    assert dag.get_task("announce_drift").upstream_task_ids == {"check"}
+    stand_in = SimpleNamespace(xcom_pull=lambda task_ids: ["2026-03-10", "2026-03-11"])
+    check.render_template_fields({"ti": stand_in, "dag": dag, "run_id": "asset_triggered__x"})
+    pod = ApiClient().sanitize_for_serialization(check.build_pod_request_obj(dry_run=True))
+    assert contract.restricted_profile_violations(pod["spec"]) == []
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == contract.TRAINING_CONTAINER]
+    assert container["command"] == ["python", "-m", "monitoring"]
+    subcommand, *arguments = container["args"]
+    command = typer.main.get_command(app).commands[subcommand]  # the CLI's own parser: nothing runs
+    with command.make_context(subcommand, arguments) as context:
+        assert context.params["dates"] == "2026-03-10,2026-03-11"
+        assert context.params["dag_id"] == "monitor_fraud_model"
+        assert context.params["dag_run_id"] == "asset_triggered__x"
