@@ -48,7 +48,7 @@ COPY --chown=50000:0 pyproject.toml requirements.lock ./
 # The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
 # of the code or the README does not reinstall Airflow and Spark: the project's metadata is built with its
 # package folders still empty (and a placeholder README), then uninstalled.
-RUN mkdir core pipelines features training orchestration mlops && touch README.md \
+RUN mkdir core pipelines features training serving monitoring orchestration mlops && touch README.md \
  && pip install --constraint requirements.lock ".[airflow,data,cluster]" \
  && pip uninstall --yes mlops-fraud
 COPY --chown=50000:0 README.md ./

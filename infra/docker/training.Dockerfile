@@ -40,7 +40,7 @@ COPY pyproject.toml requirements.lock ./
 # The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
 # of the code or the README does not reinstall torch: the project's metadata is built with its package
 # folders still empty (and a placeholder README), then uninstalled.
-RUN mkdir core pipelines features training orchestration mlops && touch README.md \
+RUN mkdir core pipelines features training serving monitoring orchestration mlops && touch README.md \
  && /opt/venv/bin/pip install --constraint requirements.lock ".[training,cluster]" \
  && /opt/venv/bin/pip uninstall --yes mlops-fraud
 # Only what the wheel is built from; the packages list is pyproject.toml's [tool.hatch.build.targets.wheel].
@@ -49,6 +49,8 @@ COPY core ./core
 COPY pipelines ./pipelines
 COPY features ./features
 COPY training ./training
+COPY serving ./serving
+COPY monitoring ./monitoring
 COPY orchestration ./orchestration
 COPY mlops ./mlops
 RUN /opt/venv/bin/pip install --no-deps --constraint requirements.lock ".[training,cluster]" \
