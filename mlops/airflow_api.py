@@ -200,6 +200,36 @@ class AirflowAPI:
             raise AirflowAPIError(f"XCom {key!r} of {dag_id}/{run_id}/{task_id}[{map_index}] came back empty")
         return entry.actual_instance.value  # the API answers one of two schemas (native or string value)
 
+    # Assets
+    def post_asset_event(self, uri: str, extra: dict[str, Any]) -> tuple[int, int]:
+        """Record an event of the asset `uri` (as a producer outside Airflow does); returns (asset id,
+        event id). The asset must be known: a parsed DAG uses it."""
+        from airflow_client.client.models.create_asset_events_body import CreateAssetEventsBody
+
+        assets = self.call(self.assets_api.get_assets, uri_prefix_pattern=uri).assets
+        found = [a for a in assets if a.uri == uri]
+        if not found:
+            raise AirflowAPIError(
+                f"Airflow at {self.base_url} knows no asset {uri}; it is registered when a DAG using it "
+                "is parsed"
+            )
+        event = self.call(
+            self.assets_api.create_asset_event, CreateAssetEventsBody(asset_id=found[0].id, extra=extra)
+        )
+        return found[0].id, event.id
+
+    def wait_for_event_runs(
+        self, asset_id: int, event_id: int, deadline: float
+    ) -> list[DagRunAssetReference]:
+        """The runs an asset event scheduled, once the scheduler has consumed it."""
+
+        def created() -> list[DagRunAssetReference] | None:
+            events = self._every(self.assets_api.get_asset_events, "asset_events", asset_id=asset_id)
+            mine = [e for e in events if e.id == event_id]
+            return mine[0].created_dagruns if mine and mine[0].created_dagruns else None
+
+        return wait_until(created, deadline, f"asset event {event_id} to start a run", self.on_poll)
+
     # Waiting
     def wait_for_run(self, dag_id: str, run_id: str, deadline: float) -> DAGRunResponse:
         """The run once it has finished (success or failed)."""

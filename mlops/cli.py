@@ -427,6 +427,13 @@ def demo(
     timeout: Annotated[
         float, typer.Option(min=60, help="seconds to wait for the DAG runs before giving up")
     ] = 3600.0,
+    drift_drill: Annotated[
+        bool,
+        typer.Option(
+            help="after scoring the last day, score a drifted copy of it and follow monitoring to the "
+            "retrain the drift starts (through Airflow only)"
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """The whole loop on the embedded stack, through Airflow: start the stack (scripts/up.sh), land a
@@ -475,6 +482,7 @@ def demo(
                 stop=down,
                 timeout=timeout,
                 feed_start=feed_start,
+                drift_drill=drift_drill,
             )
         except (DemoError, StackError, AirflowAPIError, TimeoutError) as exc:
             err.print(

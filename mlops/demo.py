@@ -33,6 +33,7 @@ from core.settings import Settings
 
 DEMO_FAULTS = "duplicates=0.01,malformed=0.002,nulls=0.002"
 INGEST, FEATURES, RETRAIN = "ingest_transactions", "build_features", "retrain_fraud_model"
+MONITOR = "monitor_fraud_model"
 DAG_IDS = ("synthetic_landing", INGEST, FEATURES, RETRAIN)
 # Consumers first: Airflow queues an asset event only for the DAGs that are unpaused when it is emitted.
 # synthetic_landing stays paused: the demo lands the feed itself, for its own dates.
@@ -241,8 +242,11 @@ def run_through_airflow(
     stop: bool = False,
     timeout: float = 3600.0,
     feed_start: date | None = None,
+    drift_drill: bool = True,
 ) -> dict:
-    """Start the stack, replay `days` arrival dates through the DAGs and follow their asset chain. With
+    """Start the stack, replay `days` arrival dates through the DAGs and follow their asset chain, then
+    score the last day through the scoring service and (with `drift_drill`) show monitoring at work: the
+    scored day checked, a drifted copy of it scored and checked, and the retrain the drift starts. With
     `feed_start` (continuing a feed that began then), the dates continue what is already there."""
     from mlops import stack as embedded
     from mlops.airflow_api import AirflowAPI
@@ -329,6 +333,7 @@ def run_through_airflow(
         second = _follow_chain(api, [ingest_runs[last]], deadline, console)
         arrival = _arrival_to_model(api, {INGEST: [ingest_runs[last]], **second}, arrived)
         scoring = _score_if_champion(settings, last, console, clock)
+        drill = _drift_drill(api, settings, last, console, clock, deadline) if scoring and drift_drill else {}
 
         runs = {
             INGEST: [ingest_runs[d] for d in dates],
@@ -374,6 +379,7 @@ def run_through_airflow(
         "dag_runs": runs,
         "phases": {"history": first, "one_more_day": second},
         "scoring": scoring,
+        "drift_drill": drill,
         "arrival_to_model": arrival,
         "seconds_per_stage": seconds,
         "run_seconds_per_stage": {STAGE_OF[d]: t["run_seconds"] for d, t in timings.items()},
@@ -392,6 +398,52 @@ def _score_if_champion(settings: Settings, day: date, console: Console, clock: S
         console.print("no champion yet (no model passed the gate): nothing to score with")
         return []
     return [clock.run("scoring", lambda: score_day(settings, day, console))]
+
+
+def _monitor_scored_day(api, day: date, console: Console, deadline: float) -> tuple[str, dict]:
+    """Post the scoring log's event for `day` (what an operator's job does once a day's traffic is logged),
+    wait for the monitoring run it starts and return (its run id, its check of the day)."""
+    from orchestration.assets import SCORING_LOG
+
+    asset_id, event_id = api.post_asset_event(SCORING_LOG.uri, {"event_dates": [day.isoformat()]})
+    [created] = api.wait_for_event_runs(asset_id, event_id, deadline)
+    _finished_ok(api, MONITOR, created.run_id, deadline)
+    checked = api.xcom(MONITOR, created.run_id, "check")
+    [check] = [c for c in checked["checks"] if c["day"] == day.isoformat()]
+    console.print(f"{MONITOR} {day}: {check['summary']}")
+    return created.run_id, check
+
+
+def _drift_drill(
+    api, settings: Settings, day: date, console: Console, clock: StageClock, deadline: float
+) -> dict:
+    """Monitoring at work (see run_through_airflow): returns the checks, the drifted replay and the retrain
+    the drift started, with the reason that run recorded."""
+    console.rule(f"monitoring: {day}'s scored traffic against the champion's training data")
+    api.unpause(MONITOR)
+    _, clean = _monitor_scored_day(api, day, console, deadline)
+    console.rule("the population shifts: a drifted copy of the day is scored")
+    drifted = clock.run("scoring", lambda: score_day(settings, day, console, drift=True))
+    monitor_run, shifted = _monitor_scored_day(api, day, console, deadline)
+    retrain: dict = {}
+    if shifted["verdict"] == "drift":
+        [started] = api.wait_for_created_runs(MONITOR, monitor_run, "fraud_drift", deadline)
+        run = _finished_ok(api, RETRAIN, started.run_id, deadline)
+        record = _retrain_record(api, started.run_id)
+        reason = api.xcom(RETRAIN, started.run_id, "as_of_date", key="start_reason")
+        retrain = {**_retrain_row(record), "dag_run_id": started.run_id, "start_reason": reason["reason"]}
+        console.print(
+            f"{RETRAIN} started by drift ({reason['reason']}): model {record.get('model_version')} "
+            f"{record['decision']} in {run.duration:.0f}s"
+        )
+    else:
+        console.print(f"[yellow]the drifted day did not cross the drift thresholds: {shifted['summary']}[/]")
+    return {
+        "clean_check": {k: clean[k] for k in ("day", "verdict", "summary", "feature_source")},
+        "drifted_scoring": drifted,
+        "drifted_check": {k: shifted[k] for k in ("day", "verdict", "summary", "feature_source")},
+        "retrain": retrain,
+    }
 
 
 def score_day(settings: Settings, day: date, console: Console, drift: bool = False) -> dict:

@@ -10,6 +10,7 @@ the demo, the parity test and the benchmarks.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
@@ -119,15 +120,21 @@ def day_events(lake: Path, day: date) -> list[tuple[str, dict[str, Any]]]:
 
 
 def drifted(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    """The same events with every transaction shifted as the generator's `drift` fault shifts a row
-    (pipelines/synthetic/faults.py): a changed population, for showing monitoring at work."""
+    """The same events as new transactions (new ids, chargebacks following them) shifted as the generator's
+    `drift` fault shifts a row (pipelines/synthetic/faults.py): a changed population, for showing
+    monitoring at work."""
     import numpy as np
 
     from pipelines.contracts import AMOUNT_MAX
     from pipelines.synthetic.faults import DRIFT_CHANNEL, drift_amount
 
+    def renamed(transaction_id: str) -> str:
+        # new transactions, not retries of the day's: a scoring log keeps one row per transaction id
+        return "tx" + hashlib.sha256(f"drift:{transaction_id}".encode()).hexdigest()[:16]
+
     out = []
     for kind, item in events:
+        item = {**item, "transaction_id": renamed(item["transaction_id"])}
         if kind == "transaction":
             amount = min(float(drift_amount(np.array([item["amount"]]))[0]), AMOUNT_MAX)
             item = {**item, "amount": amount, "channel": DRIFT_CHANNEL}

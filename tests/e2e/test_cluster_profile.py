@@ -31,7 +31,7 @@ REDIS = "redis://127.0.0.1:6379"
 REDIS_DB = 11  # this test's database index; emptied of the chain's keys afterwards
 # Two days: the first one's retrain skips (no label is a day old yet), the second trains and gates the first
 # champion. Challengers against a champion are the local e2e stack's business (tests/e2e/test_demo.py).
-ARGS = ("--days", "2", "--rows-per-day", "1500", "--epochs", "3")
+ARGS = ("--days", "2", "--rows-per-day", "1500", "--epochs", "3", "--no-drift-drill")
 DATES = ["2026-01-01", "2026-01-02"]
 TIMEOUT = 2400
 INGEST, FEATURES, RETRAIN = "ingest_transactions", "build_features", "retrain_fraud_model"

@@ -62,6 +62,18 @@ def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_
     assert scored["champion"] == summary["champion_version"]
     assert 0 < scored["latency_ms"]["p50"] <= scored["latency_ms"]["p99"]
     assert 0 <= scored["unknown_entities"] < scored["transactions"]
+    # monitoring at work: the scored day checked clean, a drifted copy of it drifted and started a retrain
+    drill = summary["drift_drill"]
+    assert drill["clean_check"]["verdict"] == "no_drift", drill["clean_check"]
+    assert drill["clean_check"]["feature_source"] == drill["drifted_check"]["feature_source"] == "scoring_log"
+    assert (
+        drill["drifted_scoring"]["drifted"]
+        and drill["drifted_scoring"]["transactions"] == scored["transactions"]
+    )
+    assert drill["drifted_check"]["verdict"] == "drift" and "channel" in drill["drifted_check"]["summary"]
+    retrained = drill["retrain"]
+    assert retrained["start_reason"].startswith("drift:") and retrained["as_of"] == days[-1]
+    assert retrained["decision"] in {"promoted", "rejected"} and int(retrained["model_version"]) == 3
     # the human summary went to stderr
     assert "time per stage" in demo_stack.stderr and "make down" in demo_stack.stderr
 
@@ -98,7 +110,17 @@ def test_continue_lands_the_next_day_on_the_running_stack_and_the_gate_decides(d
     judged against the demo's champion."""
     mlops = str(Path(sys.executable).with_name("mlops"))
     done = subprocess.run(
-        [mlops, "demo", "--continue", "--rows-per-day", "1500", "--epochs", "3", "--json"],
+        [
+            mlops,
+            "demo",
+            "--continue",
+            "--rows-per-day",
+            "1500",
+            "--epochs",
+            "3",
+            "--no-drift-drill",
+            "--json",
+        ],
         env=demo_stack.env,
         capture_output=True,
         text=True,
@@ -112,6 +134,7 @@ def test_continue_lands_the_next_day_on_the_running_stack_and_the_gate_decides(d
     assert len(summary["dag_runs"][INGEST]) == 1 and summary["phases"]["history"][FEATURES] == []
     (retrain,) = summary["retrains"]
     assert retrain["as_of"] == next_day and retrain["decision"] in {"promoted", "rejected"}
-    assert retrain["previous_champion"] == demo_stack.summary["champion_version"]
-    assert int(retrain["model_version"]) == 3
+    drilled = demo_stack.summary["drift_drill"]["retrain"]  # the demo's drift drill registered one more
+    assert retrain["previous_champion"] == (drilled or demo_stack.summary)["champion_version"]
+    assert int(retrain["model_version"]) == (4 if drilled else 3)
     assert summary["arrival_to_model"]["busy_seconds"] > 0
