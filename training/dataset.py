@@ -410,9 +410,11 @@ def build_training_frame(
     label_maturity_days: int = 0,
     fractions: SplitFractions = SplitFractions(),
     max_fit_rows: int | None = None,
+    require_fraud: bool = True,
 ) -> pd.DataFrame:
     """The training set as of `day` as a DataFrame (see the module docstring); its `attrs` say how the
-    train and validation splits were sampled."""
+    train and validation splits were sampled. `require_fraud=False` returns the rows even when no fraud is
+    known yet (the train/serve parity check compares features of a day whose labels have not come in)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from features import offline, sources
@@ -441,7 +443,7 @@ def build_training_frame(
     frame[WEIGHT] = transactions[WEIGHT]
     frame.attrs.update(sampling)
     frame.attrs.update(label_coverage(settings, day, window_days))
-    if frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
+    if require_fraud and frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
         raise TrainingSetError(
             f"the training set as of {day} has no known fraud in its train split "
             f"({len(frame)} transactions, window {window_days} days); land and ingest more days of data "
