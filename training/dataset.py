@@ -224,10 +224,13 @@ def transaction_inputs(
     out["hour_cos"] = np.cos(2 * np.pi * hour / 24.0)
     out["is_weekend"] = (((ms // MS_PER_DAY) + 3) % 7 >= 5).astype("float64")  # 1970-01-01 was a Thursday
     out["is_foreign"] = np.array(
-        [HOME_COUNTRIES.get(k) != c for k, c in zip(country, currency, strict=True)], dtype="float64"
+        [(HOME_COUNTRIES.get(k) if k else None) != c for k, c in zip(country, currency, strict=True)],
+        dtype="float64",
     )
     for column, codes in _CODES.items():
-        out[f"{column}_code"] = np.array([codes.get(v, 0) for v in categoricals[column]], dtype="float64")  # type: ignore[arg-type]
+        out[f"{column}_code"] = np.array(
+            [codes.get(v, 0) if v else 0 for v in categoricals[column]], dtype="float64"
+        )
     return out
 
 
