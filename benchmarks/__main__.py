@@ -147,6 +147,7 @@ def main() -> None:
             "gold_lookback",
             "gold_memory",
             "dag_parse",
+            "serving",
             "end_to_end",
         ],
         help="run one benchmark",
@@ -205,6 +206,11 @@ def main() -> None:
 
             results["dag_parse"] = bench_dag_parse([], Path(scratch))
             print_dag_parse(console, results["dag_parse"])
+        if args.only in (None, "serving"):
+            from benchmarks.serving import print_serving, run
+
+            results["serving"] = [run(chosen[0] if chosen else 20_000, 500.0, 20.0, Path(scratch))]
+            print_serving(console, results["serving"][0])
         if args.only == "end_to_end":  # hours at the goal's size: only when asked for (make bench-e2e)
             from benchmarks.end_to_end import DEFAULT_HISTORY_DAYS, bench_end_to_end, print_end_to_end
             from benchmarks.end_to_end import DEFAULT_SIZES as E2E_ROWS

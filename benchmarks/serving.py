@@ -271,9 +271,9 @@ def floor(home: Path, items: list[dict], count: int) -> dict:
     }
 
 
-def run(rows_per_day: int, rate: float, seconds: float) -> dict:
-    scratch = Path(tempfile.mkdtemp(prefix="bench-serving-"))
-    home = scratch / "home"
+def run(rows_per_day: int, rate: float, seconds: float, scratch: Path | None = None) -> dict:
+    scratch = scratch or Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    home = scratch / "serving-home"
     env = set_up(home, rows_per_day)
     day = START + timedelta(days=1)
     items = traffic(home, day)
@@ -341,6 +341,43 @@ def run(rows_per_day: int, rate: float, seconds: float) -> dict:
     return results
 
 
+def print_serving(console, results: dict) -> None:
+    from rich.table import Table
+
+    table = Table(
+        "measure",
+        "value",
+        "goal",
+        title=f"scoring service ({results['rows_per_day']} rows/day, load {results['load_average']:.1f})",
+    )
+    service, feast, floor_ = (
+        results["service_open_loop"],
+        results["feast_serve_open_loop"],
+        results["in_process_floor"],
+    )
+    rate = service["offered_rate"]
+    table.add_row(
+        f"mlops serve p50 / p99 at {rate:.0f}/s",
+        f"{service['p50_ms']:.2f} / {service['p99_ms']:.2f} ms",
+        "p99 <= 5 ms",
+    )
+    table.add_row(
+        f"feast serve p50 / p99 at {rate:.0f}/s", f"{feast['p50_ms']:.2f} / {feast['p99_ms']:.2f} ms", ""
+    )
+    table.add_row("in-process floor p50 / p99", f"{floor_['p50_ms']:.3f} / {floor_['p99_ms']:.3f} ms", "")
+    table.add_row("p99 ratio mlops serve / feast serve", f"{results['p99_ratio_vs_feast_serve']:.2f}", "")
+    for name in ("batched", "batched_no_log", "unbatched"):
+        figures = results[f"throughput_{name}"]
+        table.add_row(
+            f"throughput {name}",
+            f"{figures['transactions_per_s']:.0f} tx/s ({figures['failures']} failed)",
+            ">= 2000 batched" if name == "batched" else "",
+        )
+    table.add_row("batching speed-up", f"{results['batching_speedup']:.2f}x", "")
+    table.add_row("scoring log cost", f"{results['scoring_log_cost']:.1%}", "<= 5 %")
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows-per-day", type=int, default=20_000)
@@ -351,7 +388,11 @@ def main() -> None:
     if args.register_champion:
         register_champion(args.register_champion)
         return
-    print(json.dumps(run(args.rows_per_day, args.rate, args.seconds), indent=2))
+    from rich.console import Console
+
+    results = run(args.rows_per_day, args.rate, args.seconds)
+    print(json.dumps(results, indent=2))
+    print_serving(Console(width=150, stderr=True), results)
 
 
 if __name__ == "__main__":
