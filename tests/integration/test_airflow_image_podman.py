@@ -35,7 +35,13 @@ IMAGE = "localhost/mlops-fraud-airflow:podman-test"
 TRAINING_IMAGE = "localhost/mlops-fraud-training:podman-test"
 DAGS_FOLDER = "/opt/airflow/dags"
 AIRFLOW_UID = 50000
-DAG_IDS = {"ingest_transactions", "build_features", "retrain_fraud_model", "synthetic_landing"}
+DAG_IDS = {
+    "ingest_transactions",
+    "build_features",
+    "retrain_fraud_model",
+    "monitor_fraud_model",
+    "synthetic_landing",
+}
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"train", "evaluate", "register", "promote", "export"}
 # The only Airflow-image task that uses the training package: it builds the training set (no torch, MLflow).
