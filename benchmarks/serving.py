@@ -304,7 +304,11 @@ def run(rows_per_day: int, rate: float, seconds: float, scratch: Path | None = N
         for i in items
     ]
     port = _port()
-    feast = Process([FEAST, "serve", "--port", str(port), "--no-access-log"], env, cwd=home / "feast")
+    feast = Process(
+        [FEAST, "serve", "--port", str(port), "--no-access-log", "--max-requests", "10000000"],
+        env,
+        cwd=home / "feast",
+    )
     try:
         feast.wait_http(port, "/health")
         results["feast_serve_open_loop"] = asyncio.run(

@@ -242,8 +242,6 @@ class StoreWrites:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
-        for writer, _, _ in list(self.writers.values()):
-            writer.close()
 
     def _run(self) -> None:
         while True:
@@ -262,6 +260,8 @@ class StoreWrites:
             if pending:
                 self._write([pair for rows in pending for pair in rows])
             if stop:
+                for writer, _, _ in self.writers.values():  # SQLite connections close on their own thread
+                    writer.close()
                 return
 
     def _write(self, pairs: list[tuple[dict, dict]]) -> None:
