@@ -81,6 +81,10 @@ def register_champion(home: Path) -> None:
     model.fit_normalization(torch.randn(1000, len(NUMERIC_FEATURES)))
     model.eval()
     mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    if mlflow.get_experiment_by_name("serving-benchmark") is None:  # artifacts under the home, not the cwd
+        mlflow.create_experiment(
+            "serving-benchmark", artifact_location=(settings.mlflow_dir / "artifacts").as_uri()
+        )
     mlflow.set_experiment("serving-benchmark")
     with mlflow.start_run() as run:
         log_model(model, name="model", pip_requirements=[])
