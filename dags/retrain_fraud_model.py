@@ -42,7 +42,7 @@ from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, t
 
 from core.settings import get_settings
 from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES, FRAUD_MODEL
-from orchestration.tasks import event_dates, run_step, start_reason
+from orchestration.tasks import event_dates, fail_fast_on_bad_data, run_step, start_reason
 from orchestration.training_task import (
     TRAIN_TASK_ID,
     local_task_timeout,
@@ -153,10 +153,10 @@ with DAG(
         )
         def train_locally(ti=None, dag_run=None) -> dict:
             rev = ti.xcom_pull(task_ids="training_set")["training_set_rev"]
-            return run_training_process(
-                train_arguments(rev, dag_id=dag_run.dag_id, dag_run_id=dag_run.run_id),
-                timeout_s=get_settings().training.local_timeout_minutes * 60,
-            )
+            arguments = train_arguments(rev, dag_id=dag_run.dag_id, dag_run_id=dag_run.run_id)
+            timeout_s = get_settings().training.local_timeout_minutes * 60
+            # A diverged run or bad training data (the child's exit 3) fails the task without retries.
+            return fail_fast_on_bad_data(lambda: run_training_process(arguments, timeout_s=timeout_s))
 
         @task(doc_md="Holdout metrics and curves into the MLflow run.")
         def evaluate(trained: dict) -> dict:

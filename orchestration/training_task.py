@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from core.errors import EXIT_PIPELINE_ERROR, PipelineError
 from core.settings import Settings, settings_as_env
 from orchestration import k8s_contract as contract
 
@@ -39,6 +40,11 @@ TERMINATE_GRACE_S = 30.0
 
 class TrainingProcessError(RuntimeError):
     """The local training process failed, ran past its timeout, or was stopped with its task."""
+
+
+class TrainingRefusedError(PipelineError):
+    """The training process stopped on a data or divergence error (exit EXIT_PIPELINE_ERROR): a retry with
+    the same inputs ends the same way, so the task fails without retries."""
 
 
 def train_arguments(
@@ -249,12 +255,26 @@ def run_training_process(
     finally:
         if on_main_thread:  # None: a handler not set from Python, which cannot be put back
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    if process.returncode == EXIT_PIPELINE_ERROR:
+        raise TrainingRefusedError(f"{shown} stopped: {_failure_message(stdout, stderr)}")
     if process.returncode:
         raise TrainingProcessError(f"{shown} exited {process.returncode}:\n{stderr[-4000:]}")
     lines = stdout.strip().splitlines()
     if not lines:
         raise TrainingProcessError(f"{shown} printed no result")
     return json.loads(lines[-1])
+
+
+def _failure_message(stdout: str, stderr: str) -> str:
+    """The failure the training CLI reports as its last stdout line (training/cli.py main), else stderr's end."""
+    lines = stdout.strip().splitlines()
+    try:
+        failure = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        failure = {}
+    if isinstance(failure, dict) and failure.get("message"):
+        return f"{failure.get('error', 'error')}: {failure['message']}"
+    return stderr[-4000:] or "(no message)"
 
 
 def local_task_timeout(settings: Settings) -> timedelta:

@@ -32,6 +32,20 @@ DagId = Annotated[str, typer.Option(help="Airflow DAG id, recorded as lineage")]
 DagRunId = Annotated[str, typer.Option(help="Airflow DAG run id, recorded as lineage")]
 
 
+def main() -> None:
+    """Run the CLI. A PipelineError (bad data, a diverged run: no retry can fix it) ends the command with its
+    message on stderr, a JSON failure line on stdout and exit status EXIT_PIPELINE_ERROR, so the launching
+    task fails without retries; any other error keeps its traceback and exit status 1 (retryable)."""
+    from core.errors import EXIT_PIPELINE_ERROR, PipelineError
+
+    try:
+        app()
+    except PipelineError as exc:
+        typer.echo(f"{type(exc).__name__}: {exc}", err=True)
+        emit({"status": "failed", "error": type(exc).__name__, "message": str(exc)})
+        raise SystemExit(EXIT_PIPELINE_ERROR) from None
+
+
 def emit(result: dict, xcom_path: Path | None = None) -> None:
     line = json.dumps(result, sort_keys=True, default=str)
     if xcom_path is not None:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from core.errors import PipelineError
 from training.metrics import average_precision
 
 if TYPE_CHECKING:
@@ -40,6 +41,11 @@ def _pick(value: T | None, default: T) -> T:
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class TrainingDivergedError(PipelineError):
+    """The loss or the validation scores became non-finite: the run cannot recover by itself, and a retry with
+    the same settings diverges the same way (so it fails its task without retries)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +236,19 @@ def _positive_weight(config: TrainConfig, y: torch.Tensor) -> float:
     return min(100.0, (len(y) - positives) / positives)
 
 
+def _diverged(
+    config: TrainConfig, what: str, epoch: int, state: dict, position: int | None
+) -> TrainingDivergedError:
+    where = f"epoch {epoch}, after optimizer step {state['step']}"
+    if position is not None:
+        where += f" (micro-batch {position} of the epoch)"
+    return TrainingDivergedError(
+        f"training diverged: {what} at {where}, learning rate {config.learning_rate:g}, batch size "
+        f"{config.batch_size}. A rerun with the same settings diverges again: lower the learning rate "
+        "(MLOPS_TRAINING__LEARNING_RATE or --learning-rate; the default is 2e-3) and train again."
+    )
+
+
 def train(
     model: nn.Module,
     train_data: Tensors,
@@ -338,6 +357,8 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
                 with _autocast(device, precision):
                     # forward() (not .logits()) so DDP's gradient hooks run
                     loss = loss_fn(network(train_data.x[index], logits=True), train_data.y[index])
+                if not torch.isfinite(loss):  # before backward: stop at the first bad batch, weights intact
+                    raise _diverged(config, f"the training loss is {float(loss)}", epoch, state, position)
                 scaler.scale(loss / config.accumulation_steps).backward()
             epoch_loss += loss.detach()
             samples += index.shape[0]
@@ -358,6 +379,11 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
         if interrupted:
             break
         scores = predict(model, validation.x)
+        if not bool(torch.isfinite(scores).all()):
+            bad = int((~torch.isfinite(scores)).sum())
+            raise _diverged(
+                config, f"{bad} of {len(validation)} validation scores are not finite", epoch, state, None
+            )
         metric = average_precision(validation.y.cpu().numpy(), scores.cpu().numpy())
         record = {
             "epoch": epoch,

@@ -48,6 +48,19 @@ def evaluate(
     from sklearn.metrics import brier_score_loss, f1_score, precision_score, recall_score, roc_auc_score
 
     labels = labels.astype(int)
+    non_finite = int(np.count_nonzero(~np.isfinite(scores)))
+    if non_finite:
+        # A diverged model: the metrics are NaN (the gate refuses them) instead of scikit-learn's
+        # "Input contains NaN" from deep inside a step.
+        nan = float("nan")
+        names = (PRIMARY_METRIC, "roc_auc", "recall_at_1pct_fpr", "precision", "recall", "f1", "brier")
+        return {
+            **dict.fromkeys(names, nan),
+            "non_finite_scores": float(non_finite),
+            "positives": float(labels.sum()),
+            "rows": float(len(labels)),
+            "population_rows": float(len(labels) if weights is None else np.sum(weights)),
+        }
     predicted = (scores >= threshold).astype(int)
     both_classes = 0 < labels.sum() < len(labels)
     counted = {"sample_weight": weights}

@@ -13,6 +13,7 @@ nothing the next one cannot finish.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -65,7 +66,23 @@ def gate_decision(
     latency_ms: float,
     policy: GatePolicy,
 ) -> tuple[bool, str]:
-    """Whether the candidate should become champion, and why (pure; the reason names the numbers)."""
+    """Whether the candidate should become champion, and why (pure; the reason names the numbers).
+
+    A metric that is not a finite number (a diverged model scores NaN) is refused on either side: every
+    comparison with NaN is false, so the rules below would otherwise let it through."""
+    compared = (PRIMARY_METRIC, "roc_auc", "recall_at_1pct_fpr")
+    for side, values in (("candidate", candidate), ("champion", champion or {})):
+        broken = {m: values[m] for m in compared if m in values and not math.isfinite(values[m])}
+        if broken:
+            listed = ", ".join(f"{m} {v}" for m, v in broken.items())
+            fix = (
+                "retrain it (its scores are not finite numbers)"
+                if side == "candidate"
+                else "promote a working version by hand (`mlops promote --version V --reason ...`)"
+            )
+            return False, f"the {side}'s holdout metrics are not finite ({listed}): not comparable; {fix}"
+    if not math.isfinite(latency_ms):
+        return False, f"scoring latency {latency_ms} ms is not a finite number"
     score = candidate[PRIMARY_METRIC]
     if latency_ms > policy.max_latency_ms:
         return False, f"scoring latency {latency_ms:.2f} ms is above the bound {policy.max_latency_ms} ms"

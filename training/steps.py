@@ -207,6 +207,8 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     buffer = MetricBuffer(client, run_id)
     buffer.add({f"holdout_{k}": v for k, v in values.items()}, step=0)
     buffer.flush()
+    if "non_finite_scores" in values:  # a diverged model: NaN metrics logged (the gate refuses them), no plots
+        return {"run_id": run_id, "training_set_rev": holdout.rev, "holdout": values}
     with tempfile.TemporaryDirectory() as folder:
         for path in plot_evaluation(labels, scores, Path(folder), weights=weights):
             client.log_artifact(run_id, str(path), "evaluation")

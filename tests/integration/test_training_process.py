@@ -118,7 +118,7 @@ def test_sigterm_to_the_task_process_stops_the_child_and_its_grandchild(pids_fil
     ("script", "outcome"),
     [
         ("print('starting'); print('{\"run_id\": \"abc\"}')", {"run_id": "abc"}),
-        ("import sys; print('no such training set', file=sys.stderr); sys.exit(3)", "exited 3:\nno such"),
+        ("import sys; print('no such training set', file=sys.stderr); sys.exit(1)", "exited 1:\nno such"),
         ("pass", "printed no result"),
     ],
     ids=["result", "failure", "no-result"],
@@ -130,3 +130,23 @@ def test_the_result_is_the_last_stdout_line_and_a_failure_names_the_command(scri
     with pytest.raises(TrainingProcessError, match=outcome) as raised:
         run_training_process(["train"], timeout_s=120, program=("-c", script))
     assert str(raised.value).startswith(f"`python -c {script}")
+
+
+def test_a_refusal_of_the_training_command_fails_the_task_without_retries():
+    """Exit 3 is the training CLI's PipelineError (a diverged run, bad training data): the task must fail
+    for good, with the CLI's message, not retry twice for nothing."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from core.errors import PipelineError
+    from orchestration.tasks import fail_fast_on_bad_data
+    from orchestration.training_task import TrainingRefusedError
+
+    script = (
+        "import json, sys; print('loading'); print(json.dumps({'status': 'failed', 'error': "
+        "'TrainingDivergedError', 'message': 'training diverged at epoch 0'})); sys.exit(3)"
+    )
+    with pytest.raises(TrainingRefusedError, match="TrainingDivergedError: training diverged at epoch 0"):
+        run_training_process(["train"], timeout_s=120, program=("-c", script))
+    assert issubclass(TrainingRefusedError, PipelineError)
+    with pytest.raises(AirflowFailException, match="training diverged at epoch 0"):
+        fail_fast_on_bad_data(lambda: run_training_process(["train"], timeout_s=120, program=("-c", script)))

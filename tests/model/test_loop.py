@@ -210,3 +210,20 @@ def test_average_precision_of_a_perfect_and_a_useless_ranking():
     labels = torch.tensor([0, 0, 1, 1]).numpy()
     assert average_precision(labels, torch.tensor([0.1, 0.2, 0.8, 0.9]).numpy()) == pytest.approx(1.0)
     assert average_precision(labels * 0, torch.tensor([0.1, 0.2, 0.8, 0.9]).numpy()) == 0.0
+
+
+def test_a_diverging_run_stops_at_the_first_non_finite_loss(tmp_path):
+    from training.loop import TrainingDivergedError
+
+    torch.manual_seed(0)
+    model = FraudMLP()
+    train_split, validation = make_split(2000, seed=1), make_split(500, seed=2)
+    model.fit_normalization(train_split.x[:, : len(NUMERIC_FEATURES)])
+    seen: list[dict] = []
+    config = TrainConfig(epochs=5, batch_size=100, learning_rate=1e6, device="cpu", precision="fp32")
+    with pytest.raises(TrainingDivergedError) as raised:
+        train(model, train_split, validation, config, tmp_path, "diverge", lambda e, r: seen.append(r))
+    message = str(raised.value)
+    assert "epoch 0" in message and "after optimizer step" in message and "micro-batch" in message
+    assert "MLOPS_TRAINING__LEARNING_RATE" in message
+    assert not seen, "no epoch may end (and be reported) once the loss is not finite"

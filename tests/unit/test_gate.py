@@ -28,6 +28,13 @@ def metrics(auc_pr: float, roc_auc: float = 0.90, recall: float = 0.60) -> dict:
         (metrics(0.60, recall=0.50), CHAMPION, 1.0, False, "guardrail: recall_at_1pct_fpr"),
         (metrics(0.60), CHAMPION, 6.0, False, "latency"),
         (metrics(0.30), None, 6.0, False, "latency"),
+        # a diverged model scores NaN; every comparison with NaN is false, so each must be refused by name
+        (metrics(float("nan")), None, 1.0, False, "candidate's holdout metrics are not finite (auc_pr nan)"),
+        (metrics(float("nan")), CHAMPION, 1.0, False, "candidate's holdout metrics are not finite"),
+        (metrics(0.60, roc_auc=float("nan")), CHAMPION, 1.0, False, "not finite (roc_auc nan)"),
+        (metrics(0.60, recall=float("inf")), CHAMPION, 1.0, False, "recall_at_1pct_fpr inf"),
+        (metrics(0.60), metrics(float("nan")), 1.0, False, "champion's holdout metrics are not finite"),
+        (metrics(0.60), CHAMPION, float("nan"), False, "latency nan ms is not a finite number"),
     ],
 )
 def test_gate_decision(candidate, champion, latency, promoted, reason):
@@ -125,3 +132,18 @@ def test_weighted_holdout_metrics_equal_the_metrics_of_the_rows_they_stand_for()
     assert weighted["recall_at_1pct_fpr"] == pytest.approx(expanded["recall_at_1pct_fpr"], abs=0.01)
     assert weighted["population_rows"] == expanded["rows"] and weighted["rows"] == len(labels)
     assert evaluate(labels, scores)["auc_pr"] > weighted["auc_pr"]  # fewer negatives flatter precision
+
+
+def test_the_metrics_of_non_finite_scores_are_nan_and_counted_not_a_scikit_learn_error():
+    import math
+
+    import numpy as np
+
+    from training.metrics import evaluate
+
+    labels = np.array([0, 1, 0, 1])
+    values = evaluate(labels, np.array([0.1, float("nan"), 0.2, 0.9]))
+    assert values["non_finite_scores"] == 1.0
+    assert math.isnan(values["auc_pr"]) and math.isnan(values["roc_auc"])
+    decided, why = gate_decision(values, None, 1.0, POLICY)
+    assert decided is False and "not finite" in why
