@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 # The exit status of a command (`python -m training ...`) that stopped on a PipelineError: its launcher fails
 # the task without retries instead of treating the exit as a crash that a retry might get past.
 EXIT_PIPELINE_ERROR = 3

@@ -12,7 +12,7 @@ import functools
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -85,6 +85,12 @@ class TrainingSettings(BaseModel):
     patience: int = Field(default=3, ge=1, description="epochs without validation gain before stopping")
     checkpoint_every: int = Field(default=50, ge=1, description="optimizer steps between checkpoints")
     seed: int = 7
+    weight_decay: float = Field(default=1e-4, ge=0.0, description="AdamW's decoupled weight decay")
+    # The MLP's hidden layer widths and dropout (training/model.py). With tuning.use_best_params, the
+    # latest finished study's best values replace these and learning_rate, batch_size, weight_decay
+    # (training/tuning.py).
+    hidden: list[int] = Field(default=[128, 64], min_length=1, description="hidden layer widths")
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     # Where the retrain DAG's train task runs: "kubernetes" (a GPU pod) or "local" (a child process of the
     # task). Unset: kubernetes in the cluster profile, local in the local one (Settings.training_runner).
     runner: Literal["kubernetes", "local"] | None = None
@@ -106,6 +112,24 @@ class TrainingSettings(BaseModel):
     local_timeout_minutes: int = Field(default=360, ge=1, description="local training process time limit")
 
 
+class TuningSettings(BaseModel):
+    """Hyperparameter search: an Optuna study whose trials are mapped tasks of the tune_fraud_model DAG
+    (training/tuning.py, `mlops tune`)."""
+
+    trials: int = Field(default=8, ge=1, le=1000, description="trials per study (one mapped task each)")
+    parallelism: int = Field(default=2, ge=1, le=64, description="trials running at once")
+    epochs: int = Field(default=6, ge=1, description="most epochs of one trial (a pruner may stop it sooner)")
+    # The median pruner stops a trial whose validation AUC-PR after an epoch is below the median of the trials
+    # before it at that epoch, once this many trials finished and after this many epochs of its own.
+    pruner_startup_trials: int = Field(default=2, ge=0)
+    pruner_warmup_epochs: int = Field(default=1, ge=0)
+    study_prefix: str = Field(default="fraud-mlp", min_length=1, description="study name: <prefix>-<as-of>")
+    seed: int = 7
+    # A retrain trains with the best trial of the latest finished study (instead of the training settings'
+    # learning_rate, batch_size, weight_decay, hidden, dropout); its run records which study and trial.
+    use_best_params: bool = True
+
+
 class GateSettings(BaseModel):
     """The champion/challenger gate (see training/registry.py)."""
 
@@ -114,6 +138,24 @@ class GateSettings(BaseModel):
     max_roc_auc_drop: float = Field(default=0.02, ge=0.0)
     max_recall_drop: float = Field(default=0.05, ge=0.0, description="on recall at 1% false positives")
     max_latency_ms: float = Field(default=20.0, gt=0.0, description="median CPU scoring time, one row")
+
+
+class CompressionSettings(BaseModel):
+    """The export's smaller variants of a version (training/compress.py, training/export.py): a student
+    distilled from its scores and a structurally pruned copy, each exported to ONNX beside fp32 and int8.
+    The export serves the smallest file whose holdout AUC-PR is within `max_auc_pr_drop` of fp32's."""
+
+    enabled: bool = Field(default=True, description="build the pruned and student variants at export")
+    max_auc_pr_drop: float = Field(
+        default=0.005, ge=0.0, le=1.0, description="holdout AUC-PR a served variant may lose against fp32"
+    )
+    # hidden layer widths of the distilled student (the champion's are ModelConfig.hidden, (128, 64))
+    student_hidden: list[Annotated[int, Field(ge=1)]] = Field(default=[32], min_length=1)
+    # share of the units of every hidden layer the pruned variant keeps (by importance)
+    prune_keep_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    # Both variants are fitted inside every export, on the export's CPU: few epochs on a bounded sample.
+    epochs: int = Field(default=3, ge=1, le=50, description="epochs of distilling and of fine-tuning")
+    max_rows: int = Field(default=200_000, ge=1, description="train rows sampled for distillation")
 
 
 class ServingSettings(BaseModel):
@@ -180,7 +222,9 @@ class Settings(BaseSettings):
     dvc_lock_wait_s: float = Field(default=600.0, gt=0, description="wait for another DVC operation")
     ingest: IngestSettings = IngestSettings()
     training: TrainingSettings = TrainingSettings()
+    tuning: TuningSettings = TuningSettings()
     gate: GateSettings = GateSettings()
+    compression: CompressionSettings = CompressionSettings()
     serving: ServingSettings = ServingSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
     cluster: ClusterServices = ClusterServices()
@@ -261,6 +305,13 @@ class Settings(BaseSettings):
         """Where the append-only promotion history lives (beside the MLflow registry)."""
         if self.profile is Profile.LOCAL:
             return f"sqlite:///{self.mlflow_dir / 'promotions.db'}"
+        return self.cluster.postgres_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+    @property
+    def tuning_storage_url(self) -> str:
+        """Optuna's study storage: the profile's database (trials of parallel tasks share it)."""
+        if self.profile is Profile.LOCAL:
+            return f"sqlite:///{self.mlflow_dir / 'optuna.db'}"
         return self.cluster.postgres_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
 
     @property

@@ -42,7 +42,13 @@ from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, t
 
 from core.settings import get_settings
 from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES, FRAUD_MODEL
-from orchestration.tasks import event_dates, fail_fast_on_bad_data, run_step, start_reason
+from orchestration.tasks import (
+    event_dates,
+    fail_fast_on_bad_data,
+    run_step,
+    start_reason,
+    training_set_or_skip,
+)
 from orchestration.training_task import (
     TRAIN_TASK_ID,
     local_task_timeout,
@@ -102,21 +108,7 @@ with DAG(
         "(with the whole run) when there is nothing to train on yet."
     )
     def training_set(as_of: str, ti=None) -> dict:
-        from datetime import date
-
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from training import steps
-        from training.dataset import NothingToTrainError
-
-        def build_or_skip(settings, day: date) -> dict:
-            try:
-                return steps.dataset(settings, day)
-            except NothingToTrainError as exc:
-                ti.xcom_push(key="skipped", value=str(exc))  # the reason, for the UI and `mlops demo`
-                raise AirflowSkipException(str(exc)) from exc
-
-        return run_step(build_or_skip, date.fromisoformat(as_of))
+        return training_set_or_skip(as_of, ti)
 
     if get_settings().training_runner == "kubernetes":
         # Training and the steps after it run in the training image (torch, MLflow), each its own pod; the

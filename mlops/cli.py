@@ -258,13 +258,15 @@ def retrain(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Training set -> train -> evaluate -> register -> gate -> ONNX export, in this process."""
-    from training.loop import TrainConfig
     from training.steps import retrain as run_retrain
+    from training.tuning import train_config
 
     settings = get_settings()
-    config = TrainConfig.from_settings(
-        settings.training, epochs=epochs, batch_size=batch_size, seed=seed, device=device
-    )
+    config = train_config(settings, epochs=epochs, batch_size=batch_size, seed=seed, device=device)
+    if config.tuned_from:
+        err.print(
+            f"hyperparameters from {config.tuned_from} (MLOPS_TUNING__USE_BEST_PARAMS=false: the settings')"
+        )
     record = _run_training(
         "retrain",
         lambda: run_retrain(settings, _date(day), config, window_days, training_set_rev),

@@ -87,7 +87,7 @@ def run_in_process(
     from pipelines.ingest.job import ingest
     from pipelines.synthetic.landing import land_synthetic
     from training import steps
-    from training.loop import TrainConfig
+    from training.tuning import train_config
 
     _check_days(days, feed_start)
     settings.ensure_dirs()
@@ -108,7 +108,7 @@ def run_in_process(
         },
     )["manifests"]
     console.print(f"landed {days} arrival dates in {settings.landing}")
-    config = TrainConfig.from_settings(settings.training, epochs=epochs)
+    config = train_config(settings, epochs=epochs)
     daily: list[dict] = []
     retrains: list[dict] = []
     feature_steps: dict[str, float] = {}  # the last day's seconds per features step

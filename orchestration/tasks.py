@@ -84,6 +84,27 @@ def run_step(step: Callable[Concatenate[Settings, P], R], *args: P.args, **kwarg
     return fail_fast_on_bad_data(lambda: step(settings, *args, **kwargs))
 
 
+def training_set_or_skip(as_of: str, ti: Any) -> dict:
+    """The training set as of `as_of` (training/steps.py dataset), for the retrain and tuning DAGs. When there
+    is nothing to train on yet (the first days of a feed) the task is skipped, with the reason in its log and
+    its `skipped` XCom, and so is everything after it."""
+    from datetime import date
+
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from training import steps
+    from training.dataset import NothingToTrainError
+
+    def build_or_skip(settings: Settings, day: date) -> dict:
+        try:
+            return steps.dataset(settings, day)
+        except NothingToTrainError as exc:
+            ti.xcom_push(key="skipped", value=str(exc))  # the reason, for the UI and `mlops demo`
+            raise AirflowSkipException(str(exc)) from exc
+
+    return run_step(build_or_skip, date.fromisoformat(as_of))
+
+
 def fail_fast_on_bad_data(step: Callable[[], R]) -> R:
     """Run a pipeline step; a data problem fails the task without retries (retrying cannot fix the data),
     while anything else (a lost executor, a full disk, a DVC repository still busy after its wait:

@@ -101,14 +101,7 @@ def training_pod_operator(settings: Settings, training_set_rev: str, **operator_
         # The pod's own deadline is Airflow's timeout, so a pod Airflow lost track of stops no later.
         active_deadline_seconds=int(execution_timeout.total_seconds()),
     )
-    spec = manifest["spec"]
-    trainer = spec["containers"][0]
-    spec["nodeSelector"] = dict(training.node_selector)
-    spec["tolerations"] = [dict(t) for t in training.tolerations]
-    spec["volumes"].append(
-        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": training.checkpoint_claim}}
-    )
-    trainer["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+    _gpu_placement(settings, manifest)
     return _pod_operator(
         settings, TRAIN_TASK_ID, manifest, execution_timeout=execution_timeout, **operator_args
     )
@@ -128,11 +121,61 @@ def step_pod_operator(settings: Settings, step: str, arguments: list[str], **ope
     return _pod_operator(settings, step, manifest, execution_timeout=timeout, **operator_args)
 
 
+def trial_pod_operator(settings: Settings, study: str, slots: Sequence[int]):
+    """The tuning DAG's trials in the cluster profile: one GPU pod of the training image per slot (a mapped
+    task, `tuning.parallelism` at a time), each `python -m training trial`, its checkpoints on the claim."""
+    training = settings.training
+    execution_timeout = timedelta(minutes=training.execution_timeout_minutes)
+
+    def arguments(slot: int) -> list[str]:
+        return ["trial", "--study", study, "--slot", str(slot), "--checkpoint-dir",
+                f"{CHECKPOINT_MOUNT}/tuning", "--xcom-path", XCOM_RETURN]  # fmt: skip
+
+    manifest = contract.training_pod_manifest(
+        "fraud-trial",
+        training.image,
+        arguments(0),
+        resources=contract.TrainingResources(gpus=1),  # one GPU a trial: trials are the parallelism
+        env=pod_environment(settings),
+        active_deadline_seconds=int(execution_timeout.total_seconds()),
+    )
+    _gpu_placement(settings, manifest)
+    kwargs = _pod_operator_kwargs(settings, "trial", manifest)
+    kwargs.pop("arguments")
+    return (
+        _training_pod_operator_class()
+        .partial(
+            **kwargs,
+            execution_timeout=execution_timeout,
+            max_active_tis_per_dagrun=settings.tuning.parallelism,
+        )
+        .expand(arguments=[arguments(slot) for slot in slots])
+    )
+
+
+def _gpu_placement(settings: Settings, manifest: dict[str, Any]) -> None:
+    """The GPU pool's node selector and tolerations, and the checkpoint claim mounted at CHECKPOINT_MOUNT."""
+    training = settings.training
+    spec = manifest["spec"]
+    spec["nodeSelector"] = dict(training.node_selector)
+    spec["tolerations"] = [dict(t) for t in training.tolerations]
+    spec["volumes"].append(
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": training.checkpoint_claim}}
+    )
+    spec["containers"][0]["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+
+
 def _pod_operator(settings: Settings, task_id: str, manifest: dict[str, Any], **operator_args: Any):
+    return _training_pod_operator_class()(
+        **_pod_operator_kwargs(settings, task_id, manifest), **operator_args
+    )
+
+
+def _pod_operator_kwargs(settings: Settings, task_id: str, manifest: dict[str, Any]) -> dict[str, Any]:
     from kubernetes.client import models as k8s
 
     trainer = manifest["spec"]["containers"][0]
-    return _training_pod_operator_class()(
+    return dict(
         task_id=task_id,
         namespace=settings.cluster.kubernetes_namespace,
         image=trainer["image"],
@@ -154,7 +197,6 @@ def _pod_operator(settings: Settings, task_id: str, manifest: dict[str, Any], **
         env_from=[
             k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.training.credentials_secret))
         ],
-        **operator_args,
     )
 
 
@@ -266,7 +308,7 @@ def run_training_process(
 
 
 def _failure_message(stdout: str, stderr: str) -> str:
-    """The failure the training CLI reports as its last stdout line (training/cli.py main), else stderr's end."""
+    """The failure the training CLI reports on its last stdout line (training/cli.py main), else stderr."""
     lines = stdout.strip().splitlines()
     try:
         failure = json.loads(lines[-1]) if lines else {}

@@ -86,11 +86,11 @@ def train(
 ) -> None:
     """Train (resuming from the checkpoint of the same arguments if there is one); log the run to MLflow."""
     from training import steps
-    from training.loop import TrainConfig
+    from training.tuning import train_config
 
     settings = get_settings()
-    config = TrainConfig.from_settings(
-        settings.training, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+    config = train_config(
+        settings, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
         accumulation_steps=accumulation_steps, seed=seed, patience=patience,
         checkpoint_every=checkpoint_every, device=device, precision=precision,
         stop_after_steps=stop_after_steps,
@@ -136,3 +136,39 @@ def export(version: Annotated[str, typer.Option(help="model version")], xcom_pat
     from training import steps
 
     emit(steps.export(get_settings(), version), xcom_path)
+
+
+@app.command("tune-start")
+def tune_start(
+    as_of: Annotated[str, typer.Option(help="as-of date of the training set (YYYY-MM-DD): names the study")],
+    training_set_rev: Annotated[str, typer.Option(help="DVC revision of the training set")],
+    xcom_path: XcomPath = None,
+) -> None:
+    """Create (or resume) the study of a training set, with its MLflow parent run."""
+    from training import tuning
+
+    emit(tuning.start(get_settings(), as_of, training_set_rev), xcom_path)
+
+
+@app.command()
+def trial(
+    study: Annotated[str, typer.Option(help="study name (tune-start's result)")],
+    slot: Annotated[int, typer.Option(min=0, help="which trial of the study this task runs")],
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="default $MLOPS_HOME/checkpoints/tuning")
+    ] = None,
+    xcom_path: XcomPath = None,
+) -> None:
+    """One trial: train with the study's suggestion, reporting validation AUC-PR per epoch to the pruner."""
+    from training import tuning
+
+    emit(tuning.run_trial(get_settings(), study, slot, device, checkpoint_dir), xcom_path)
+
+
+@app.command("tune-finish")
+def tune_finish(study: Annotated[str, typer.Option(help="study name")], xcom_path: XcomPath = None) -> None:
+    """Record the best trial on the study's parent run; the next retrain trains with its parameters."""
+    from training import tuning
+
+    emit(tuning.finish(get_settings(), study), xcom_path)

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +61,12 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     pos_weight: float | None = None  # None: negatives / positives of the train split, at most 100
+    # The model's architecture (training/model.py ModelConfig): part of the fingerprint, so a checkpoint of
+    # another architecture is never resumed.
+    hidden: tuple[int, ...] = (128, 64)
+    dropout: float = 0.1
+    # Where tuned hyperparameters came from ("" when from the settings); recorded, not part of the result.
+    tuned_from: str = ""
     # For tests and drills: stop (as if killed) after this many optimizer steps, checkpoint kept.
     stop_after_steps: int | None = None
 
@@ -69,6 +75,8 @@ class TrainConfig:
         cls,
         defaults: TrainingSettings,
         *,
+        tuned: Mapping[str, Any] | None = None,
+        tuned_from: str = "",
         epochs: int | None = None,
         batch_size: int | None = None,
         learning_rate: float | None = None,
@@ -80,12 +88,17 @@ class TrainConfig:
         precision: str = "auto",
         stop_after_steps: int | None = None,
     ) -> TrainConfig:
-        """The options given (None: not given), the settings' training defaults for the rest."""
-
+        """The options given (None: not given); for the rest, `tuned` hyperparameters (a study's best trial,
+        training/tuning.py) where it has them, else the settings' training defaults."""
+        tuned = tuned or {}
         return cls(
             epochs=_pick(epochs, defaults.epochs),
-            batch_size=_pick(batch_size, defaults.batch_size),
-            learning_rate=_pick(learning_rate, defaults.learning_rate),
+            batch_size=_pick(batch_size, tuned.get("batch_size", defaults.batch_size)),
+            learning_rate=_pick(learning_rate, tuned.get("learning_rate", defaults.learning_rate)),
+            weight_decay=tuned.get("weight_decay", defaults.weight_decay),
+            hidden=tuple(tuned.get("hidden", defaults.hidden)),
+            dropout=tuned.get("dropout", defaults.dropout),
+            tuned_from=tuned_from if tuned else "",
             accumulation_steps=_pick(accumulation_steps, defaults.accumulation_steps),
             seed=_pick(seed, defaults.seed),
             patience=_pick(patience, defaults.patience),
@@ -97,9 +110,8 @@ class TrainConfig:
 
     def fingerprint(self, data_identity: str) -> str:
         """What a checkpoint must match to be resumed: every argument that changes the result."""
-        relevant = {
-            k: v for k, v in asdict(self).items() if k not in {"checkpoint_every", "stop_after_steps"}
-        }
+        ignored = {"checkpoint_every", "stop_after_steps", "tuned_from"}
+        relevant = {k: v for k, v in asdict(self).items() if k not in ignored}
         canonical = json.dumps({"config": relevant, "data": data_identity}, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -108,7 +108,7 @@ def train(
         dag_run_id=dag_run_id,
     )
     torch.manual_seed(config.seed)
-    model_config = ModelConfig()
+    model_config = ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout)
     model = FraudMLP(model_config)
     model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
     checkpoint_dir = checkpoint_dir or settings.checkpoints_dir / training_set_rev
@@ -126,7 +126,12 @@ def train(
     ) as run:
         run_id = run.info.run_id
         mlflow.set_tags(
-            {**lineage.tags(), "mlflow.note.content": f"fraud model trained on {training_set_rev}"}
+            {
+                **lineage.tags(),
+                "mlflow.note.content": f"fraud model trained on {training_set_rev}",
+                # which hyperparameters: a study's best trial, or the training settings
+                "tuning.source": config.tuned_from or "settings",
+            }
         )
         mlflow.log_params(
             {
@@ -207,7 +212,7 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     buffer = MetricBuffer(client, run_id)
     buffer.add({f"holdout_{k}": v for k, v in values.items()}, step=0)
     buffer.flush()
-    if "non_finite_scores" in values:  # a diverged model: NaN metrics logged (the gate refuses them), no plots
+    if "non_finite_scores" in values:  # a diverged model: NaN metrics (the gate refuses them), no plots
         return {"run_id": run_id, "training_set_rev": holdout.rev, "holdout": values}
     with tempfile.TemporaryDirectory() as folder:
         for path in plot_evaluation(labels, scores, Path(folder), weights=weights):
