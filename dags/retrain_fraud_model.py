@@ -108,7 +108,9 @@ with DAG(
         "(with the whole run) when there is nothing to train on yet."
     )
     def training_set(as_of: str, ti=None) -> dict:
-        return training_set_or_skip(as_of, ti)
+        from training import steps
+
+        return training_set_or_skip(steps.dataset, as_of, ti)
 
     if get_settings().training_runner == "kubernetes":
         # Training and the steps after it run in the training image (torch, MLflow), each its own pod; the
@@ -144,8 +146,13 @@ with DAG(
             doc_md="`python -m training train`, stopped (its whole process group) with the task",
         )
         def train_locally(ti=None, dag_run=None) -> dict:
-            rev = ti.xcom_pull(task_ids="training_set")["training_set_rev"]
-            arguments = train_arguments(rev, dag_id=dag_run.dag_id, dag_run_id=dag_run.run_id)
+            built = ti.xcom_pull(task_ids="training_set")
+            arguments = train_arguments(
+                built["training_set_rev"],
+                dag_id=dag_run.dag_id,
+                dag_run_id=dag_run.run_id,
+                training_set_seconds=str(built["seconds"]),
+            )
             timeout_s = get_settings().training.local_timeout_minutes * 60
             # A diverged run or bad training data (the child's exit 3) fails the task without retries.
             return fail_fast_on_bad_data(lambda: run_training_process(arguments, timeout_s=timeout_s))

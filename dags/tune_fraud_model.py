@@ -68,17 +68,24 @@ with DAG(
 
     @task(doc_md="The retrain's training set as of that date; skipped when there is nothing to train on yet.")
     def training_set(as_of: str, ti=None) -> dict:
-        return training_set_or_skip(as_of, ti)
+        from training import steps
+
+        return training_set_or_skip(steps.dataset, as_of, ti)
 
     as_of = as_of_date()
     built = training_set(as_of)
     settings = get_settings()
     if settings.training_runner == "kubernetes":
         started = step_pod_operator(
-            settings, "tune-start", ["--as-of", AS_OF, "--training-set-rev", TRAINING_SET_REV]
+            settings,
+            "tune-start",
+            ["--as-of", AS_OF, "--training-set-rev", TRAINING_SET_REV],
+            task_id="start_study",
         )
         trials = trial_pod_operator(settings, STUDY, SLOTS)
-        finished = step_pod_operator(settings, "tune-finish", ["--study", STUDY], trigger_rule="none_skipped")
+        finished = step_pod_operator(
+            settings, "tune-finish", ["--study", STUDY], task_id="finish_study", trigger_rule="none_skipped"
+        )
         built >> started >> trials >> finished
     else:
 

@@ -33,6 +33,7 @@ from airflow_client.client import (
     ReprocessBehavior,
     TaskInstanceApi,
     TaskInstanceResponse,
+    TriggerDAGRunPostBody,
     XComApi,
 )
 from airflow_client.client.exceptions import ApiException
@@ -168,6 +169,11 @@ class AirflowAPI:
                 raise
 
     # Runs
+    def trigger(self, dag_id: str, conf: dict[str, Any], logical_date: datetime | None = None) -> str:
+        """Start a run of `dag_id` with `conf` (its params); returns the run id."""
+        body = TriggerDAGRunPostBody(conf=conf, logical_date=logical_date or datetime.now(UTC))
+        return self.call(self.runs_api.trigger_dag_run, dag_id, body).dag_run_id
+
     def dag_runs(self, dag_id: str, **filters: Any) -> list[DAGRunResponse]:
         """The DAG's runs, oldest first; `filters` are get_dag_runs's (run_type=[...], ...)."""
         return self._every(self.runs_api.get_dag_runs, "dag_runs", dag_id, order_by=["run_after"], **filters)

@@ -395,6 +395,36 @@ def doctor(
 
 
 @app.command()
+def tune(
+    day: Annotated[
+        datetime | None,
+        typer.Option(
+            "--date", formats=["%Y-%m-%d"], help="as-of date of the training set (default: yesterday)"
+        ),
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=60, help="seconds to wait for the study")] = 7200.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """A hyperparameter study through Airflow (tune_fraud_model on the running stack, started if needed):
+    trials as parallel mapped tasks; the next retrain trains with the best trial's parameters."""
+    from mlops.tune import TuningRunError, print_report, tune_through_airflow
+
+    settings = get_settings()
+    settings.ensure_dirs()
+    try:
+        record = tune_through_airflow(settings, None if day is None else _date(day), err, timeout)
+    except TuningRunError as exc:
+        err.print(f"[red]tune failed:[/] {exc}")
+        _emit({"status": "failed", "command": "tune", "message": str(exc)}, as_json)
+        raise typer.Exit(code=1) from None
+    if record["status"] == "skipped":
+        err.print(f"[yellow]tune skipped:[/] {record['reason']}")
+    else:
+        print_report(record, err)
+    _emit(record, as_json)
+
+
+@app.command()
 def demo(
     start: Annotated[datetime, typer.Option(formats=["%Y-%m-%d"], help="first arrival date")] = datetime(
         2026, 1, 1

@@ -6,7 +6,7 @@ Imported at DAG parse time, so it imports nothing heavier than the Airflow SDK a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -84,20 +84,17 @@ def run_step(step: Callable[Concatenate[Settings, P], R], *args: P.args, **kwarg
     return fail_fast_on_bad_data(lambda: step(settings, *args, **kwargs))
 
 
-def training_set_or_skip(as_of: str, ti: Any) -> dict:
-    """The training set as of `as_of` (training/steps.py dataset), for the retrain and tuning DAGs. When there
-    is nothing to train on yet (the first days of a feed) the task is skipped, with the reason in its log and
+def training_set_or_skip(build: Callable[[Settings, date], dict], as_of: str, ti: Any) -> dict:
+    """`build(settings, as_of)` (training/steps.py dataset), for the retrain and tuning DAGs. When there is
+    nothing to train on yet (the first days of a feed) the task is skipped, with the reason in its log and
     its `skipped` XCom, and so is everything after it."""
-    from datetime import date
-
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from training import steps
     from training.dataset import NothingToTrainError
 
     def build_or_skip(settings: Settings, day: date) -> dict:
         try:
-            return steps.dataset(settings, day)
+            return build(settings, day)
         except NothingToTrainError as exc:
             ti.xcom_push(key="skipped", value=str(exc))  # the reason, for the UI and `mlops demo`
             raise AirflowSkipException(str(exc)) from exc

@@ -47,11 +47,15 @@ class TrainingRefusedError(PipelineError):
     the same inputs ends the same way, so the task fails without retries."""
 
 
+TRAINING_SET_SECONDS = "{{ ti.xcom_pull(task_ids='training_set')['seconds'] }}"
+
+
 def train_arguments(
     training_set_rev: str,
     checkpoint_dir: str | None = None,
     dag_id: str = "{{ dag.dag_id }}",
     dag_run_id: str = "{{ run_id }}",
+    training_set_seconds: str = TRAINING_SET_SECONDS,
 ) -> list[str]:
     """The training CLI's arguments. The defaults are Jinja that Airflow renders in the pod's arguments;
     the local task passes its values directly."""
@@ -63,6 +67,8 @@ def train_arguments(
         dag_id,
         "--dag-run-id",
         dag_run_id,
+        "--training-set-seconds",
+        training_set_seconds,
     ]
     if checkpoint_dir:
         arguments += ["--checkpoint-dir", checkpoint_dir]
@@ -107,9 +113,12 @@ def training_pod_operator(settings: Settings, training_set_rev: str, **operator_
     )
 
 
-def step_pod_operator(settings: Settings, step: str, arguments: list[str], **operator_args: Any):
+def step_pod_operator(
+    settings: Settings, step: str, arguments: list[str], task_id: str | None = None, **operator_args: Any
+):
     """A step after training (`python -m training <step> ...`) as a CPU pod of the training image: the Airflow
-    image carries neither torch nor MLflow. Its result comes back through the XCom file like train's."""
+    image carries neither torch nor MLflow. Its result comes back through the XCom file like train's. The
+    task id is the step's name unless given."""
     manifest = contract.training_pod_manifest(
         f"fraud-{step}",
         settings.training.image,
@@ -118,7 +127,7 @@ def step_pod_operator(settings: Settings, step: str, arguments: list[str], **ope
         env=pod_environment(settings),
     )
     timeout = timedelta(seconds=manifest["spec"]["activeDeadlineSeconds"])
-    return _pod_operator(settings, step, manifest, execution_timeout=timeout, **operator_args)
+    return _pod_operator(settings, task_id or step, manifest, execution_timeout=timeout, **operator_args)
 
 
 def trial_pod_operator(settings: Settings, study: str, slots: Sequence[int]):

@@ -80,6 +80,9 @@ def train(
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
     precision: Annotated[str, typer.Option(help="auto | fp32 | bf16 | fp16")] = "auto",
     stop_after_steps: Annotated[int | None, typer.Option(min=1, help="drill: stop after N steps")] = None,
+    training_set_seconds: Annotated[
+        float | None, typer.Option(min=0.0, help="how long the training set took to build (logged)")
+    ] = None,
     dag_id: DagId = "",
     dag_run_id: DagRunId = "",
     xcom_path: XcomPath = None,
@@ -95,7 +98,9 @@ def train(
         checkpoint_every=checkpoint_every, device=device, precision=precision,
         stop_after_steps=stop_after_steps,
     )  # fmt: skip
-    result = steps.train(settings, training_set_rev, config, checkpoint_dir, dag_id, dag_run_id)
+    result = steps.train(
+        settings, training_set_rev, config, checkpoint_dir, dag_id, dag_run_id, training_set_seconds
+    )
     # Under torchrun only the first process reports.
     if int(os.environ.get("RANK", "0")) == 0:
         emit(result, xcom_path)

@@ -8,12 +8,15 @@ run in a GPU pod while the others run on an Airflow worker.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec
 
 from core.clock import StageClock
 from core.settings import Settings
@@ -34,9 +37,46 @@ if TYPE_CHECKING:
     from training.loop import Tensors, TrainConfig
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 MODEL_ARTIFACT = "model"
 GOLD_SUITES = ("gold_customer_features", "gold_merchant_features")
+
+
+STAGE_METRIC = "stage_seconds.{}"  # each step's seconds, a metric of the training run the retrain made
+
+
+def log_stage_seconds(settings: Settings, run_id: str, stage: str, seconds: float) -> None:
+    import mlflow
+
+    mlflow.MlflowClient(settings.mlflow_tracking_uri).log_metric(run_id, STAGE_METRIC.format(stage), seconds)
+
+
+def _timed(stage: str, run_of: Callable[[Settings, dict], str]):
+    """Log how long the step took to the retrain's training run (`run_of` finds it from the step's result):
+    each step logs its own, so the run holds every stage's seconds whether the steps ran in one process
+    (`mlops retrain`) or as Airflow tasks and pods."""
+
+    def wrap(step: Callable[P, dict]) -> Callable[P, dict]:
+        @functools.wraps(step)
+        def timed(*args: P.args, **kwargs: P.kwargs) -> dict:
+            started = time.perf_counter()
+            result = step(*args, **kwargs)
+            settings = args[0]
+            assert isinstance(settings, Settings)
+            log_stage_seconds(settings, run_of(settings, result), stage, time.perf_counter() - started)
+            return result
+
+        return timed
+
+    return wrap
+
+
+def _run_of_version(settings: Settings, result: dict) -> str:
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    run_id = registry.client.get_model_version(registry.name, result["model_version"]).run_id
+    assert run_id is not None, "versions are registered from training runs"
+    return run_id
 
 
 def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
@@ -49,7 +89,8 @@ def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
 
 
 def dataset(settings: Settings, day: date, window_days: int | None = None) -> dict:
-    """Build and version the training set as of `day`."""
+    """Build and version the training set as of `day` (its `seconds` go on to the training run)."""
+    started = time.perf_counter()
     record = write_training_set(
         settings,
         day,
@@ -58,6 +99,7 @@ def dataset(settings: Settings, day: date, window_days: int | None = None) -> di
         max_fit_rows=settings.training.max_fit_rows,
     )
     record["as_of"] = day.isoformat()
+    record["seconds"] = time.perf_counter() - started
     return record
 
 
@@ -81,8 +123,11 @@ def train(
     checkpoint_dir: Path | None = None,
     dag_id: str = "",
     dag_run_id: str = "",
+    training_set_seconds: float | None = None,
 ) -> dict:
-    """Train on the training set of `training_set_rev`; log the run and the model to MLflow."""
+    """Train on the training set of `training_set_rev`; log the run and the model to MLflow (with the
+    seconds the training set took to build, when given, and this step's own)."""
+    started = time.perf_counter()
     import mlflow
     import torch
     from mlflow.models import infer_signature
@@ -175,6 +220,10 @@ def train(
             "tracking_seconds": metrics.seconds_logging,
         }
         mlflow.log_metrics({k: float(v) for k, v in summary.items()})
+        stages = {"train": time.perf_counter() - started}
+        if training_set_seconds is not None:
+            stages["training_set"] = training_set_seconds
+        mlflow.log_metrics({STAGE_METRIC.format(k): v for k, v in stages.items()})
         mlflow.set_tags(
             {"device": result.device, "precision": result.precision, "world_size": result.world_size}
         )
@@ -191,6 +240,7 @@ def train(
     }
 
 
+@_timed("evaluate", lambda settings, result: result["run_id"])
 def evaluate(settings: Settings, run_id: str) -> dict:
     """Score the run's model on the holdout of its training set; log metrics and PNG curves to the run."""
     import tempfile
@@ -220,6 +270,7 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     return {"run_id": run_id, "training_set_rev": holdout.rev, "holdout": values}
 
 
+@_timed("register", lambda settings, result: result["run_id"])
 def register(settings: Settings, run_id: str) -> dict:
     """Register the run's model as a new version of `fraud-detector`."""
     import mlflow
@@ -240,6 +291,7 @@ def _ledger(settings: Settings):
     return Ledger(settings.promotion_ledger_url)
 
 
+@_timed("promote", _run_of_version)
 def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str = "") -> dict:
     """Run the gate for `version` against the champion on the holdout of the version's training set."""
     from training.registry import promote_with_gate
@@ -325,6 +377,7 @@ def history(settings: Settings) -> dict:
     }
 
 
+@_timed("export", _run_of_version)
 def export(settings: Settings, version: str) -> dict:
     """ONNX (and int8 where it pays) for CPU scoring of `version`, logged to its run."""
     from training.export import export_version
@@ -351,9 +404,14 @@ def retrain(
         record["splits"] = built["splits"]
         record["negative_sample_rate"] = built.get("negative_sample_rate", 1.0)
     record["training_set_rev"] = training_set_rev
+    built_in = clock.seconds.get("training_set")
     trained = clock.run(
-        "train", lambda: train(settings, training_set_rev, config, dag_id=dag_id, dag_run_id=dag_run_id)
-    )
+        "train",
+        lambda: train(
+            settings, training_set_rev, config, dag_id=dag_id, dag_run_id=dag_run_id,
+            training_set_seconds=built_in,
+        ),
+    )  # fmt: skip
     if trained["status"] != "trained":
         return {**record, **trained}
     record.update(trained)

@@ -127,6 +127,10 @@ def demo_stack(tmp_path_factory) -> DemoStack:
         MLOPS_UP_TIMEOUT="240",
         MLOPS_TRAINING__LABEL_MATURITY_DAYS="1",
         MLOPS_GATE__FLOOR="0",
+        # test_tuning: a small study, two trials at a time (the DAG maps its trials when the stack parses it)
+        MLOPS_TUNING__TRIALS="4",
+        MLOPS_TUNING__PARALLELISM="2",
+        MLOPS_TUNING__EPOCHS="2",
     )
     mlops = str(Path(sys.executable).with_name("mlops"))
     groups: set[int] = set()

@@ -41,11 +41,12 @@ DAG_IDS = {
     "retrain_fraud_model",
     "monitor_fraud_model",
     "synthetic_landing",
+    "tune_fraud_model",
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"train", "evaluate", "register", "promote", "export"}
-# The only Airflow-image task that uses the training package: it builds the training set (no torch, MLflow).
-TRAINING_PACKAGE_TASKS = {("retrain_fraud_model", "training_set")}
+# The only Airflow-image tasks that use the training package: they build the training set (no torch, MLflow).
+TRAINING_PACKAGE_TASKS = {("retrain_fraud_model", "training_set"), ("tune_fraud_model", "training_set")}
 # Not in this image (the training image has them): importing one in an Airflow task would fail at run time.
 TRAINING_ONLY = ("torch", "mlflow", "onnx", "onnxruntime", "sklearn")
 FIRST_PARTY = ("core", "pipelines", "features", "training", "orchestration", "mlops")
@@ -273,6 +274,14 @@ def test_the_retrain_dag_runs_its_training_steps_as_pods_of_the_training_image(d
     assert set(tasks) == pods | python
 
 
+def test_the_tuning_dag_runs_its_study_steps_and_trials_as_pods_of_the_training_image(dag_report):
+    tasks = dag_report["dags"]["tune_fraud_model"]
+    pods = {task_id for task_id, task in tasks.items() if "KubernetesPodOperator" in task["bases"]}
+    assert pods == {"start_study", "trial", "finish_study"}
+    python = {task_id for task_id, task in tasks.items() if "PythonOperator" in task["bases"]}
+    assert python == {"as_of_date", "training_set"}
+
+
 # --- every task's code in the image ---------------------------------------------------------------------
 
 
@@ -299,9 +308,10 @@ def test_only_the_training_set_task_uses_the_training_package_and_it_imports_wit
         and any(module.split(".")[0] == "training" for module in task["imports"])
     }
     assert users == TRAINING_PACKAGE_TASKS
-    training_set = dag_report["dags"]["retrain_fraud_model"]["training_set"]
-    assert "training.steps" in training_set["imports"]
-    assert training_set["errors"] == {}  # training.steps imported in an image with no torch or MLflow
+    for dag_id, _ in TRAINING_PACKAGE_TASKS:
+        training_set = dag_report["dags"][dag_id]["training_set"]
+        assert "training.steps" in training_set["imports"]
+        assert training_set["errors"] == {}  # training.steps imported in an image with no torch or MLflow
 
 
 def test_the_probe_sees_an_import_a_task_would_fail_on(airflow_image, shared_home, tmp_path):

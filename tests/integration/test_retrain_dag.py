@@ -107,6 +107,12 @@ def test_retrain_dag_trains_registers_gates_and_exports(airflow_db, home):
         f"evaluation/{n}.png" for n in ("pr_curve", "roc_curve", "confusion_matrix", "calibration")
     }
     assert float(version.tags["onnx.parity_max_abs_diff"]) < 1e-4
+    # every task's seconds on the run, the training set's passed on by the train task
+    stages = {"training_set", "train", "evaluate", "register", "promote", "export"}
+    assert {
+        k.removeprefix("stage_seconds.") for k in run_data.metrics if k.startswith("stage_seconds.")
+    } == stages
+    assert all(run_data.metrics[f"stage_seconds.{s}"] > 0 for s in stages)
 
     code, recorded = _mlops("history")
     assert code == 0
@@ -123,6 +129,11 @@ def test_cli_retrain_history_and_rollback(home):
     assert first["primary_metric"] == "auc_pr" and 0.0 <= first["auc_pr"] <= 1.0
     steps = {"training_set", "train", "evaluate", "register", "promote", "export"}
     assert set(first["seconds_per_step"]) == steps and all(s > 0 for s in first["seconds_per_step"].values())
+    import mlflow
+
+    logged = mlflow.MlflowClient(get_settings().mlflow_tracking_uri).get_run(first["run_id"]).data.metrics
+    assert {f"stage_seconds.{s}" for s in steps} <= set(logged)
+    assert logged["stage_seconds.training_set"] == pytest.approx(first["seconds_per_step"]["training_set"])
     # the same training set again: the checkpoint of these arguments is finished, so it resumes at the end
     code, second = _mlops("retrain", "--date", LAST.isoformat())
     assert code == 0, second

@@ -28,6 +28,7 @@ DAG_FILE = REPO / "dags" / "retrain_fraud_model.py"
 DAG_ID = "retrain_fraud_model"
 IMAGE = contract.training_image("registry.example.com", "0.1.0")
 TRAINING_SET_REV = "9c4e2f1a"  # what the training_set task returns as `training_set_rev`
+TRAINING_SET_SECONDS = 12.5  # and as `seconds` (how long it took: logged to the training run)
 RUN_ID = "scheduled__2026-01-05T04:00:00+00:00"
 SIDECAR = "airflow-xcom-sidecar"  # the provider's XCom sidecar container
 # Names and values that would mean a credential was written into the pod spec instead of read from a Secret.
@@ -44,7 +45,7 @@ class StandInTaskInstance:
 
     def xcom_pull(self, task_ids: str) -> dict[str, str]:
         answers = {
-            "training_set": {"training_set_rev": TRAINING_SET_REV},
+            "training_set": {"training_set_rev": TRAINING_SET_REV, "seconds": TRAINING_SET_SECONDS},
             "train": {"run_id": MLFLOW_RUN},
             "register": {"model_version": MODEL_VERSION},
         }
@@ -374,6 +375,8 @@ def test_the_container_runs_the_training_cli_with_rendered_arguments(pod):
         DAG_ID,
         "--dag-run-id",
         RUN_ID,
+        "--training-set-seconds",
+        str(TRAINING_SET_SECONDS),
         "--checkpoint-dir",
         f"/checkpoints/{TRAINING_SET_REV}",
         "--xcom-path",
@@ -396,6 +399,7 @@ def test_the_training_cli_accepts_the_arguments_as_they_are(pod):
     assert params["training_set_rev"] == TRAINING_SET_REV
     assert params["dag_id"] == DAG_ID
     assert params["dag_run_id"] == RUN_ID
+    assert params["training_set_seconds"] == TRAINING_SET_SECONDS
     assert params["checkpoint_dir"] == Path(f"/checkpoints/{TRAINING_SET_REV}")
     assert params["xcom_path"] == Path(XCOM_RETURN)
 
