@@ -151,15 +151,12 @@ def trial_pod_operator(settings: Settings, study: str, slots: Sequence[int]):
     _gpu_placement(settings, manifest)
     kwargs = _pod_operator_kwargs(settings, "trial", manifest)
     kwargs.pop("arguments")
-    return (
-        _training_pod_operator_class()
-        .partial(
-            **kwargs,
-            execution_timeout=execution_timeout,
-            max_active_tis_per_dagrun=settings.tuning.parallelism,
-        )
-        .expand(arguments=[arguments(slot) for slot in slots])
-    )
+    operator: Any = _training_pod_operator_class()  # a BaseOperator subclass, built on first use
+    return operator.partial(
+        **kwargs,
+        execution_timeout=execution_timeout,
+        max_active_tis_per_dagrun=settings.tuning.parallelism,
+    ).expand(arguments=[arguments(slot) for slot in slots])
 
 
 def _gpu_placement(settings: Settings, manifest: dict[str, Any]) -> None:
