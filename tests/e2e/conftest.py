@@ -25,7 +25,14 @@ from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "mlflow", "spark-connect", "serving")
-DAG_IDS = {"synthetic_landing", "ingest_transactions", "build_features", "retrain_fraud_model"}
+DAG_IDS = {
+    "synthetic_landing",
+    "ingest_transactions",
+    "build_features",
+    "retrain_fraud_model",
+    "monitor_fraud_model",
+    "tune_fraud_model",
+}
 # Three days of 1500 rows: the first two build the champion, the third a challenger. Labels are taken as
 # known after one day (the default of three would leave nothing to train on), and the first model needs no
 # minimum AUC-PR: a feed this small holds a handful of frauds, and these tests check the plumbing (runs,

@@ -131,7 +131,7 @@ def test_airflow_ui_lists_the_dags_without_import_errors_and_shows_a_successful_
     assert "Import Error" not in home, home  # the home page shows a "Dag Import Errors" button when any
 
     browser.get(f"{demo_stack.airflow_url}/dags")
-    _wait_for(browser, lambda: "4 Dags" in _text(browser), "the list of DAGs")
+    _wait_for(browser, lambda: f"{len(DAG_IDS)} Dags" in _text(browser), "the list of DAGs")
     listed = _text(browser)
     browser.save_screenshot(str(artifacts_dir / "airflow-dags.png"))
     assert all(dag_id in listed for dag_id in DAG_IDS), listed
