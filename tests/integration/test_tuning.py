@@ -178,3 +178,50 @@ def test_a_study_refuses_another_training_set_and_a_finish_without_a_completed_t
     with pytest.raises(tuning.TuningError, match="no trial completed"):
         tuning.finish(settings, started["study"])
     assert tuning.best_hyperparameters(settings) is None
+
+
+def test_in_the_cluster_profile_the_study_lives_in_postgresql_and_a_retrain_finds_its_best(tmp_path):
+    """The cluster's storage: the profile's PostgreSQL (a database of this test's own); a finished study is
+    read back the way a retrain reads it."""
+    import uuid
+
+    import optuna
+    import sqlalchemy as sa
+
+    from core.settings import ClusterServices, Profile
+    from training import tuning
+
+    name = f"mlops_t_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres", isolation_level="AUTOCOMMIT"
+    )
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        settings = Settings(
+            profile=Profile.CLUSTER,
+            home=tmp_path / "home",
+            cluster=ClusterServices(postgres_dsn=f"postgresql://postgres@127.0.0.1:5432/{name}"),
+        )
+        assert settings.tuning_storage_url.startswith("postgresql+psycopg2://")
+        assert tuning.best_hyperparameters(settings) is None  # no study yet
+        study_name = tuning.study_name(settings, "2026-03-02")
+        study = optuna.create_study(
+            study_name=study_name, storage=tuning.storage(settings), direction="maximize"
+        )
+        for value, width in ((0.41, 64), (0.47, 256)):
+            study.enqueue_trial(
+                {"hidden_width": width, "hidden_layers": 2, "learning_rate": 1e-3, "batch_size": 512,
+                 "weight_decay": 1e-4, "dropout": 0.1}
+            )  # fmt: skip
+            trial = tuning._load(settings, study_name).ask()
+            assert tuning.suggest(trial)["hidden"] == [width, width // 2]
+            study.tell(trial, value)
+        study.set_user_attr("finished_at", "2026-03-03T00:00:00")
+        best = tuning.best_hyperparameters(settings)
+        assert best is not None and best.study == study_name and best.value == 0.47
+        assert best.params["hidden"][0] == 256
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.dispose()
