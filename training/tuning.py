@@ -231,6 +231,8 @@ def _fail_abandoned(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Non
     from optuna.trial import TrialState
 
     reason = "abandoned: the process running it ended without reporting (killed or lost)"
+    # A FrozenTrial has no public setter: the storage's (optuna pinned below 6; tests/integration/test_tuning
+    # reads the reason back).
     study._storage.set_trial_user_attr(trial._trial_id, "reason", reason)
     study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     run_id = trial.user_attrs.get("mlflow_run_id")

@@ -106,9 +106,19 @@ def test_the_pruner_stops_a_trial_that_learns_slowly(tuned):
 
 
 def test_a_killed_trial_is_failed_and_its_slot_runs_again_and_a_finished_slot_is_not_rerun(tuned):
-    _, _, results, rerun, finished = tuned
+    from optuna.trial import TrialState
+
+    from training import tuning
+
+    settings, started, results, rerun, finished = tuned
+    (failed,) = [
+        t
+        for t in tuning._load(settings, started["study"]).get_trials(deepcopy=False)
+        if t.state is TrialState.FAIL
+    ]
+    assert failed.user_attrs["slot"] == 3 and "abandoned" in failed.user_attrs["reason"]
     assert results[3]["state"] in {"COMPLETE", "PRUNED"} and results[3]["resumed"] is False
-    assert finished["trials"]["fail"] == 1  # the killed one
+    assert finished["trials"]["fail"] == 1  # the killed one, with the reason a person reads in the study
     assert rerun["resumed"] is True and rerun["trial"] == results[1]["trial"]
     assert finished["trials"]["complete"] + finished["trials"]["pruned"] == 4
 
