@@ -4,10 +4,11 @@ Version -> its MLflow run -> the run's `lineage.training_set_rev` -> the train s
 (read in place by DVC revision, training/dataset.py) -> the model inputs, categorical codes decoded back
 to their values, plus the version's offline scores of those rows.
 
-Scored with the version's ONNX export (`onnx/model.onnx` of its run, what `export` writes for every
-registered version): onnxruntime loads in a fraction of a second where torch takes seconds to import, and
-the file is what a CPU scorer serves. A version without an export (its export step failed) is scored by
-its torch weights through the registry instead; `Reference.scorer` says which.
+Scored with the version's ONNX export, the file the scoring service serves (serving.models.ModelSource:
+the export's choice among fp32, int8, pruned and student; `onnx/model.onnx` is written for every registered
+version): onnxruntime loads in a fraction of a second where torch takes seconds to import, and live scores
+and reference scores then come from the same model. A version without an export (its export step failed)
+is scored by its torch weights through the registry instead; `Reference.scorer` says which.
 
 The train split of a sampled set (training/dataset.py: every fraud kept, legitimate rows at a rate) is
 not the population: frauds are over-represented by 1 / rate. The reference keeps each fraud with
@@ -127,12 +128,13 @@ def version_scorer(settings: Settings, version: str) -> Scorer:
     assert run_id is not None, "versions are registered from training runs"
     exported = {a.path for a in registry.client.list_artifacts(run_id, "onnx")}
     if ONNX_ARTIFACT in exported:
-        from training.export import onnx_scores, session
+        from serving.models import ModelSource
 
+        # The file the scoring service serves (the export's choice: fp32, int8, pruned or student), so the
+        # reference scores and the live scores come from the same model.
         with tempfile.TemporaryDirectory() as scratch:
-            path = registry.client.download_artifacts(run_id, ONNX_ARTIFACT, scratch)
-            onnx_session = session(Path(path))  # read into memory: the file may go
-        return Scorer(version, "onnx", lambda x: onnx_scores(onnx_session, x).reshape(-1))
+            served = ModelSource(settings.mlflow_tracking_uri, cache_dir=Path(scratch)).load(version)
+        return Scorer(version, "onnx", lambda x: served.score(x))
     log.warning("v%s has no %s in run %s: scoring it with its torch weights", version, ONNX_ARTIFACT, run_id)
     model = registry.load(version)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from training.export import INPUT_NAME
+from training.export import INPUT_NAME, SERVING_FILE_TAG
 from training.registry import CHAMPION_ALIAS, MODEL_NAME
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class LoadedModel:
     name: str
     version: str
     run_id: str
-    file: str  # which ONNX file of the run: model.onnx or model.int8.onnx
+    file: str  # which ONNX file of the run: the one the export chose (onnx.serving_file), model.onnx, ...
     session: Any  # onnxruntime.InferenceSession
 
     def score(self, x: np.ndarray) -> np.ndarray:
@@ -87,14 +87,17 @@ class ModelSource:
         return next((str(n) for n in numbers if n > floor), None)
 
     def load(self, version: str, threads: int = 1) -> LoadedModel:
-        """The version's ONNX model: its int8 file where the export kept one, else fp32. Raises
-        ModelUnavailableError naming the version and what is missing."""
+        """The version's ONNX model: the file its export chose (the version's tag `onnx.serving_file`: the
+        smallest variant as accurate as fp32, training/export.py); for a version exported before that tag,
+        its int8 file where the export kept one, else fp32. Raises ModelUnavailableError naming the version
+        and what is missing."""
         from mlflow.exceptions import MlflowException
 
         from training.export import session
 
         try:
-            run_id = self.client.get_model_version(self.name, version).run_id
+            model_version = self.client.get_model_version(self.name, version)
+            run_id = model_version.run_id
         except MlflowException as exc:
             raise ModelUnavailableError(
                 f"{self.name} v{version} cannot be read from the registry: {exc}"
@@ -109,7 +112,14 @@ class ModelSource:
             raise ModelUnavailableError(
                 f"{self.name} v{version}: its run's artifacts cannot be listed: {exc}"
             ) from exc
-        file = INT8_FILE if INT8_FILE in listed else FP32_FILE
+        chosen = (model_version.tags or {}).get(SERVING_FILE_TAG)
+        if chosen and chosen not in listed:
+            raise ModelUnavailableError(
+                f"{self.name} v{version}: its export chose {ONNX_DIR}/{chosen} (tag {SERVING_FILE_TAG}) but "
+                f"run {run_id} has no such file (it has {sorted(listed)}); run `mlops export --version "
+                f"{version}` again"
+            )
+        file = chosen or (INT8_FILE if INT8_FILE in listed else FP32_FILE)
         if file not in listed:
             raise ModelUnavailableError(
                 f"{self.name} v{version} has no ONNX export (no {ONNX_DIR}/{FP32_FILE} in run {run_id}); "

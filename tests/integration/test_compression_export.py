@@ -1,0 +1,259 @@
+"""The export of a registered version with its compressed variants, against a real MLflow (SQLite registry)
+and a training set versioned by the pipeline's writer (DVC): the compression table with its four rows, the
+run metrics, the files that may serve, the version's `onnx.serving_file` tag; and the scoring service's
+loader serving the file that tag names, or saying which file is missing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from core.settings import CompressionSettings, Settings
+from serving.models import ModelSource, ModelUnavailableError
+from tests.integration.training_sets import versioned_training_set
+from training.artifacts import log_model
+from training.dataset import MODEL_INPUTS, NUMERIC_FEATURES, read_holdout, read_training_set
+from training.export import (
+    SERVING_FILE_TAG,
+    TABLE_COLUMNS,
+    TABLE_FILE,
+    VARIANT_FILES,
+    export_version,
+    quantize,
+    to_onnx,
+)
+from training.loop import TrainConfig, train
+from training.metrics import average_precision
+from training.model import FraudMLP, ModelConfig
+from training.registry import ModelRegistry
+from training.steps import split_tensors
+from training.tracking import configure
+
+pytestmark = pytest.mark.integration
+
+VARIANTS = ["fp32", "int8", "pruned", "student"]
+FIGURES = ("bytes", "p50_us_batch1", "p50_us_batch256", "auc_pr")
+
+
+def _teacher(settings: Settings, rev: str) -> FraudMLP:
+    frame = read_training_set(settings, rev)
+    train_data, validation = split_tensors(frame, "train"), split_tensors(frame, "validation")
+    torch.manual_seed(3)
+    model = FraudMLP(ModelConfig(hidden=(32, 16)))
+    model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny network, a busy test machine
+    try:
+        config = TrainConfig(epochs=3, batch_size=128, seed=3, device="cpu")
+        train(model, train_data, validation, config, settings.home / "teacher-checkpoints", rev)
+    finally:
+        torch.set_num_threads(threads)
+    return model.to("cpu").eval()
+
+
+def _registered(settings: Settings, rev: str, model: FraudMLP) -> tuple[str, str]:
+    """A training run of `model` on `rev` (as the train step logs it), registered: (run id, version)."""
+    experiment_id = configure(settings)
+    with mlflow.start_run(experiment_id=experiment_id) as run:
+        mlflow.set_tag("lineage.training_set_rev", rev)
+        log_model(model, name="model", pip_requirements=[])
+    return run.info.run_id, ModelRegistry(settings.mlflow_tracking_uri).register(run.info.run_id)
+
+
+@pytest.fixture(scope="module")
+def installation(tmp_path_factory):
+    """A versioned training set and a trained model on it; compression in a few seconds, and a tolerance
+    of 1.0 AUC-PR so that every variant qualifies and the smallest file must serve."""
+    settings = Settings(
+        home=tmp_path_factory.mktemp("home"),
+        compression=CompressionSettings(epochs=2, max_rows=5_000, student_hidden=[8], max_auc_pr_drop=1.0),
+    )
+    settings.ensure_dirs()
+    rev = versioned_training_set(settings)
+    yield settings, rev, _teacher(settings, rev)
+    mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture(scope="module")
+def exported(installation):
+    settings, rev, model = installation
+    run_id, version = _registered(settings, rev, model)
+    return settings, run_id, version, export_version(settings, version)
+
+
+def _table(settings: Settings, run_id: str, folder: Path) -> list[dict]:
+    path = MlflowClient(settings.mlflow_tracking_uri).download_artifacts(run_id, TABLE_FILE, str(folder))
+    table = json.loads(Path(path).read_text())  # MLflow's table format: columns and rows
+    return [dict(zip(table["columns"], values, strict=True)) for values in table["data"]]
+
+
+def test_the_export_logs_the_table_of_the_four_variants(exported, tmp_path):
+    settings, run_id, _, report = exported
+    rows = _table(settings, run_id, tmp_path)
+    assert [row["variant"] for row in rows] == VARIANTS == [row["variant"] for row in report["variants"]]
+    assert set(rows[0]) == set(TABLE_COLUMNS)
+    assert [row["file"] for row in rows] == [VARIANT_FILES[v] for v in VARIANTS]
+    assert [row["hidden"] for row in rows] == ["32x16", "32x16", "16x8", "8"]
+    for row in rows:
+        assert row["bytes"] > 0 and row["p50_us_batch1"] > 0 and row["p50_us_batch256"] > 0
+        assert 0.0 <= row["auc_pr"] <= 1.0
+    fp32 = rows[0]
+    pruned, student = rows[2], rows[3]
+    assert student["bytes"] < pruned["bytes"] < fp32["bytes"], "fewer units, smaller files"
+    assert [row["file"] for row in rows if row["serving"]] == [report["serving_file"]]
+
+    metrics = MlflowClient(settings.mlflow_tracking_uri).get_run(run_id).data.metrics
+    for row in rows:
+        for figure in FIGURES:
+            assert metrics[f"onnx_{row['variant']}_{figure}"] == pytest.approx(row[figure])
+    assert "onnx_parity_max_abs_diff" in metrics
+
+
+def test_the_smallest_file_within_the_tolerance_is_tagged_kept_and_served(exported, tmp_path):
+    settings, run_id, version, report = exported
+    rows = _table(settings, run_id, tmp_path)
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    listed = {Path(a.path).name for a in client.list_artifacts(run_id, "onnx")}
+    kept = [row for row in rows if row["kept"]]
+    # a tolerance of 1.0: every variant qualifies, int8 only where it is also faster
+    assert {row["variant"] for row in kept} >= {"fp32", "pruned", "student"}
+    assert listed == {row["file"] for row in kept} | {"export.json", "compression.json"}
+    smallest = min(kept, key=lambda row: row["bytes"])
+    assert report["serving_file"] == smallest["file"] != VARIANT_FILES["fp32"]
+
+    tags = client.get_model_version(ModelRegistry(settings.mlflow_tracking_uri).name, version).tags
+    assert tags[SERVING_FILE_TAG] == smallest["file"]
+    assert tags["onnx.serving_reason"].startswith(f"{smallest['file']} ({smallest['variant']})")
+    assert float(tags["onnx.parity_max_abs_diff"]) < 1e-4
+
+    loaded = ModelSource(settings.mlflow_tracking_uri, cache_dir=tmp_path / "cache").load(version)
+    assert loaded.file == smallest["file"]
+    # the service scores with the measured file: its holdout AUC-PR is the table's
+    holdout = read_holdout(settings, client.get_run(run_id).data.tags["lineage.training_set_rev"])
+    assert average_precision(holdout.y, loaded.score(holdout.x), holdout.weights) == pytest.approx(
+        smallest["auc_pr"], abs=1e-6
+    )
+
+
+def test_each_variant_passed_the_parity_check(exported):
+    _, _, _, report = exported
+    for row in report["variants"]:
+        if row["variant"] != "int8":  # quantized: compared with fp32's scores, not checked against torch
+            assert row["parity_max_abs_diff"] < 1e-4, row["variant"]
+        else:
+            assert "max_abs_diff_vs_fp32" in row
+
+
+def test_with_compression_off_the_table_holds_fp32_and_int8(installation, tmp_path):
+    settings, rev, model = installation
+    settings = settings.model_copy(update={"compression": CompressionSettings(enabled=False)})
+    run_id, version = _registered(settings, rev, model)
+    report = export_version(settings, version)
+    rows = _table(settings, run_id, tmp_path)
+    assert [row["variant"] for row in rows] == ["fp32", "int8"] == [r["variant"] for r in report["variants"]]
+    assert report["serving_file"] in {VARIANT_FILES["fp32"], VARIANT_FILES["int8"]}
+    assert (
+        ModelSource(settings.mlflow_tracking_uri, cache_dir=tmp_path).load(version).file
+        == (report["serving_file"])
+    )
+
+
+# --- the scoring service's loader ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def onnx_files(tmp_path_factory) -> dict[str, Path]:
+    """An fp32 file, its int8 quantization, and a file that is not ONNX."""
+    folder = tmp_path_factory.mktemp("onnx")
+    fp32 = to_onnx(FraudMLP(ModelConfig(hidden=(8,))).eval(), torch.zeros(2, len(MODEL_INPUTS)), folder / "a")
+    garbage = folder / "garbage"
+    garbage.write_bytes(b"not an onnx model")
+    return {"fp32": fp32, "int8": quantize(fp32, folder / "b"), "garbage": garbage}
+
+
+def _version_with(tracking_uri: str, files: dict[str, str], tag: str | None, folder: Path) -> str:
+    """A registered version whose run's onnx/ holds `files` (name in the run: which of onnx_files)."""
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("loader-test")
+    experiment_id = (
+        experiment.experiment_id
+        if experiment
+        else client.create_experiment("loader-test", artifact_location=(folder / "artifacts").as_uri())
+    )
+    run = client.create_run(experiment_id)
+    for name, source in files.items():
+        staged = folder / run.info.run_id / name
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_bytes(Path(source).read_bytes())
+        client.log_artifact(run.info.run_id, str(staged), "onnx")
+    name = ModelRegistry(tracking_uri).name
+    if not client.search_registered_models(f"name='{name}'"):
+        client.create_registered_model(name)
+    version = client.create_model_version(name, run.info.artifact_uri, run_id=run.info.run_id).version
+    if tag is not None:
+        client.set_model_version_tag(name, str(version), SERVING_FILE_TAG, tag)
+    return str(version)
+
+
+@pytest.mark.parametrize(
+    ("files", "tag", "expected"),
+    [
+        pytest.param(
+            {"model.onnx": "fp32", "model.int8.onnx": "int8", "model.student.onnx": "fp32"},
+            "model.student.onnx",
+            "model.student.onnx",
+            id="the tagged file",
+        ),
+        pytest.param(
+            {"model.onnx": "fp32", "model.int8.onnx": "int8"},
+            "model.onnx",
+            "model.onnx",
+            id="the tag over the int8 rule",
+        ),
+        pytest.param(
+            {"model.onnx": "fp32", "model.int8.onnx": "int8"},
+            None,
+            "model.int8.onnx",
+            id="an export before the tag: int8 where kept",
+        ),
+        pytest.param({"model.onnx": "fp32"}, None, "model.onnx", id="an export before the tag: fp32"),
+    ],
+)
+def test_the_loader_serves_the_file_the_export_chose(tmp_path, onnx_files, files, tag, expected):
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sources = {name: str(onnx_files[kind]) for name, kind in files.items()}
+    version = _version_with(tracking_uri, sources, tag, tmp_path)
+    loaded = ModelSource(tracking_uri, cache_dir=tmp_path / "cache").load(version)
+    assert loaded.file == expected
+    x = np.zeros((3, len(MODEL_INPUTS)), dtype="float32")
+    assert loaded.score(x).shape == (3,)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        pytest.param(
+            {"model.onnx": "fp32", "model.int8.onnx": "int8"},
+            "its export chose onnx/model.student.onnx (tag onnx.serving_file) but run",
+            id="missing",
+        ),
+        pytest.param(
+            {"model.onnx": "fp32", "model.student.onnx": "garbage"},
+            "onnx/model.student.onnx cannot be loaded",
+            id="not ONNX",
+        ),
+    ],
+)
+def test_a_tagged_file_that_is_missing_or_broken_is_named(tmp_path, onnx_files, files, message):
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sources = {name: str(onnx_files[kind]) for name, kind in files.items()}
+    version = _version_with(tracking_uri, sources, "model.student.onnx", tmp_path)
+    with pytest.raises(ModelUnavailableError, match=f"v{version}") as error:
+        ModelSource(tracking_uri, cache_dir=tmp_path / "cache").load(version)
+    assert message in str(error.value)
