@@ -342,6 +342,28 @@ def scoring(model, validation, scratch: Path, default_threads: int) -> dict:
     }
 
 
+def compression(model, train, validation, holdout, bench: TrainingBench, scratch: Path) -> dict:
+    """The export's variants of the trained model (training/export.py export_model with training/compress.py
+    compressed_variants, default compression settings, one thread): the table the export logs, on a holdout
+    neither fit saw, with the seconds the two fits took and the file the rule serves."""
+    import torch
+
+    from core.settings import CompressionSettings
+    from training.compress import compressed_variants
+    from training.export import export_model
+    from training.loop import TrainConfig
+
+    torch.set_num_threads(1)
+    config = TrainConfig(batch_size=bench.batch_size, seed=bench.seed, device="cpu", precision="fp32")
+    started = time.perf_counter()
+    variants = compressed_variants(model.to("cpu").eval(), train, validation, CompressionSettings(), config)
+    fit_seconds = time.perf_counter() - started
+    report = export_model(
+        model, holdout.x.numpy(), holdout.y.numpy(), scratch / "compression", compressed=variants
+    )
+    return {"fit_seconds": fit_seconds, **{k: report[k] for k in ("variants", "serving_file", "int8")}}
+
+
 def measure(bench: TrainingBench, scratch: Path) -> dict:
     import torch
 
@@ -360,8 +382,11 @@ def measure(bench: TrainingBench, scratch: Path) -> dict:
         "our_runs": our_runs,
         "data_path": data_path_seconds(train, bench, torch.device("cpu")),
         "scoring": scoring(model, validation, scratch, default_threads),
+        "compression": compression(
+            model, train, validation, make_split(bench.validation_rows, bench.seed + 2), bench, scratch
+        ),
         "cuda": None,
-    }
+    }  # fmt: skip
     if torch.cuda.is_available():
         gpu = {"device": torch.cuda.get_device_name(0)}
         for precision in ("fp32", "bf16"):
@@ -372,6 +397,46 @@ def measure(bench: TrainingBench, scratch: Path) -> dict:
         gpu["data_path"] = data_path_seconds(train, bench, torch.device("cuda"))
         figures["cuda"] = gpu
     return figures
+
+
+def compression_rows(figures: dict) -> list[Row]:
+    """Each variant's file size, p50 latency (batch 1 and 256) and holdout AUC-PR against fp32's."""
+    from core.settings import CompressionSettings
+
+    tolerance = CompressionSettings().max_auc_pr_drop
+    variants = {row["variant"]: row for row in figures["variants"]}
+    fp32 = variants["fp32"]
+    rows = []
+    for name, row in variants.items():
+        if name == "fp32":
+            continue
+        label = f"{name} ({row['hidden']})" if name != "int8" else "int8"
+        rows.append(
+            Row(f"{label} ONNX bytes", row["bytes"], "B", fp32["bytes"], "fp32", row["bytes"] / fp32["bytes"])
+        )
+        for size in (1, 256):
+            key = f"p50_us_batch{size}"
+            rows.append(
+                Row(
+                    f"{label} p50, batch {size}",
+                    row[key],
+                    "us",
+                    fp32[key],
+                    "fp32",
+                    fp32[key] / row[key],
+                    "x faster",
+                )
+            )
+        drop = fp32["auc_pr"] - row["auc_pr"]
+        rows.append(
+            Row(f"{label} holdout AUC-PR", row["auc_pr"], "", fp32["auc_pr"], "fp32", drop, "drop",
+                goal=f"drop <= {tolerance} to serve", met=drop <= tolerance)
+        )  # fmt: skip
+    rows.append(
+        Row(f"served by the export rule: {figures['serving_file']}",
+            note=f"pruned + student fitted in {figures['fit_seconds']:.1f} s; int8 {figures['int8']}")
+    )  # fmt: skip
+    return rows
 
 
 @dataclass(frozen=True)
@@ -536,6 +601,7 @@ def table_rows(figures: dict) -> list[Row]:
         )
     )
     rows.append(Row("ONNX fp32 vs torch, max |score diff|", scoring["parity_max_abs_diff"]))
+    rows += compression_rows(figures["compression"])
 
     gpu = figures["cuda"]
     if gpu is None:
