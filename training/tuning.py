@@ -96,16 +96,53 @@ def decode(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# In the cluster profile the study shares the PostgreSQL database of Airflow's metadata and the promotion
+# history. Optuna keeps its schema version in an `alembic_version` table, the name Airflow's (and MLflow's)
+# migrations use too: in one schema Optuna reads Airflow's revision and refuses the storage ("no longer
+# compatible with the table schema"). Its tables live in a schema of their own.
+POSTGRES_SCHEMA = "optuna"
+
+
+def _is_sqlite(settings: Settings) -> bool:
+    return settings.tuning_storage_url.startswith("sqlite")
+
+
+def _engine_kwargs(settings: Settings) -> dict[str, Any]:
+    if _is_sqlite(settings):
+        # parallel trial processes write the same file: wait for its lock instead of failing at once
+        return {"connect_args": {"timeout": 120}}
+    return {"connect_args": {"options": f"-csearch_path={POSTGRES_SCHEMA}"}}
+
+
 def storage(settings: Settings) -> optuna.storages.RDBStorage:
+    """The study storage, its tables made on first use (the SQLite file, or the PostgreSQL schema)."""
     import optuna
+    import sqlalchemy as sa
 
     url = settings.tuning_storage_url
-    engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
+    if _is_sqlite(settings):
         settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
-        # parallel trial processes write the same file: wait for its lock instead of failing at once
-        engine_kwargs["connect_args"] = {"timeout": 120}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    else:
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {POSTGRES_SCHEMA}")
+        finally:
+            engine.dispose()
+    return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(settings))
+
+
+def _has_studies(settings: Settings) -> bool:
+    """Whether the storage's tables exist, without making them (a retrain only reads)."""
+    if _is_sqlite(settings):
+        return settings.mlflow_dir.joinpath("optuna.db").is_file()
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(settings.tuning_storage_url)
+    try:
+        return sa.inspect(engine).has_table("studies", schema=POSTGRES_SCHEMA)
+    finally:
+        engine.dispose()
 
 
 def _load(settings: Settings, name: str, slot: int = 0) -> optuna.Study:
@@ -366,9 +403,8 @@ def best_hyperparameters(settings: Settings) -> Tuned | None:
     """The best trial of the latest finished study (None: none finished, or tuning.use_best_params off)."""
     if not settings.tuning.use_best_params:
         return None
-    url = settings.tuning_storage_url
-    if url.startswith("sqlite:///") and not settings.mlflow_dir.joinpath("optuna.db").is_file():
-        return None  # never tuned here: do not create the database just to find that out
+    if not _has_studies(settings):
+        return None  # never tuned here: do not create the storage just to find that out
     import optuna
 
     prefix = f"{settings.tuning.study_prefix}-"

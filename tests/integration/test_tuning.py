@@ -207,6 +207,12 @@ def test_in_the_cluster_profile_the_study_lives_in_postgresql_and_a_retrain_find
     )
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    # The database is Airflow's metadata database too: its migrations' `alembic_version` is already there.
+    shared = sa.create_engine(f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}")
+    with shared.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        conn.exec_driver_sql("INSERT INTO alembic_version VALUES ('d2f4e1b3c5a7')")
+    shared.dispose()
     try:
         settings = Settings(
             profile=Profile.CLUSTER,
@@ -214,7 +220,8 @@ def test_in_the_cluster_profile_the_study_lives_in_postgresql_and_a_retrain_find
             cluster=ClusterServices(postgres_dsn=f"postgresql://postgres@127.0.0.1:5432/{name}"),
         )
         assert settings.tuning_storage_url.startswith("postgresql+psycopg2://")
-        assert tuning.best_hyperparameters(settings) is None  # no study yet
+        assert tuning.best_hyperparameters(settings) is None  # no study yet, and nothing made to find out
+        assert "optuna" not in sa.inspect(sa.create_engine(settings.tuning_storage_url)).get_schema_names()
         study_name = tuning.study_name(settings, "2026-03-02")
         study = optuna.create_study(
             study_name=study_name, storage=tuning.storage(settings), direction="maximize"
@@ -231,6 +238,15 @@ def test_in_the_cluster_profile_the_study_lives_in_postgresql_and_a_retrain_find
         best = tuning.best_hyperparameters(settings)
         assert best is not None and best.study == study_name and best.value == 0.47
         assert best.params["hidden"][0] == 256
+        # Airflow's revision untouched; Optuna's tables in their own schema
+        check = sa.create_engine(settings.tuning_storage_url)
+        with check.connect() as conn:
+            assert (
+                conn.exec_driver_sql("SELECT version_num FROM public.alembic_version").scalar()
+                == "d2f4e1b3c5a7"
+            )
+        assert sa.inspect(check).has_table("studies", schema="optuna")
+        check.dispose()
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
