@@ -44,7 +44,7 @@ def tune_through_airflow(settings: Settings, as_of: date | None, console: Consol
         console.print(f"{TUNE}: run {run_id} (Airflow UI: {stack.airflow_url}/dags/{TUNE}/runs/{run_id})")
         run = api.wait_for_run(TUNE, run_id, deadline)
         instances = api.task_instances(TUNE, run_id)
-        states = {ti.task_id: str(ti.state) for ti in instances if ti.task_id != "trial"}
+        states = {ti.task_id: _state(ti.state) for ti in instances if ti.task_id != "trial"}
         if states.get("training_set") == "skipped":
             reason = api.xcom(TUNE, run_id, "training_set", key="skipped")
             return {"dag_run_id": run_id, "status": "skipped", "reason": reason}
@@ -52,20 +52,20 @@ def tune_through_airflow(settings: Settings, as_of: date | None, console: Consol
         for ti in sorted((t for t in instances if t.task_id == "trial"), key=lambda t: t.map_index):
             record: dict[str, Any] = {
                 "slot": ti.map_index,
-                "task_state": str(ti.state),
+                "task_state": _state(ti.state),
                 "started": ti.start_date,
                 "ended": ti.end_date,
             }
-            if str(ti.state) == "success":
+            if _state(ti.state) == "success":
                 record.update(api.xcom(TUNE, run_id, "trial", map_index=ti.map_index))
             trials.append(record)
-        if str(run.state) != "success" or states.get("finish_study") != "success":
+        if _state(run.state) != "success" or states.get("finish_study") != "success":
             failed = sorted(
-                {ti.task_id for ti in instances if str(ti.state) in {"failed", "upstream_failed"}}
+                {t.task_id for t in instances if _state(t.state) in {"failed", "upstream_failed"}}
             )
             raise TuningRunError(
-                f"{TUNE} run {run_id} ended {run.state}: failed tasks {', '.join(failed) or 'none'}; read "
-                f"their logs in the Airflow UI ({stack.airflow_url}/dags/{TUNE}/runs/{run_id})"
+                f"{TUNE} run {run_id} ended {_state(run.state)}: failed tasks {', '.join(failed) or 'none'}; "
+                f"read their logs in the Airflow UI ({stack.airflow_url}/dags/{TUNE}/runs/{run_id})"
             )
         finished = api.xcom(TUNE, run_id, "finish_study")
     finally:
@@ -77,6 +77,11 @@ def tune_through_airflow(settings: Settings, as_of: date | None, console: Consol
         "most_trials_at_once": most_at_once(trials),
         **finished,
     }
+
+
+def _state(state: Any) -> str:
+    """A run's or task instance's state as its value ("success"); None (not started yet) as "none"."""
+    return "none" if state is None else str(getattr(state, "value", state))
 
 
 def most_at_once(trials: list[dict]) -> int:

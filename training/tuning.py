@@ -189,7 +189,7 @@ def start(settings: Settings, as_of: str, training_set_rev: str) -> dict:
     parent = attrs.get("parent_run_id")
     if parent is None:
         experiment_id = configure(settings)
-        run = mlflow.MlflowClient().create_run(
+        run = mlflow.MlflowClient(settings.mlflow_tracking_uri).create_run(
             experiment_id,
             run_name=f"tune-{name}",
             tags={"tuning.study": name, "lineage.training_set_rev": training_set_rev, "lineage.as_of": as_of},
@@ -241,7 +241,7 @@ def run_trial(
             log.info("slot %d of %s already ran as trial %d: %s", slot, name, previous.number, previous.state)
             return _trial_record(name, previous, resumed=True)
         if previous.state is TrialState.RUNNING:  # its process died (this is a retry of the slot)
-            _fail_abandoned(study, previous)
+            _fail_abandoned(settings, study, previous)
     trial = study.ask()
     trial.set_user_attr("slot", slot)
     tuned = suggest(trial)
@@ -262,7 +262,7 @@ def run_trial(
     return _trial_record(name, study.trials[trial.number], resumed=False)
 
 
-def _fail_abandoned(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+def _fail_abandoned(settings: Settings, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """A trial whose process died: FAIL in the study, and its MLflow run (if it got one) ended as FAILED."""
     import mlflow
     from optuna.trial import TrialState
@@ -274,7 +274,7 @@ def _fail_abandoned(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Non
     study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     run_id = trial.user_attrs.get("mlflow_run_id")
     if run_id:
-        client = mlflow.MlflowClient()
+        client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
         client.set_tag(run_id, "tuning.state", "FAIL")
         client.set_tag(run_id, "tuning.reason", reason)
         client.set_terminated(run_id, "FAILED")
@@ -309,7 +309,7 @@ def _train_trial(
     model = FraudMLP(ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout))
     model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
 
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
     run = client.create_run(
         configure(settings),
         run_name=f"{study.study_name}-trial-{trial.number}",
@@ -362,12 +362,12 @@ def finish(settings: Settings, name: str) -> dict:
     study = _load(settings, name)
     for trial in study.get_trials(deepcopy=False):
         if trial.state is TrialState.RUNNING:  # every slot task has ended: nobody runs it any more
-            _fail_abandoned(study, trial)
+            _fail_abandoned(settings, study, trial)
     trials = study.get_trials(deepcopy=False)
     counts = {state.name.lower(): sum(1 for t in trials if t.state is state) for state in TrialState}
     complete = [t for t in trials if t.state is TrialState.COMPLETE]
     parent = study.user_attrs["parent_run_id"]
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
     if not complete:
         reasons = sorted({t.user_attrs.get("reason", "") for t in trials} - {""})
         client.set_terminated(parent, "FAILED")

@@ -186,3 +186,43 @@ def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):
     assert states == {"as_of_date": "success", **{task: "skipped" for task in after}}
     assert str(run.state) == "success"
     assert "no silver transactions yet" in str(reason)
+
+
+def test_tune_dag_maps_its_trials_records_the_best_and_the_retrain_dag_trains_with_it(
+    airflow_db, home, monkeypatch
+):
+    import mlflow
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    monkeypatch.setenv("MLOPS_TUNING__TRIALS", "3")
+    monkeypatch.setenv("MLOPS_TUNING__EPOCHS", "2")
+    get_settings.cache_clear()
+    dag = DagBag(dag_folder="dags").dags["tune_fraud_model"]  # the trial count is mapped at parse time
+    run = dag.test(run_conf={"as_of": LAST.isoformat()})
+    with create_session() as session:
+        instances = session.query(TaskInstance).filter(
+            TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "tune_fraud_model"
+        )
+        states = sorted((ti.task_id, ti.map_index, str(ti.state)) for ti in instances)
+    assert states == [
+        ("as_of_date", -1, "success"),
+        ("finish_study", -1, "success"),
+        ("start_study", -1, "success"),
+        ("training_set", -1, "success"),
+        *[("trial", slot, "success") for slot in range(3)],
+    ]
+    from training import tuning
+
+    best = tuning.best_hyperparameters(get_settings())
+    assert best is not None and best.study == f"fraud-mlp-{LAST.isoformat()}"
+
+    retrain = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
+    retrained = retrain.test(run_conf={"as_of": LAST.isoformat()})
+    client = mlflow.MlflowClient(get_settings().mlflow_tracking_uri)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("fraud-detector").experiment_id],
+        filter_string=f"tags.`lineage.dag_run_id` = '{retrained.run_id}'",
+    )
+    assert len(runs) == 1 and runs[0].data.tags["tuning.source"] == best.source

@@ -26,7 +26,12 @@ def _trial_process(settings: Settings, study: str, slot: int) -> subprocess.Pope
     return subprocess.Popen(
         [sys.executable, "-m", "training", "trial", "--study", study, "--slot", str(slot), "--device", "cpu"],
         cwd=REPO,
-        env={**os.environ, **settings_as_env(settings), "OMP_NUM_THREADS": "1"},
+        # as a task process has it: no MLFLOW_TRACKING_URI left behind by this process's own MLflow calls
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+            **settings_as_env(settings),
+            "OMP_NUM_THREADS": "1",
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
