@@ -370,7 +370,8 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
                     # forward() (not .logits()) so DDP's gradient hooks run
                     loss = loss_fn(network(train_data.x[index], logits=True), train_data.y[index])
                 if not torch.isfinite(loss):  # before backward: stop at the first bad batch, weights intact
-                    raise _diverged(config, f"the training loss is {float(loss)}", epoch, state, position)
+                    value = float(loss.detach())
+                    raise _diverged(config, f"the training loss is {value}", epoch, state, position)
                 scaler.scale(loss / config.accumulation_steps).backward()
             epoch_loss += loss.detach()
             samples += index.shape[0]
