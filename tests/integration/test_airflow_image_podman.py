@@ -95,7 +95,9 @@ report = {
 for dag_id, dag in sorted(bag.dags.items()):
     tasks = report["dags"][dag_id] = {}
     for task in dag.tasks:
-        kind = type(task)
+        # a mapped task stands for instances of its operator class (a pod operator, a Python task)
+        kind = getattr(task, "operator_class", None)
+        kind = kind if isinstance(kind, type) else type(task)
         entry = tasks[task.task_id] = {
             "operator": kind.__name__,
             "bases": [c.__name__ for c in kind.__mro__],
