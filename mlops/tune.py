@@ -70,12 +70,15 @@ def tune_through_airflow(settings: Settings, as_of: date | None, console: Consol
         finished = api.xcom(TUNE, run_id, "finish_study")
     finally:
         api.close()
+    # finish_study's `trials` are the counts per state; here `trials` are the slots' records
+    counts = finished.pop("trials")
     return {
         "dag_run_id": run_id,
         "status": "ok",
-        "trials": trials,
-        "most_trials_at_once": most_at_once(trials),
         **finished,
+        "trials": trials,
+        "trial_counts": counts,
+        "most_trials_at_once": most_at_once(trials),
     }
 
 
