@@ -29,7 +29,13 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from core.settings import get_settings
-from orchestration.tasks import fail_fast_on_bad_data, run_step, training_set_or_skip
+from orchestration.tasks import (
+    MAP_INDEX_LABEL,
+    fail_fast_on_bad_data,
+    label_mapped_task,
+    run_step,
+    training_set_or_skip,
+)
 from orchestration.training_task import (
     local_task_timeout,
     run_training_process,
@@ -98,13 +104,11 @@ with DAG(
         @task(
             max_active_tis_per_dagrun=settings.tuning.parallelism,
             execution_timeout=local_task_timeout(settings),
-            map_index_template="slot {{ slot }}",
+            map_index_template=MAP_INDEX_LABEL,
             doc_md="One trial of the study: `python -m training trial` as a child process.",
         )
         def trial(slot: int, started: dict) -> dict:
-            from airflow.sdk import get_current_context
-
-            get_current_context()["slot"] = slot  # type: ignore[typeddict-unknown-key]
+            label_mapped_task(f"slot {slot}")
             arguments = ["trial", "--study", started["study"], "--slot", str(slot)]
             timeout_s = get_settings().training.local_timeout_minutes * 60
             return fail_fast_on_bad_data(lambda: run_training_process(arguments, timeout_s=timeout_s))

@@ -61,16 +61,23 @@ class ArrivalSensor(BaseSensorOperator):
         return str(self._marker())
 
 
-MAP_INDEX_BY_DATE = "{{ mapped_date }}"
+# A mapped task instance's name in the grid: its `map_index_template`, rendered from the task's context after
+# it runs; the task sets the label from inside (as Airflow documents: a TaskFlow argument is not in the
+# template context).
+MAP_INDEX_LABEL = "{{ mapped_label }}"
+MAP_INDEX_BY_DATE = MAP_INDEX_LABEL  # the features DAG names its instances by date
+
+
+def label_mapped_task(label: str) -> None:
+    """Name this mapped task instance `label` in the grid (its `map_index_template` is MAP_INDEX_LABEL)."""
+    from airflow.sdk import get_current_context
+
+    get_current_context()["mapped_label"] = label  # type: ignore[typeddict-unknown-key]
 
 
 def label_mapped_date(day: str) -> None:
-    """Name a mapped task instance by its date in the grid: its `map_index_template` is
-    `MAP_INDEX_BY_DATE`, rendered from the task's context after it runs (set from inside the task, as
-    Airflow documents, since a TaskFlow argument is not in the template context)."""
-    from airflow.sdk import get_current_context
-
-    get_current_context()["mapped_date"] = day  # type: ignore[typeddict-unknown-key]
+    """Name a mapped task instance by its date in the grid (MAP_INDEX_BY_DATE)."""
+    label_mapped_task(day)
 
 
 def run_step(step: Callable[Concatenate[Settings, P], R], *args: P.args, **kwargs: P.kwargs) -> R:

@@ -75,6 +75,26 @@ def fit_to_teacher(
         torch.set_num_threads(threads)
 
 
+def _fit_sampled(
+    student: FraudMLP,
+    teacher: nn.Module,
+    train_data: Tensors,
+    validation: Tensors,
+    config: TrainConfig,
+    max_rows: int,
+    label_weight: float = 0.0,
+) -> TrainResult:
+    """fit_to_teacher on at most `max_rows` rows of each split (seeded by the config's seed)."""
+    return fit_to_teacher(
+        student,
+        teacher,
+        sample_rows(train_data, max_rows, config.seed),
+        sample_rows(validation, max_rows, config.seed + 1),
+        config,
+        label_weight,
+    )
+
+
 def distill(
     teacher: FraudMLP,
     train_data: Tensors,
@@ -95,14 +115,7 @@ def distill(
     student.load_state_dict(
         {**own, **{k: v for k, v in teacher.state_dict().items() if not k.startswith("mlp.")}}
     )
-    fit_to_teacher(
-        student,
-        teacher,
-        sample_rows(train_data, max_rows, config.seed),
-        sample_rows(validation, max_rows, config.seed + 1),
-        config,
-        label_weight,
-    )
+    _fit_sampled(student, teacher, train_data, validation, config, max_rows, label_weight)
     return student.to("cpu").eval()
 
 
@@ -178,13 +191,7 @@ def prune(
     pruned, _ = prune_units(model, keep_fraction)
     if fine_tune_epochs > 0:
         config = replace(config or TrainConfig(device="cpu"), epochs=fine_tune_epochs)
-        fit_to_teacher(
-            pruned,
-            model,
-            sample_rows(train_data, max_rows, config.seed),
-            sample_rows(validation, max_rows, config.seed + 1),
-            config,
-        )
+        _fit_sampled(pruned, model, train_data, validation, config, max_rows)
     return pruned.to("cpu").eval()
 
 
