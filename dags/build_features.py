@@ -20,6 +20,10 @@ the gold GX suites, a DVC snapshot of the date's gold (content hash, pushed to t
 returned for the model to record), then `feast apply` (idempotent) and materialization of the date's
 explicit interval into the online store.
 
+Beside the validation, **build_training_rows** writes each rebuilt date's training rows (every transaction's
+model inputs, joined point in time once: training/feature_rows.py); a retrain reads its window's rows and
+joins the labels known at its as-of date.
+
 Two assets: `version_gold` emits `fraud_features` (gold validated and versioned: all a training set reads),
 which starts the retrain DAG at once; `materialize` runs beside it and emits `fraud_features_online` (the
 online store loaded: what a scorer reads). A retrain does not wait for the online load (at 1M transactions
@@ -152,6 +156,17 @@ with DAG(
         return results
 
     @task(
+        doc_md="Each rebuilt event date's training rows (every transaction's model inputs, built once: a "
+        "retrain reads them and joins the labels), and those of the later dates that read its gold."
+    )
+    def build_training_rows(dates: list[str]) -> dict:
+        from datetime import date
+
+        from training.feature_rows import build_feature_rows
+
+        return run_step(build_feature_rows, [date.fromisoformat(d) for d in dates])
+
+    @task(
         doc_md="The event dates to (re)build for these arrivals: their own, those their late events touch, "
         "and every gold date whose inputs changed since it was built (out-of-order or re-delivered dates)."
     )
@@ -165,5 +180,8 @@ with DAG(
 
     dates = plan_gold(dates_to_compute())
     gold_for_date.expand(day=dates)
-    # Versioning waits for every date's validation, not for the online load: a retrain does not wait on it.
-    dag.get_task("validate_gold") >> version_gold(dates)
+    # Versioning waits for every date's validation and the training rows (what a retrain reads), not for
+    # the online load: a retrain does not wait on it. The rows are built beside the validation.
+    versioned = version_gold(dates)
+    dag.get_task("validate_gold") >> versioned
+    dag.get_task("build_gold") >> build_training_rows(dates) >> versioned

@@ -108,9 +108,9 @@ with DAG(
         "(with the whole run) when there is nothing to train on yet."
     )
     def training_set(as_of: str, ti=None) -> dict:
-        from training import steps
+        from training.dataset import build_training_set
 
-        return training_set_or_skip(steps.dataset, as_of, ti)
+        return training_set_or_skip(build_training_set, as_of, ti)
 
     if get_settings().training_runner == "kubernetes":
         # Training and the steps after it run in the training image (torch, MLflow), each its own pod; the

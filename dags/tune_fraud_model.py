@@ -74,9 +74,9 @@ with DAG(
 
     @task(doc_md="The retrain's training set as of that date; skipped when there is nothing to train on yet.")
     def training_set(as_of: str, ti=None) -> dict:
-        from training import steps
+        from training.dataset import build_training_set
 
-        return training_set_or_skip(steps.dataset, as_of, ti)
+        return training_set_or_skip(build_training_set, as_of, ti)
 
     as_of = as_of_date()
     built = training_set(as_of)

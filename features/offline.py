@@ -7,6 +7,7 @@ The join is done here over the gold partitions a request can reach, not by Feast
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from core.settings import Settings
@@ -49,7 +50,6 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
     days of gold at 1M transactions a day are ~30M rows per view: pandas' sort, dedup and merge_asof of
     them took many times the memory and time (measured: see docs/benchmarks.md); this keeps the Arrow
     table, a few int64 columns and the matched rows."""
-    import numpy as np
     import pandas as pd
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -57,6 +57,7 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
 
     key = KEY_OF_VIEW[view.name]
     features = [f.name for f in view.features]
+    assert view.ttl is not None, "every view sets a ttl (features/definitions.py)"
     lowest = queries[EVENT_TIMESTAMP].min() - view.ttl
     highest = queries[EVENT_TIMESTAMP].max()
     ts = pa.timestamp("us", tz="UTC")
@@ -72,7 +73,33 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
     gold = normalise_timestamps(
         dataset.to_table(columns=[key, EVENT_TIMESTAMP, CREATED_TIMESTAMP, *features], filter=window)
     )
-    gold_code = pc.index_in(gold[key], value_set=keys).to_numpy().astype(np.int64)
+    values = match_latest(gold, key, queries, view.ttl).select(features)
+    out = values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    out.index = queries.index
+    return pd.concat([queries, out], axis=1)
+
+
+def match_latest(gold: pa.Table, key: str, queries: pd.DataFrame, ttl: timedelta) -> pa.Table:
+    """The row of `gold` each (key, time) query of `queries` sees: the entity's latest row with
+    time - ttl <= event_timestamp <= time (ties on event time: the later created_timestamp, then the later
+    row of `gold`), or a null row; one row per query, in query order. `gold` holds `key`, both timestamps
+    (as `normalise_timestamps` leaves them) and any other columns, which come back. Pure: the join itself,
+    whoever read `gold` (`_point_in_time` from the lake; training/feature_rows.py from a day and the state
+    carried from the day before).
+
+    Vectorised in numpy over Arrow: gold rows sorted by (entity, event time, created time) and each query
+    placed among them by binary search (np.searchsorted), with (entity, time) packed into one int64."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = pa.array(queries[key].unique(), type=pa.string())
+    codes = pc.index_in(gold[key], value_set=keys)
+    if codes.null_count:  # rows of entities no query asks for cannot match: leave them out
+        gold = gold.filter(pc.is_valid(codes))
+        codes = pc.index_in(gold[key], value_set=keys)
+    gold_code = codes.to_numpy().astype(np.int64)
     gold_us = gold[EVENT_TIMESTAMP].cast(pa.int64()).to_numpy()
     created_us = gold[CREATED_TIMESTAMP].cast(pa.int64()).to_numpy()
     query_ns = queries[EVENT_TIMESTAMP].to_numpy(dtype="datetime64[ns]").astype(np.int64)
@@ -96,17 +123,13 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
     by_position = np.argsort(query_pos, kind="stable")
     found = np.empty(len(query_pos), dtype=np.int64)
     found[by_position] = np.searchsorted(gold_pos[order], query_pos[by_position], side="right") - 1
-    assert view.ttl is not None, "every view sets a ttl (features/definitions.py)"
-    ttl_ns = int(view.ttl.total_seconds() * 1_000_000) * 1000
+    ttl_ns = int(ttl.total_seconds() * 1_000_000) * 1000
     if len(order):
         row = order[np.maximum(found, 0)]
         matched = (found >= 0) & (gold_code[row] == query_code) & (gold_us[row] * 1000 >= query_ns - ttl_ns)
     else:  # nothing in the window: every query gets nulls
         row, matched = np.zeros(len(found), dtype=np.int64), np.zeros(len(found), dtype=bool)
-    values = gold.select(features).take(pa.array(row, mask=~matched))
-    out = values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
-    out.index = queries.index
-    return pd.concat([queries, out], axis=1)
+    return gold.take(pa.array(row, mask=~matched))
 
 
 def service_views(settings: Settings, project: str = DEFAULT_PROJECT) -> list[tuple[FeatureView, list[str]]]:

@@ -18,6 +18,7 @@ from core.settings import Settings
 from features.materialize import materialize_date
 from pipelines.gold import job as gold
 from pipelines.ingest import job as ingest
+from training.feature_rows import build_feature_rows
 
 IngestStep = Callable[[Settings, date, str], dict]
 FeaturesStep = Callable[[Settings, date], dict]
@@ -45,12 +46,17 @@ def features(settings: Settings, day: date) -> dict:
         # A removed date is loaded too: its entities leave the online store (or go back to earlier rows).
         record.update(clock.run("materialize", partial(materialize_date, settings, event_date)))
         records[event_date.isoformat()] = record
+    rows = clock.run(
+        "build_training_rows",
+        partial(build_feature_rows, settings, [date.fromisoformat(d) for d in plan["event_dates"]]),
+    )
     record = records.pop(
         day.isoformat(),
         {"event_date": day.isoformat(), "rows_customer_features": 0, "rows_merchant_features": 0},
     )
     record["rebuilt"] = records
     record["plan"] = plan
+    record["training_rows"] = rows
     record["seconds_per_step"] = clock.seconds
     record["rows_gold"] = record["rows_customer_features"] + record["rows_merchant_features"]
     record["status"] = "ok"
@@ -71,6 +77,7 @@ FEATURES_STEPS: dict[str, FeaturesStep] = {
     "validate_gold": validate_gold,
     "version_gold": gold.version_gold,
     "materialize": materialize_date,
+    "build_training_rows": lambda settings, day: build_feature_rows(settings, [day]),
     "features": features,
 }
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from core.settings import Settings
+    from pipelines.lake import Tables
 
 log = logging.getLogger(__name__)
 
@@ -162,23 +163,9 @@ def _labeled_table(settings: Settings, day: date, window_days: int, label_maturi
             f"run `mlops ingest --date {day}` first or widen --window-days"
         )
     transactions = _utc(transactions, "event_timestamp")
-    # Labels can arrive up to 30 days after the transaction (and from before the window).
-    labels = _utc(
-        _read_partitions(
-            tables.silver_labels,
-            first - timedelta(days=60),
-            day,
-            ["transaction_id", "is_fraud", "label_timestamp"],
-        ),
-        "label_timestamp",
-    )
-    stamp = pa.timestamp("us", tz="UTC")
-    known = pc.and_(
-        pc.less(labels["label_timestamp"], pa.scalar(cutoff(day), stamp)),
-        pc.cast(labels["is_fraud"], pa.bool_()),
-    )
-    fraud = pc.unique(labels["transaction_id"].filter(known))
+    fraud = _known_fraud(tables, first, day)
     label = pc.cast(pc.is_in(transactions["transaction_id"], value_set=fraud), pa.int8())
+    stamp = pa.timestamp("us", tz="UTC")
     transactions = transactions.append_column(LABEL, label)
     mature_before = cutoff(day) - timedelta(days=label_maturity_days)
     mature = transactions.filter(pc.less(transactions["event_timestamp"], pa.scalar(mature_before, stamp)))
@@ -189,6 +176,30 @@ def _labeled_table(settings: Settings, day: date, window_days: int, label_maturi
             "lower MLOPS_TRAINING__LABEL_MATURITY_DAYS"
         )
     return mature
+
+
+def _known_fraud(tables: Tables, first: date, day: date) -> pa.Array:
+    """The ids of transactions reported as fraud by the end of `day` (a window starting at `first`):
+    labels can arrive up to 30 days after the transaction, and from before the window."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not any(tables.silver_labels.glob("arrival_date=*/*.parquet")):
+        return pa.array([], pa.string())  # no chargeback reported yet (the first days of a feed)
+    labels = _utc(
+        _read_partitions(
+            tables.silver_labels,
+            first - timedelta(days=60),
+            day,
+            ["transaction_id", "is_fraud", "label_timestamp"],
+        ),
+        "label_timestamp",
+    )
+    known = pc.and_(
+        pc.less(labels["label_timestamp"], pa.scalar(cutoff(day), pa.timestamp("us", tz="UTC"))),
+        pc.cast(labels["is_fraud"], pa.bool_()),
+    )
+    return pc.unique(labels["transaction_id"].filter(known))
 
 
 MS_PER_HOUR = 3_600_000
@@ -342,26 +353,26 @@ def _first_rows(times: np.ndarray, ids: pa.ChunkedArray, count: int) -> np.ndarr
     return mask
 
 
-def _split_and_sample(
-    table: pa.Table, fractions: SplitFractions, max_fit_rows: int | None
-) -> tuple[pa.Table, dict]:
-    """Split by position in (event time, id) order and sample the legitimate transactions at the rate that
-    leaves the train and validation splits `max_fit_rows` rows in both; the holdout at the same rate, with
-    weights (see the module docstring). Returns the rows kept, sorted by (event time, id).
+def _sample_plan(
+    times: np.ndarray,
+    ids: pa.ChunkedArray,
+    fraud: np.ndarray,
+    fractions: SplitFractions,
+    max_fit_rows: int | None,
+    hashes: Callable[[], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Which rows to keep, and the split and weight of each kept row (in the rows' order): the split by
+    position in (event time, id) order, the legitimate transactions sampled at the rate that leaves the
+    train and validation splits `max_fit_rows` rows in both, by `hashes()` (unit_hash of the ids), and the
+    holdout at the same rate, with weights (see the module docstring).
 
-    The split of every row is decided by selection (`_first_rows`) and only the rows kept are sorted: a
-    30-day window at 1M transactions a day is ~27M rows, ~2.3M of them kept."""
+    The split of every row is decided by selection (`_first_rows`), not by sorting every row: a 30-day
+    window at 1M transactions a day is ~27M rows, ~2.3M of them kept."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
-    rows = table.num_rows
+    rows = len(times)
     train_rows, fit_rows = _split_sizes(rows, fractions)
-    times = table["event_timestamp"].cast(pa.int64()).to_numpy()
-    ids = table["transaction_id"]
     in_train, fit = _first_rows(times, ids, train_rows), _first_rows(times, ids, fit_rows)
-    del times
-    fraud = table[LABEL].to_numpy() == 1
     fit_fraud = int((fit & fraud).sum())
     rate = 1.0
     keep = np.ones(rows, dtype=bool)
@@ -369,10 +380,32 @@ def _split_and_sample(
         negatives = fit_rows - fit_fraud
         # Every fraud stays; if frauds alone exceed the cap, as many legitimate rows as frauds.
         rate = min(1.0, max(max_fit_rows - fit_fraud, fit_fraud) / negatives)
-        keep = fraud | (unit_hash(ids) < rate)
+        keep = fraud | (hashes() < rate)
     splits = np.where(in_train[keep], "train", np.where(fit[keep], "validation", "holdout"))
     weights = np.where(fraud[keep], 1.0, 1.0 / rate)
-    kept = table.filter(pa.array(keep)) if rate < 1.0 else table
+    sampling = {
+        "negative_sample_rate": rate,
+        "fit_rows_before_sampling": fit_rows,
+        "max_fit_rows": max_fit_rows,
+    }
+    return keep, splits, weights, sampling
+
+
+def _split_and_sample(
+    table: pa.Table, fractions: SplitFractions, max_fit_rows: int | None
+) -> tuple[pa.Table, dict]:
+    """`_sample_plan` applied to `table` (labelled transactions): the rows kept, sorted by
+    (event time, id), with their split and weight."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    times = table["event_timestamp"].cast(pa.int64()).to_numpy()
+    ids = table["transaction_id"]
+    keep, splits, weights, sampling = _sample_plan(
+        times, ids, table[LABEL].to_numpy() == 1, fractions, max_fit_rows, lambda: unit_hash(ids)
+    )
+    del times
+    kept = table.filter(pa.array(keep)) if sampling["negative_sample_rate"] < 1.0 else table
     order = pc.sort_indices(
         kept, sort_keys=[("event_timestamp", "ascending"), ("transaction_id", "ascending")]
     )
@@ -380,11 +413,6 @@ def _split_and_sample(
     order = order.to_numpy()
     kept = kept.append_column(SPLIT, pa.array(splits[order], pa.string()))
     kept = kept.append_column(WEIGHT, pa.array(weights[order], pa.float64()))
-    sampling = {
-        "negative_sample_rate": rate,
-        "fit_rows_before_sampling": fit_rows,
-        "max_fit_rows": max_fit_rows,
-    }
     return kept, sampling
 
 
@@ -406,6 +434,10 @@ def label_coverage(settings: Settings, day: date, window_days: int) -> dict:
     return {"labels_reported_through": day.isoformat(), "label_arrivals_missing": missing}
 
 
+TRANSACTION_INPUTS: tuple[str, ...] = (*TRANSACTION_NUMERIC, *(f"{c}_code" for c in CATEGORICAL_FEATURES))
+FRAME_KEYS = ("transaction_id", "customer_id", "merchant_id", "event_timestamp")
+
+
 def build_training_frame(
     settings: Settings,
     day: date,
@@ -417,7 +449,146 @@ def build_training_frame(
 ) -> pd.DataFrame:
     """The training set as of `day` as a DataFrame (see the module docstring); its `attrs` say how the
     train and validation splits were sampled. `require_fraud=False` returns the rows even when no fraud is
-    known yet (the train/serve parity check compares features of a day whose labels have not come in)."""
+    known yet (the train/serve parity check compares features of a day whose labels have not come in).
+
+    Read from the feature rows of the window's event dates (training/feature_rows.py: each transaction's
+    inputs, built once with its date's gold; any date without fresh rows is built first), with the labels
+    known at the end of `day` joined: the same rows and values as `build_training_frame_by_join`, the
+    point-in-time join of the whole window, at a fraction of its cost. Two reads: the ids, times and id
+    hashes of the whole window decide the splits and the sample; then only the rows kept are read whole."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from pipelines.gold.contract import PARTITION_COLUMN
+    from pipelines.lake import Tables
+    from training import feature_rows
+
+    tables = Tables(settings.lake)
+    first = day - timedelta(days=window_days - 1)
+    if not tables.silver.is_dir():
+        raise NothingToTrainError(
+            f"no silver transactions yet (no table at {tables.silver}); run `mlops ingest --date {day}` "
+            "(and the dates before it) first"
+        )
+    arrivals = [first + timedelta(days=k) for k in range(window_days)]
+    if not any(Tables.partition(tables.silver, arrival).is_dir() for arrival in arrivals):
+        raise NothingToTrainError(
+            f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
+            f"run `mlops ingest --date {day}` first or widen --window-days"
+        )
+    # An arrival of the window holds events of up to `late_event_days` before it.
+    earliest = first - timedelta(days=settings.ingest.late_event_days)
+    event_dates = [earliest + timedelta(days=k) for k in range((day - earliest).days + 1)]
+    feature_rows.ensure_feature_rows(settings, event_dates)
+    dataset = feature_rows.rows_dataset(settings.lake)
+    stamp = pa.timestamp("us", tz="UTC")
+    mature_before = pa.scalar(cutoff(day) - timedelta(days=label_maturity_days), stamp)
+    window = (
+        (ds.field(PARTITION_COLUMN) >= earliest.isoformat())
+        & (ds.field(PARTITION_COLUMN) <= day.isoformat())
+        & (ds.field(feature_rows.ARRIVAL) >= first.isoformat())
+        & (ds.field(feature_rows.ARRIVAL) <= day.isoformat())
+    )
+    thin_columns = ["transaction_id", "event_timestamp", feature_rows.ID_HASH]
+    thin = (
+        dataset.to_table(columns=thin_columns, filter=window)
+        if dataset is not None
+        else pa.schema([("transaction_id", pa.string()), ("event_timestamp", stamp)]).empty_table()
+    )
+    _require_every_transaction(tables, first, day, thin.num_rows)
+    if thin.num_rows == 0:
+        raise NothingToTrainError(
+            f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
+            f"run `mlops ingest --date {day}` first or widen --window-days"
+        )
+    mature = pc.less(thin["event_timestamp"], mature_before)
+    window_rows = thin.num_rows
+    thin = thin.filter(mature)
+    if thin.num_rows == 0:
+        raise NothingToTrainError(
+            f"none of the {window_rows} transactions that arrived between {first} and {day} is "
+            f"older than the label maturity of {label_maturity_days} days; land and ingest more days or "
+            "lower MLOPS_TRAINING__LABEL_MATURITY_DAYS"
+        )
+    fraud_ids = _known_fraud(tables, first, day)
+    fraud = pc.is_in(thin["transaction_id"], value_set=fraud_ids).to_numpy(zero_copy_only=False)
+    keep, splits, weights, sampling = _sample_plan(
+        thin["event_timestamp"].cast(pa.int64()).to_numpy(),
+        thin["transaction_id"],
+        fraud,
+        fractions,
+        max_fit_rows,
+        thin[feature_rows.ID_HASH].to_numpy,
+    )
+    wanted = window & (ds.field("event_timestamp") < mature_before)
+    rate = sampling["negative_sample_rate"]
+    if rate < 1.0:  # the rows `_sample_plan` keeps, as a filter the scan applies batch by batch
+        wanted &= (ds.field(feature_rows.ID_HASH) < rate) | pc.is_in(
+            ds.field("transaction_id"), value_set=fraud_ids
+        )
+    assert dataset is not None, "the window has rows"
+    kept = dataset.to_table(columns=[*FRAME_KEYS, *TRANSACTION_INPUTS, *SERVICE_FEATURES], filter=wanted)
+    # Both reads scan the same files in the same order: the kept rows line up with the plan's.
+    if not kept["transaction_id"].equals(thin["transaction_id"].filter(pa.array(keep))):
+        raise TrainingSetError(
+            f"the feature rows under {feature_rows.rows_root(settings.lake)} changed while the training set "
+            f"as of {day} was read (a features run rebuilt them); run the training set again"
+        )
+    labels = pc.cast(pc.is_in(kept["transaction_id"], value_set=fraud_ids), pa.int8())
+    kept = kept.add_column(len(FRAME_KEYS), LABEL, labels)
+    kept = kept.append_column(SPLIT, pa.array(splits, pa.string()))
+    kept = kept.append_column(WEIGHT, pa.array(weights, pa.float64()))
+    order = pc.sort_indices(
+        kept, sort_keys=[("event_timestamp", "ascending"), ("transaction_id", "ascending")]
+    )
+    frame = _pandas(kept.take(order))
+    frame.attrs.update(sampling)
+    frame.attrs.update(label_coverage(settings, day, window_days))
+    _require_fraud(frame, day, window_days, require_fraud)
+    return frame
+
+
+def _require_every_transaction(tables: Tables, first: date, day: date, rows: int) -> None:
+    """The window's feature rows number its silver transactions (from the Parquet footers of silver): a
+    silver partition rewritten since its rows were built would otherwise train on the old rows."""
+    import pyarrow.parquet as pq
+
+    silver = 0
+    for k in range((day - first).days + 1):
+        partition = tables.partition(tables.silver, first + timedelta(days=k))
+        for path in sorted(partition.glob("*.parquet")) if partition.is_dir() else []:
+            silver += pq.ParquetFile(path).metadata.num_rows
+    if silver != rows:
+        raise TrainingSetError(
+            f"the feature rows of the arrivals {first} .. {day} hold {rows} transactions but silver holds "
+            f"{silver}; silver changed after its features were built: run the features job for those "
+            "arrivals (`mlops features --date YYYY-MM-DD`), then the training set again"
+        )
+
+
+def _require_fraud(frame: pd.DataFrame, day: date, window_days: int, require_fraud: bool) -> None:
+    if require_fraud and frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
+        raise TrainingSetError(
+            f"the training set as of {day} has no known fraud in its train split "
+            f"({len(frame)} transactions, window {window_days} days); land and ingest more days of data "
+            "or widen --window-days"
+        )
+
+
+def build_training_frame_by_join(
+    settings: Settings,
+    day: date,
+    window_days: int = 30,
+    label_maturity_days: int = 0,
+    fractions: SplitFractions = SplitFractions(),
+    max_fit_rows: int | None = None,
+    require_fraud: bool = True,
+) -> pd.DataFrame:
+    """The training set as of `day` by a point-in-time join of the whole window's silver with gold through
+    the Feast registry's views: what `build_training_frame` reads from the feature rows, computed from
+    scratch. Kept as the reference the feature rows are tested against (tests/integration/
+    test_feature_rows.py)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from features import offline, sources
@@ -446,12 +617,7 @@ def build_training_frame(
     frame[WEIGHT] = transactions[WEIGHT]
     frame.attrs.update(sampling)
     frame.attrs.update(label_coverage(settings, day, window_days))
-    if require_fraud and frame.loc[frame[SPLIT] == "train", LABEL].sum() == 0:
-        raise TrainingSetError(
-            f"the training set as of {day} has no known fraud in its train split "
-            f"({len(frame)} transactions, window {window_days} days); land and ingest more days of data "
-            "or widen --window-days"
-        )
+    _require_fraud(frame, day, window_days, require_fraud)
     return frame
 
 
@@ -482,6 +648,24 @@ def write_training_set(
         "path": str((folder / DATASET_FILE).relative_to(settings.home)),
         **sampling,
     }
+
+
+def build_training_set(settings: Settings, day: date, window_days: int | None = None) -> dict:
+    """The retrain's first step: build and version the training set as of `day` with the training
+    settings; its `seconds` go on to the training run."""
+    import time
+
+    started = time.perf_counter()
+    record = write_training_set(
+        settings,
+        day,
+        window_days or settings.training.window_days,
+        settings.training.label_maturity_days,
+        max_fit_rows=settings.training.max_fit_rows,
+    )
+    record["as_of"] = day.isoformat()
+    record["seconds"] = time.perf_counter() - started
+    return record
 
 
 def version_training_frame(

@@ -23,10 +23,10 @@ from core.settings import Settings
 from training.dataset import (
     NUMERIC_FEATURES,
     SPLIT,
+    build_training_set,
     model_arrays,
     read_holdout,
     read_training_set,
-    write_training_set,
 )
 from training.registry import GatePolicy, ModelRegistry
 from training.tracking import EXPERIMENT, Lineage, MetricBuffer, configure, git_commit, training_set_rev
@@ -88,19 +88,8 @@ def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
     return Tensors(torch.from_numpy(x), torch.from_numpy(y))
 
 
-def dataset(settings: Settings, day: date, window_days: int | None = None) -> dict:
-    """Build and version the training set as of `day` (its `seconds` go on to the training run)."""
-    started = time.perf_counter()
-    record = write_training_set(
-        settings,
-        day,
-        window_days or settings.training.window_days,
-        settings.training.label_maturity_days,
-        max_fit_rows=settings.training.max_fit_rows,
-    )
-    record["as_of"] = day.isoformat()
-    record["seconds"] = time.perf_counter() - started
-    return record
+# The first step, defined beside the training set: its Airflow task imports neither MLflow nor torch.
+dataset = build_training_set
 
 
 def _gold_validation(settings: Settings, as_of: str) -> tuple[str, str]:

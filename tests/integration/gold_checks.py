@@ -79,3 +79,24 @@ def assert_online_holds_latest_gold(settings: Settings) -> None:
         assert online[feature][:n] == pytest.approx(latest_customer[feature].tolist()), feature
     for feature in ("merchant_txn_count_7d", "merchant_amount_sum_24h", "merchant_chargebacks_30d"):
         assert online[feature][n:] == pytest.approx(latest_merchant[feature].tolist()), feature
+
+
+def assert_training_set_is_the_full_join(settings: Settings, as_of: date, window_days: int) -> dict:
+    """The training set read from the feature rows (training/feature_rows.py) equals the point-in-time join
+    of the whole window, row for row and value for value, sampled (a cap below the window's rows) and not;
+    returns what a second look at the rows found to rebuild (nothing, once they are fresh)."""
+    import pandas as pd
+
+    from training.dataset import build_training_frame, build_training_frame_by_join
+    from training.feature_rows import ensure_feature_rows
+
+    for cap in (None, 300):
+        arguments = {"window_days": window_days, "label_maturity_days": 1, "max_fit_rows": cap}
+        rows = build_training_frame(settings, as_of, require_fraud=False, **arguments)
+        joined = build_training_frame_by_join(settings, as_of, require_fraud=False, **arguments)
+        assert len(rows) > 0
+        if cap is not None:
+            assert rows.attrs["negative_sample_rate"] < 1.0  # the sampled read is exercised
+        pd.testing.assert_frame_equal(rows, joined, check_exact=True)
+        assert rows.attrs == joined.attrs
+    return ensure_feature_rows(settings, [as_of])

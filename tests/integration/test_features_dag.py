@@ -75,6 +75,9 @@ def test_a_run_builds_versions_and_materializes_the_date(airflow_db, silver_days
     }
     assert "materialize" not in dag.task_dict["version_gold"].upstream_task_ids
     assert dag.task_dict["materialize"].upstream_task_ids == {"validate_gold", "plan_gold"}
+    # The retrain starts on fraud_features: the training rows it reads are built by then.
+    assert "build_training_rows" in dag.task_dict["version_gold"].upstream_task_ids
+    assert (silver_days.lake / "training_rows" / f"event_date={LAST.isoformat()}").is_dir()
 
     from features.online import online_features
 
@@ -119,6 +122,7 @@ def test_each_date_of_a_run_is_its_own_task_instances_and_fails_alone(airflow_db
         # never run, so never named: the grid shows their index (dates are sorted, the missing one is 2nd)
         ("validate_gold", "1"): "upstream_failed",
         ("materialize", "1"): "upstream_failed",
+        ("build_training_rows", None): "upstream_failed",
         ("version_gold", None): "upstream_failed",
     }
     assert (silver_days.lake / "gold" / "customer_features" / f"event_date={day}").is_dir()
@@ -139,5 +143,7 @@ def test_cli_features_prints_the_dataset_revision_and_rows(silver_days):
     assert summary["rows_gold"] == summary["rows_customer_features"] * 2 > 0
     assert summary["rows_materialized"] > 0
     steps = summary["seconds_per_step"]
-    assert set(steps) == {"plan_gold", "build_gold", "validate_gold", "version_gold", "materialize"}
+    assert set(steps) == {
+        "plan_gold", "build_gold", "validate_gold", "version_gold", "materialize", "build_training_rows"
+    }  # fmt: skip
     assert all(seconds > 0 for seconds in steps.values())

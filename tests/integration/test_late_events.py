@@ -8,6 +8,7 @@ the online store must hold each entity's latest gold row.
 
 from __future__ import annotations
 
+import shutil
 from datetime import date, timedelta
 
 from core.settings import Settings, get_settings
@@ -18,6 +19,7 @@ from pipelines.synthetic.landing import GenerateRequest, generate_landing
 from tests.integration.gold_checks import (
     assert_gold_is_a_rebuild_from_scratch,
     assert_online_holds_latest_gold,
+    assert_training_set_is_the_full_join,
     counts_by_event_date,
     gold_tables,
     silver_by_event_date,
@@ -70,6 +72,9 @@ def test_late_events_reach_gold_and_rebuild_the_dates_they_touch(spark, tmp_path
     assert late_rows > 0
     assert_gold_is_a_rebuild_from_scratch(settings, tmp_path)
     assert_online_holds_latest_gold(settings)
+    # The rows of the rebuilt date were rebuilt with its gold: a training set reads what the join gives.
+    assert DAYS[0].isoformat() in second["training_rows"]["built"]
+    assert assert_training_set_is_the_full_join(settings, DAYS[2], window_days=3)["built"] == []
 
 
 def test_out_of_order_and_redelivered_arrivals_rebuild_downstream_gold(spark, tmp_path):
@@ -80,7 +85,9 @@ def test_out_of_order_and_redelivered_arrivals_rebuild_downstream_gold(spark, tm
     record = _arrive(settings, DAYS[1])
     assert record["plan"]["event_dates"] == [DAYS[1].isoformat(), DAYS[2].isoformat()]
     assert record["plan"]["reasons"][DAYS[2].isoformat()].startswith("inputs changed")
+    assert record["training_rows"]["built"] == [DAYS[1].isoformat(), DAYS[2].isoformat()]
     assert_gold_is_a_rebuild_from_scratch(settings, tmp_path / "out-of-order")
+    assert_training_set_is_the_full_join(settings, DAYS[2], window_days=3)
 
     # The producer re-delivers the first date with its last 40 rows withdrawn; every later date read it.
     data = next((settings.landing / DAYS[0].isoformat()).glob("transactions-*.csv"))
@@ -91,3 +98,9 @@ def test_out_of_order_and_redelivered_arrivals_rebuild_downstream_gold(spark, tm
     assert counts_by_event_date(gold_tables(settings)[0]) == silver_by_event_date(settings)
     assert_gold_is_a_rebuild_from_scratch(settings, tmp_path / "redelivered")
     assert_online_holds_latest_gold(settings)
+    assert record["training_rows"]["built"] == [d.isoformat() for d in DAYS]
+    assert_training_set_is_the_full_join(settings, DAYS[2], window_days=2)
+    # A lake whose rows were never built (built before they existed): the training set builds them.
+    shutil.rmtree(settings.lake / "training_rows")
+    shutil.rmtree(settings.lake / "state" / "training_rows")
+    assert_training_set_is_the_full_join(settings, DAYS[2], window_days=3)
