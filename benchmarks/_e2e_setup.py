@@ -4,9 +4,9 @@ DAYS ROWS SEED EPOCHS`, with MLOPS_HOME set to an empty folder).
 Replaying 30 days of 1M transactions through Airflow (ingest, features and a retrain per day) takes hours on
 2 cores; the measured day needs only their results. So: the synthetic feed's first DAYS days are landed
 (no injected faults), written to silver by Arrow, typed like silver (benchmarks/gold.py: the jobs after
-ingest read silver only), then every date goes through the real features job (build_gold, GX, DVC, Feast, the training rows)
-in this one process (one JVM, warm after the first date), and a champion is trained, gated and registered
-as of the last date by the real retrain. Prints one JSON line: seconds per phase.
+ingest read silver only), then every date goes through the real features job (build_gold, GX, DVC, Feast,
+the training rows) in this one process (one JVM, warm after the first date), and a champion is trained,
+gated and registered as of the last date by the real retrain. Prints one JSON line: seconds per phase.
 """
 
 from __future__ import annotations

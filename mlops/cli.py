@@ -196,7 +196,10 @@ def ingest(
 def features(
     day: Annotated[datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="event date to compute")],
     step: Annotated[
-        str, typer.Option(help="one step: build_gold, validate_gold, version_gold, materialize, build_training_rows")
+        str,
+        typer.Option(
+            help="one step: build_gold, validate_gold, version_gold, materialize, build_training_rows"
+        ),
     ] = "features",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:

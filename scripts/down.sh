@@ -33,6 +33,7 @@ ours() {
     mlflow) [[ $args == *mlflow* ]] ;;
     spark-connect) [[ $args == *SparkConnectServer* ]] ;;
     serving) [[ $args == *"mlops serve"* ]] ;;
+    scheduler) [[ $args == *orchestration.scheduler* || $args == *airflow* ]] ;;
     *) [[ $args == *airflow* ]] ;;
   esac
 }

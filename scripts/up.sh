@@ -133,6 +133,7 @@ running() {
     mlflow) [[ $args == *mlflow* ]] ;;
     spark-connect) [[ $args == *SparkConnectServer* ]] ;;
     serving) [[ $args == *"mlops serve"* ]] ;;
+    scheduler) [[ $args == *orchestration.scheduler* || $args == *airflow* ]] ;;
     *) [[ $args == *airflow* ]] ;;
   esac
 }
@@ -204,7 +205,9 @@ if [ ${#missing[@]} -gt 0 ]; then
         --conf "spark.connect.grpc.binding.port=$SPARK_CONNECT_PORT" ;;
       api-server) start api-server "$BIN/airflow" api-server --host 127.0.0.1 --port "$AIRFLOW_PORT" \
         --workers "${MLOPS_AIRFLOW_API_WORKERS:-1}" ;;
-      scheduler | dag-processor | triggerer) start "$name" "$BIN/airflow" "$name" ;;
+      # The scheduler imports torch and MLflow once, for the task processes it forks (orchestration/scheduler.py).
+      scheduler) start scheduler env PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m orchestration.scheduler ;;
+      dag-processor | triggerer) start "$name" "$BIN/airflow" "$name" ;;
       mlflow) start mlflow "$BIN/mlflow" server --backend-store-uri "$MLFLOW_BACKEND" \
         ${MLFLOW_ARTIFACT_ROOT:+--default-artifact-root "$MLFLOW_ARTIFACT_ROOT"} \
         --artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" \

@@ -43,6 +43,16 @@ def test_up_again_starts_nothing_and_prints_the_same_urls_and_login(demo_stack):
     assert (health.status_code, health.text) == (200, "OK")
 
 
+def test_the_scheduler_holds_torch_and_mlflow_for_the_task_processes_it_forks(demo_stack):
+    """orchestration/scheduler.py: the scheduler imported them once; every task process forked from it (the
+    LocalExecutor's workers, then the supervisor) starts with them loaded."""
+    pid = int((demo_stack.home / "run" / "scheduler.pid").read_text())
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "libtorch" in maps
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"orchestration.scheduler" in command
+
+
 def test_the_stacks_scoring_service_is_live_and_serves_the_champion_the_demo_made(demo_stack):
     """up.sh waited for /v2/health/live only (there was no champion yet); the service follows the champion
     alias, so after the demo it is ready too, without a restart."""
