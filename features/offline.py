@@ -17,6 +17,7 @@ from features.sources import KEY_OF_VIEW, TABLE_OF_VIEW, gold_dataset, require_g
 from pipelines.gold.contract import CREATED_TIMESTAMP, EVENT_TIMESTAMP, PARTITION_COLUMN
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
     import pyarrow as pa
     from feast import FeatureView
@@ -73,28 +74,37 @@ def _point_in_time(settings: Settings, view: FeatureView, queries: pd.DataFrame)
     gold = normalise_timestamps(
         dataset.to_table(columns=[key, EVENT_TIMESTAMP, CREATED_TIMESTAMP, *features], filter=window)
     )
-    values = match_latest(gold, key, queries, view.ttl).select(features)
+    query_ns = queries[EVENT_TIMESTAMP].to_numpy(dtype="datetime64[ns]").astype("int64")
+    query_keys = pa.array(queries[key], type=pa.string(), from_pandas=True)
+    values = match_latest(gold, key, query_keys, query_ns, view.ttl, features)
     out = values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
     out.index = queries.index
     return pd.concat([queries, out], axis=1)
 
 
-def match_latest(gold: pa.Table, key: str, queries: pd.DataFrame, ttl: timedelta) -> pa.Table:
-    """The row of `gold` each (key, time) query of `queries` sees: the entity's latest row with
-    time - ttl <= event_timestamp <= time (ties on event time: the later created_timestamp, then the later
-    row of `gold`), or a null row; one row per query, in query order. `gold` holds `key`, both timestamps
-    (as `normalise_timestamps` leaves them) and any other columns, which come back. Pure: the join itself,
-    whoever read `gold` (`_point_in_time` from the lake; training/feature_rows.py from a day and the state
-    carried from the day before).
+def match_latest(
+    gold: pa.Table,
+    key: str,
+    query_keys: pa.Array | pa.ChunkedArray,
+    query_ns: np.ndarray,
+    ttl: timedelta,
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """The row of `gold` each query (an entity key and a time in epoch nanoseconds) sees: the entity's
+    latest row with time - ttl <= event_timestamp <= time (ties on event time: the later
+    created_timestamp, then the later row of `gold`), or a null row; one row per query, in query order, of
+    `columns` (default: all of `gold`'s). `gold` holds `key` and both timestamps as `normalise_timestamps`
+    leaves them. Pure: the join itself, whoever read `gold` (`_point_in_time` from the lake,
+    training/feature_rows.py from a day and what the day before carried).
 
     Vectorised in numpy over Arrow: gold rows sorted by (entity, event time, created time) and each query
     placed among them by binary search (np.searchsorted), with (entity, time) packed into one int64."""
     import numpy as np
-    import pandas as pd
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    keys = pa.array(queries[key].unique(), type=pa.string())
+    keys = pc.unique(query_keys)
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
     codes = pc.index_in(gold[key], value_set=keys)
     if codes.null_count:  # rows of entities no query asks for cannot match: leave them out
         gold = gold.filter(pc.is_valid(codes))
@@ -102,9 +112,9 @@ def match_latest(gold: pa.Table, key: str, queries: pd.DataFrame, ttl: timedelta
     gold_code = codes.to_numpy().astype(np.int64)
     gold_us = gold[EVENT_TIMESTAMP].cast(pa.int64()).to_numpy()
     created_us = gold[CREATED_TIMESTAMP].cast(pa.int64()).to_numpy()
-    query_ns = queries[EVENT_TIMESTAMP].to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    query_ns = np.asarray(query_ns, dtype=np.int64)
     query_us = np.floor_divide(query_ns, 1000)  # gold at or before t: gold_us <= floor(t in us)
-    query_code = pd.Index(keys.to_pandas()).get_indexer(queries[key]).astype(np.int64)
+    query_code = pc.index_in(query_keys, value_set=keys).to_numpy().astype(np.int64)
     # (entity, time) as one sortable int64: entity * width + time since the earliest in play, or, when that
     # could overflow (a million entities and a TTL of years), + the time's rank among every time in play.
     first = min(int(gold_us.min(initial=query_us.min())), int(query_us.min()))
@@ -129,7 +139,7 @@ def match_latest(gold: pa.Table, key: str, queries: pd.DataFrame, ttl: timedelta
         matched = (found >= 0) & (gold_code[row] == query_code) & (gold_us[row] * 1000 >= query_ns - ttl_ns)
     else:  # nothing in the window: every query gets nulls
         row, matched = np.zeros(len(found), dtype=np.int64), np.zeros(len(found), dtype=bool)
-    return gold.take(pa.array(row, mask=~matched))
+    return (gold if columns is None else gold.select(columns)).take(pa.array(row, mask=~matched))
 
 
 def service_views(settings: Settings, project: str = DEFAULT_PROJECT) -> list[tuple[FeatureView, list[str]]]:

@@ -22,6 +22,7 @@ calibrated probabilities of the population.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -42,12 +43,16 @@ from pipelines.contracts import (
 from pipelines.gold.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import numpy as np
     import pandas as pd
     import pyarrow as pa
 
     from core.settings import Settings
     from pipelines.lake import Tables
+
+    Values: TypeAlias = Sequence[str | None] | pa.Array | pa.ChunkedArray  # None (null) where missing
 
 log = logging.getLogger(__name__)
 
@@ -210,58 +215,140 @@ _CODES = {
 }
 
 
+def _per_value(values: Values, function: Callable[[str | None], float]) -> np.ndarray:
+    """`function` of each value as float64. A list goes value by value (the scoring service's few rows); an
+    Arrow array (a day's million rows, a handful of distinct values) is dictionary-encoded and `function` is
+    called once per distinct value, nulls as None: the same function, so the same numbers."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not isinstance(values, pa.Array | pa.ChunkedArray):
+        return np.array([function(v) for v in values], dtype="float64")
+    encoded = pc.dictionary_encode(values)
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    out = []
+    for chunk in chunks:
+        table = np.array([function(v) for v in chunk.dictionary.to_pylist()] + [function(None)], "float64")
+        indices = chunk.indices.fill_null(len(chunk.dictionary)).to_numpy(zero_copy_only=False)
+        out.append(table[indices])
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _per_pair(
+    first: Values, second: Values, function: Callable[[str | None, str | None], float]
+) -> np.ndarray:
+    """`function` of each pair of values, as `_per_value` (Arrow arrays: once per distinct pair)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not isinstance(first, pa.Array | pa.ChunkedArray):
+        return np.array([function(a, b) for a, b in zip(first, second, strict=True)], dtype="float64")
+    assert isinstance(second, pa.Array | pa.ChunkedArray), "both lists or both Arrow arrays"
+    codes, names = [], []
+    for values in (first, second):
+        encoded = pc.dictionary_encode(values)
+        encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
+        names.append([*encoded.dictionary.to_pylist(), None])
+        codes.append(encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False))
+    pair = codes[0].astype(np.int64) * len(names[1]) + codes[1]
+    distinct, inverse = np.unique(pair, return_inverse=True)
+    table = np.array(
+        [function(names[0][p // len(names[1])], names[1][p % len(names[1])]) for p in distinct], "float64"
+    )
+    return table[inverse]
+
+
 def transaction_inputs(
     amount: np.ndarray,
-    currency: Sequence[str],
-    country: Sequence[str | None],
+    currency: Values,
+    country: Values,
     event_ms: np.ndarray,
-    categoricals: dict[str, Sequence[str | None]],
+    categoricals: dict[str, Values],
 ) -> dict[str, np.ndarray]:
     """The transaction's own model inputs (TRANSACTION_NUMERIC, then each `<categorical>_code`) from its
     values: billing amount (float64) and currency, merchant country, event time as UTC epoch milliseconds
-    (int64), and the categorical columns (channel, merchant_category, country). The one definition the
-    training set (`transaction_columns`) and the scoring service both call.
+    (int64), and the categorical columns (channel, merchant_category, country), as lists or Arrow arrays.
+    The one definition the training set (`transaction_columns`, the feature rows) and the scoring service
+    all call.
 
     Hour of day counts whole minutes (hour + minute / 60); weekend is Saturday or Sunday in UTC; abroad means
     the merchant's country does not use the card's currency (an unknown country counts as abroad, as in
     gold); an unknown or missing category is code 0."""
     import numpy as np
 
-    rate = np.array([CURRENCY_PER_USD.get(c, np.nan) for c in currency], dtype="float64")
+    rate = _per_value(currency, lambda c: CURRENCY_PER_USD.get(c, np.nan))  # type: ignore[arg-type]
     out: dict[str, np.ndarray] = {"log_amount_usd": np.log1p(np.asarray(amount, dtype="float64") / rate)}
     ms = np.asarray(event_ms, dtype="int64")
     hour = (ms // MS_PER_HOUR) % 24 + ((ms // 60_000) % 60) / 60.0
     out["hour_sin"] = np.sin(2 * np.pi * hour / 24.0)
     out["hour_cos"] = np.cos(2 * np.pi * hour / 24.0)
     out["is_weekend"] = (((ms // MS_PER_DAY) + 3) % 7 >= 5).astype("float64")  # 1970-01-01 was a Thursday
-    out["is_foreign"] = np.array(
-        [(HOME_COUNTRIES.get(k) if k else None) != c for k, c in zip(country, currency, strict=True)],
-        dtype="float64",
+    out["is_foreign"] = _per_pair(
+        country, currency, lambda k, c: float((HOME_COUNTRIES.get(k) if k else None) != c)
     )
     for column, codes in _CODES.items():
-        out[f"{column}_code"] = np.array(
-            [codes.get(v, 0) if v else 0 for v in categoricals[column]], dtype="float64"
-        )
+        out[f"{column}_code"] = _per_value(categoricals[column], functools.partial(_code, codes))
     return out
+
+
+def _code(codes: dict[str, int], value: str | None) -> float:
+    return codes.get(value, 0) if value else 0
+
+
+def amount_as_float(amount: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Amounts as float64, each the nearest double to its decimal value, as float(Decimal) gives it: a
+    decimal's unscaled integer divided by 10**scale is one correctly rounded division."""
+    import decimal
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_decimal(amount.type):
+        return np.asarray(amount.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype="float64")
+    scale = amount.type.scale
+    factor = pa.scalar(decimal.Decimal(10**scale), pa.decimal128(scale + 1, 0))
+    unscaled = pc.cast(pc.multiply(amount, factor), pa.int64()).to_numpy(zero_copy_only=False)
+    return unscaled / float(10**scale)
+
+
+def transaction_inputs_of_table(table: pa.Table) -> dict[str, np.ndarray]:
+    """`transaction_inputs` of a table of silver transactions (amount, currency, country, event_timestamp,
+    and the categorical columns), computed on Arrow without a Python object per row."""
+    import pyarrow as pa
+
+    stamps = _utc(table.select(["event_timestamp"]), "event_timestamp")["event_timestamp"]
+    event_ms = stamps.cast(pa.int64()).to_numpy() // 1000  # microseconds, floored to milliseconds
+    return transaction_inputs(
+        amount_as_float(table["amount"]),
+        table["currency"],
+        table["country"],
+        event_ms,
+        {column: table[column] for column in CATEGORICAL_VOCAB},
+    )
 
 
 def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """The transaction's own model inputs as a frame (pure: returns a new frame); see transaction_inputs."""
     import pandas as pd
-
-    def values(column: str) -> list:
-        return [None if pd.isna(v) else v for v in frame[column].tolist()]
+    import pyarrow as pa
 
     stamps = frame["event_timestamp"]
     if stamps.dt.tz is None:
         stamps = stamps.dt.tz_localize("UTC")
     event_ms = stamps.dt.tz_convert("UTC").astype("datetime64[ns, UTC]").to_numpy(dtype="datetime64[ns]")
+
+    def strings(column: str) -> pa.Array:
+        return pa.array(frame[column], type=pa.string(), from_pandas=True)  # NaN and None: null
+
     inputs = transaction_inputs(
         frame["amount"].astype("float64").to_numpy(),
-        frame["currency"].tolist(),
-        values("country"),
+        strings("currency"),
+        strings("country"),
         event_ms.astype("int64") // 1_000_000,
-        {column: values(column) for column in CATEGORICAL_VOCAB},
+        {column: strings(column) for column in CATEGORICAL_VOCAB},
     )
     return pd.DataFrame(inputs, index=frame.index)
 

@@ -279,11 +279,10 @@ def build_date(
     """Write the rows of event date `day` (from its silver, its gold and what the day before carried) and
     what it carries into the next; record its signature last. Returns the carry."""
     import numpy as np
-    import pandas as pd
     import pyarrow as pa
 
     from features.offline import match_latest
-    from training.dataset import FEATURE_LAG, transaction_columns, unit_hash
+    from training.dataset import FEATURE_LAG, transaction_inputs_of_table, unit_hash
 
     lake = settings.lake
     signatures = signatures or _Signatures(lake)
@@ -299,22 +298,19 @@ def build_date(
         )
     rows = None
     if silver.num_rows:
-        frame = silver.to_pandas()
-        frame[EVENT_TIMESTAMP] = frame[EVENT_TIMESTAMP].astype("datetime64[ns, UTC]")
-        columns: dict[str, pa.Array | np.ndarray] = {c: silver[c] for c in KEY_COLUMNS}
-        columns[EVENT_TIMESTAMP] = silver[EVENT_TIMESTAMP].cast(pa.timestamp("us", tz="UTC"))
-        inputs = transaction_columns(frame)
-        for name in inputs.columns:
-            columns[name] = inputs[name].to_numpy(dtype="float64")
+        columns: dict[str, pa.Array | pa.ChunkedArray | np.ndarray] = {c: silver[c] for c in KEY_COLUMNS}
+        columns.update(transaction_inputs_of_table(silver))
+        # State just before each transaction, as the join of the training set asks for it.
+        lag_ns = FEATURE_LAG // timedelta(microseconds=1) * 1000
+        query_ns = silver[EVENT_TIMESTAMP].cast(pa.int64()).to_numpy() * 1000 - lag_ns
         for view in VIEWS:
             gold = golds[view.name]
             assert gold is not None, "gold rows were counted above"
-            queries = pd.DataFrame(
-                {view.key: frame[view.key], EVENT_TIMESTAMP: frame[EVENT_TIMESTAMP] - FEATURE_LAG}
+            candidates = pa.concat_tables([carried[view.name], gold])
+            matched = match_latest(
+                candidates, view.key, silver[view.key], query_ns, view.ttl, list(view.features)
             )
-            matched = match_latest(pa.concat_tables([carried[view.name], gold]), view.key, queries, view.ttl)
-            for name in view.features:
-                columns[name] = matched[name]
+            columns.update({name: matched[name] for name in view.features})
         columns[ARRIVAL] = silver[ARRIVAL]
         columns[ID_HASH] = unit_hash(silver["transaction_id"])
         rows = pa.table(columns)
@@ -359,7 +355,10 @@ def _write(lake: Path, day: date, rows: pa.Table | None, carry: dict[str, pa.Tab
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for name, table in files.items():
-            pq.write_table(table, staging / name, compression="zstd")
+            # Dictionaries only for the entity keys and dates: on ids and float features they cost more
+            # than they save.
+            keys = [c for c in (CUSTOMER_JOIN_KEY, MERCHANT_JOIN_KEY, ARRIVAL) if c in table.column_names]
+            pq.write_table(table, staging / name, compression="zstd", use_dictionary=keys)
         old = target.with_name(f".{target.name}.{os.getpid()}.old")
         if target.exists():
             os.replace(target, old)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -64,15 +63,13 @@ def test_each_date_sees_through_its_carry_what_the_whole_join_sees(seed, ttl):
     carried = _empty_carry(view)
     expired = 0
     for day, gold in zip(DAYS, golds, strict=True):
-        events = _times(rng, day, 80)
-        queries = pd.DataFrame(
-            {"k": rng.choice(KEYS, size=80), EVENT_TIMESTAMP: pd.to_datetime(events, unit="us", utc=True)}
-        )
-        queries[EVENT_TIMESTAMP] = queries[EVENT_TIMESTAMP].astype("datetime64[ns, UTC]") - FEATURE_LAG
-        expected = match_latest(everything, "k", queries, ttl)["f"].to_pylist()
-        seen = match_latest(pa.concat_tables([carried, gold]), "k", queries, ttl)["f"].to_pylist()
+        # Each transaction asks for the state just before it.
+        query_ns = _times(rng, day, 80) * 1000 - FEATURE_LAG // timedelta(microseconds=1) * 1000
+        keys = pa.array(rng.choice(KEYS, size=80), pa.string())
+        expected = match_latest(everything, "k", keys, query_ns, ttl)["f"].to_pylist()
+        seen = match_latest(pa.concat_tables([carried, gold]), "k", keys, query_ns, ttl)["f"].to_pylist()
         assert seen == expected, day
-        forever = match_latest(everything, "k", queries, timedelta(days=365))["f"].to_pylist()
+        forever = match_latest(everything, "k", keys, query_ns, timedelta(days=365))["f"].to_pylist()
         expired += sum(e is None and f is not None for e, f in zip(expected, forever, strict=True))
         carried = _carry(view, carried, gold if gold.num_rows else None, day, FEATURE_LAG)
         # Only each entity's latest row before the next day's lag, plus the rows after it, is carried.

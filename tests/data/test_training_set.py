@@ -260,3 +260,42 @@ def test_transaction_inputs_equal_the_pandas_formula_the_training_sets_were_buil
         codes = {value: index + 1 for index, value in enumerate(vocab)}
         old[f"{column}_code"] = frame[column].map(codes).fillna(0).astype("float64")
     pd.testing.assert_frame_equal(transaction_columns(frame), old, check_exact=True)
+
+
+def test_transaction_inputs_of_arrow_columns_equal_those_of_lists():
+    """The feature rows pass Arrow columns (a function call per distinct value), the scoring service lists
+    (a call per value): the same numbers, missing and unknown values included."""
+    from decimal import Decimal
+
+    from training.dataset import amount_as_float, transaction_inputs
+
+    rng = np.random.default_rng(3)
+    n = 500
+
+    def draw(values: list) -> list:
+        return [values[i] for i in rng.integers(0, len(values), size=n)]
+
+    currency = draw([*CURRENCY_PER_USD, "XXX", None])
+    country = draw([*COUNTRIES, "ZZ", "", None])
+    categoricals = {
+        "channel": draw([*CHANNELS, "", None, "teleport"]),
+        "merchant_category": draw([*MERCHANT_CATEGORIES, None]),
+        "country": country,
+    }
+    amount = rng.uniform(0.01, 5000, size=n)
+    event_ms = rng.integers(1_700_000_000_000, 1_800_000_000_000, size=n)
+    listed = transaction_inputs(amount, currency, country, event_ms, categoricals)
+    arrow = transaction_inputs(
+        amount,
+        pa.chunked_array([pa.array(currency[:200]), pa.array(currency[200:])]),
+        pa.array(country),
+        event_ms,
+        {k: pa.array(v) for k, v in categoricals.items()},
+    )
+    assert listed.keys() == arrow.keys()
+    for name in listed:
+        np.testing.assert_array_equal(arrow[name], listed[name], err_msg=name)
+    cents = rng.integers(-(10**11), 10**11, size=n)
+    decimals = [Decimal(int(c)) / 100 for c in cents]
+    exact = amount_as_float(pa.array(decimals, pa.decimal128(12, 2)))
+    np.testing.assert_array_equal(exact, np.array([float(d) for d in decimals]))
