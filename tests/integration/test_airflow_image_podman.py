@@ -45,8 +45,13 @@ DAG_IDS = {
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"train", "evaluate", "register", "promote", "export"}
-# The only Airflow-image tasks that use the training package: they build the training set (no torch, MLflow).
-TRAINING_PACKAGE_TASKS = {("retrain_fraud_model", "training_set"), ("tune_fraud_model", "training_set")}
+# The only Airflow-image tasks that use the training package, with the module each imports: they build the
+# training set and its per-date feature rows (no torch, no MLflow).
+TRAINING_PACKAGE_TASKS = {
+    ("retrain_fraud_model", "training_set"): "training.dataset",
+    ("tune_fraud_model", "training_set"): "training.dataset",
+    ("build_features", "build_training_rows"): "training.feature_rows",
+}
 # Not in this image (the training image has them): importing one in an Airflow task would fail at run time.
 TRAINING_ONLY = ("torch", "mlflow", "onnx", "onnxruntime", "sklearn")
 FIRST_PARTY = ("core", "pipelines", "features", "training", "orchestration", "mlops")
@@ -309,11 +314,11 @@ def test_only_the_training_set_task_uses_the_training_package_and_it_imports_wit
         if "PythonOperator" in task["bases"]
         and any(module.split(".")[0] == "training" for module in task["imports"])
     }
-    assert users == TRAINING_PACKAGE_TASKS
-    for dag_id, _ in TRAINING_PACKAGE_TASKS:
-        training_set = dag_report["dags"][dag_id]["training_set"]
-        assert "training.steps" in training_set["imports"]
-        assert training_set["errors"] == {}  # training.steps imported in an image with no torch or MLflow
+    assert users == set(TRAINING_PACKAGE_TASKS)
+    for (dag_id, task_id), module in TRAINING_PACKAGE_TASKS.items():
+        task = dag_report["dags"][dag_id][task_id]
+        assert module in task["imports"]
+        assert task["errors"] == {}  # imported in an image with no torch or MLflow
 
 
 def test_the_probe_sees_an_import_a_task_would_fail_on(airflow_image, shared_home, tmp_path):
