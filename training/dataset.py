@@ -589,9 +589,9 @@ def build_training_frame(
             f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
             f"run `mlops ingest --date {day}` first or widen --window-days"
         )
-    mature = pc.less(thin["event_timestamp"], mature_before)
+    mature = pc.less(thin["event_timestamp"], mature_before).to_numpy(zero_copy_only=False)
     window_rows = thin.num_rows
-    thin = thin.filter(mature)
+    thin = thin.filter(pa.array(mature))
     if thin.num_rows == 0:
         raise NothingToTrainError(
             f"none of the {window_rows} transactions that arrived between {first} and {day} is "
@@ -608,16 +608,27 @@ def build_training_frame(
         max_fit_rows,
         thin[feature_rows.ID_HASH].to_numpy,
     )
-    wanted = window & (ds.field("event_timestamp") < mature_before)
-    rate = sampling["negative_sample_rate"]
-    if rate < 1.0:  # the rows `_sample_plan` keeps, as a filter the scan applies batch by batch
-        wanted &= (ds.field(feature_rows.ID_HASH) < rate) | pc.is_in(
-            ds.field("transaction_id"), value_set=fraud_ids
-        )
+    # Which rows of the window's scan to keep: the mature rows the plan keeps. The second read scans the
+    # same files in the same order and keeps them by position, batch by batch (no per-row filter to
+    # evaluate, and only the kept rows stay in memory).
+    wanted = mature.copy()
+    wanted[wanted] = keep
     assert dataset is not None, "the window has rows"
-    kept = dataset.to_table(columns=[*FRAME_KEYS, *TRANSACTION_INPUTS, *SERVICE_FEATURES], filter=wanted)
+    batches, offset = [], 0
+    for batch in dataset.to_batches(
+        columns=[*FRAME_KEYS, *TRANSACTION_INPUTS, *SERVICE_FEATURES], filter=window
+    ):
+        chosen = wanted[offset : offset + batch.num_rows]
+        offset += batch.num_rows
+        if chosen.any():
+            batches.append(batch.filter(pa.array(chosen)))
+    kept = pa.Table.from_batches(batches) if batches else None
     # Both reads scan the same files in the same order: the kept rows line up with the plan's.
-    if not kept["transaction_id"].equals(thin["transaction_id"].filter(pa.array(keep))):
+    if (
+        kept is None
+        or offset != len(wanted)
+        or not kept["transaction_id"].equals(thin["transaction_id"].filter(pa.array(keep)))
+    ):
         raise TrainingSetError(
             f"the feature rows under {feature_rows.rows_root(settings.lake)} changed while the training set "
             f"as of {day} was read (a features run rebuilt them); run the training set again"
