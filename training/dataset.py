@@ -685,8 +685,8 @@ def build_training_frame_by_join(
 ) -> pd.DataFrame:
     """The training set as of `day` by a point-in-time join of the whole window's silver with gold through
     the Feast registry's views: what `build_training_frame` reads from the feature rows, computed from
-    scratch. Kept as the reference the feature rows are tested against (tests/integration/
-    test_feature_rows.py)."""
+    scratch. Kept as the reference the feature rows are tested against (tests/integration/gold_checks.py,
+    after late, out-of-order and re-delivered arrivals)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from features import offline, sources

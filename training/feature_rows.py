@@ -14,8 +14,10 @@ customer view's TTL is 30 days). Rather than read 30 days of gold for every date
 carries into the next, per view: every entity's latest row up to one lag (FEATURE_LAG) before the next
 day, rows older than the view's TTL left out, plus the rows after that point. The rows of E are matched
 against carry(E-1) and gold(E) by the offline join's own function (features.offline.match_latest): a query
-of E lies after every carried row, so the entity's latest carried row is the only one of them it can see.
-tests/integration/test_feature_rows.py compares the training sets with the full join's.
+of E lies after every row up to that point, so of those only the entity's latest can answer it; the rows
+after it are carried whole.
+tests/data/test_feature_rows_carry.py checks the carry against the join over all of gold;
+tests/integration/test_late_events.py compares whole training sets with the full join's.
 
 Rows and carry of E depend only on gold of E-32 .. E (the longest TTL, the lag and the day itself). Each
 date records a signature of those dates' gold build records (pipelines/gold/contract.build_path: what each
