@@ -45,12 +45,12 @@ DAG_IDS = {
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"train", "evaluate", "register", "promote", "export"}
-# The only Airflow-image tasks that use the training package, with the module each imports: they build the
+# The only Airflow-image tasks that use the training package, with what each imports from it: they build the
 # training set and its per-date feature rows (no torch, no MLflow).
 TRAINING_PACKAGE_TASKS = {
-    ("retrain_fraud_model", "training_set"): "training.dataset",
-    ("tune_fraud_model", "training_set"): "training.dataset",
-    ("build_features", "build_training_rows"): "training.feature_rows",
+    ("retrain_fraud_model", "training_set"): "training.dataset.build_training_set",
+    ("tune_fraud_model", "training_set"): "training.dataset.build_training_set",
+    ("build_features", "build_training_rows"): "training.feature_rows.build_feature_rows",
 }
 # Not in this image (the training image has them): importing one in an Airflow task would fail at run time.
 TRAINING_ONLY = ("torch", "mlflow", "onnx", "onnxruntime", "sklearn")
