@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from core.settings import Settings
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+HUGE_METHODS_COMPILED = "-XX:-DontCompileHugeMethods"
 
 
 def driver_conf(settings: Settings) -> dict[str, str]:
@@ -30,6 +31,11 @@ def driver_conf(settings: Settings) -> dict[str, str]:
         "spark.driver.memory": settings.spark_driver_memory,
         # The v1 committer moves task output only at job commit: readers never see a half-written partition.
         "spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version": "1",
+        # The code Spark generates for a stage of many expressions (ingestion's row rules) is one Java method
+        # above HotSpot's 8000-byte limit for compiling it: left to the interpreter, such a stage ran several
+        # times slower (measured: docs/benchmarks.md).
+        "spark.driver.extraJavaOptions": HUGE_METHODS_COMPILED,
+        "spark.executor.extraJavaOptions": HUGE_METHODS_COMPILED,
     }
     if settings.spark_master.startswith("spark://"):
         conf["spark.driver.host"] = settings.cluster.spark_driver_host

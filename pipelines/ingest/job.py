@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,10 +31,13 @@ from pipelines.ingest.landing import (
     LandingFile,
     find_arrival,
     json_key_problems,
+    number_lines,
     read_lines,
+    read_splits,
     refuse_to_clear,
 )
 from pipelines.ingest.schemas import BRONZE_TRANSACTIONS, SILVER_TRANSACTIONS
+from pipelines.ingest.transforms import KEY_MASK
 from pipelines.lake import (
     Tables,
     clear_partitions,
@@ -59,7 +63,6 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     arrival = find_arrival(settings.landing, day, ignore=settings.ingest.ignore_files)
     spark = spark_session(settings)
     with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
-    arrival.problems += json_key_problems(spark, with_rows)
     if with_rows:
         arrival.problems += [
             f"{name}: empty file (no rows) in an arrival that has data; a truncated upload? have it resent"
@@ -72,32 +75,46 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     if not with_rows:
         return _empty_arrival(settings, tables, arrival, run_id)
 
-    raw = _parse_arrival(read_lines(spark, with_rows), arrival, with_rows, TRANSACTION_COLUMNS)
+    late_days = settings.ingest.late_event_days
 
-    # Classified once, on disk: the counts, bronze and quarantine all read it, and memory stays bounded.
-    classified = transforms.classify(raw, day, settings.ingest.late_event_days).persist(
-        StorageLevel.DISK_ONLY
-    )
-    by_reason = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
-    rows_bronze = by_reason.pop(None, 0)
+    def classify(raw: DataFrame) -> DataFrame:
+        return transforms.classify(raw, day, late_days)
+
+    stored, rows, lines_in = _classified_lines(spark, arrival, with_rows, TRANSACTION_COLUMNS, classify)
+    try:
+        bronze_partition = Tables.partition(tables.bronze, day)
+        quarantine_partition = Tables.partition(tables.quarantine, day, stage="bronze")
+        # A partition this run writes no row to is emptied, not left as an earlier run wrote it.
+        overwrite_partitions(
+            transforms.to_bronze(rows, day, run_id),
+            tables.bronze,
+            ["arrival_date"],
+            now_empty=(bronze_partition,),
+        )
+        overwrite_partitions(
+            transforms.to_quarantine(rows, day, run_id),
+            tables.quarantine,
+            ["arrival_date", "stage"],
+            now_empty=(quarantine_partition,),
+        )
+    finally:
+        stored.unpersist()
+
+    # Counts are read back from what was written (Parquet footers and the small quarantine): the record
+    # states what is on disk, and every line read must be there once.
+    rows_bronze = read_partition(spark, tables.bronze, day).count() if bronze_partition.is_dir() else 0
+    by_reason: dict[str, int] = {}
+    if quarantine_partition.is_dir():
+        quarantined = spark.read.parquet(str(quarantine_partition)).groupBy("reason").count().collect()
+        by_reason = {r["reason"]: r["count"] for r in quarantined}
     rows_quarantined = sum(by_reason.values())
-    overwrite_partitions(
-        transforms.to_bronze(classified, day, run_id),
-        tables.bronze,
-        ["arrival_date"],
-        now_empty=(Tables.partition(tables.bronze, day),) if rows_bronze == 0 else (),
-    )
-    quarantine_partition = Tables.partition(tables.quarantine, day, stage="bronze")
-    overwrite_partitions(
-        transforms.to_quarantine(classified, day, run_id),
-        tables.quarantine,
-        ["arrival_date", "stage"],
-        now_empty=(quarantine_partition,) if not rows_quarantined else (),
-    )
-    classified.unpersist()
-
     rows_in = rows_bronze + rows_quarantined
-    record = {
+    if rows_in != lines_in:
+        raise PipelineError(
+            f"arrival {day}: {lines_in} data lines were read, but bronze holds {rows_bronze} rows and "
+            f"quarantine {rows_quarantined}; rows were lost or doubled. Rerun ingest_to_bronze."
+        )
+    record: dict[str, Any] = {
         "arrival_date": day.isoformat(),
         "run_id": run_id,
         "status": "bronze",
@@ -123,23 +140,57 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     return record
 
 
+def _classified_lines(
+    spark: SparkSession,
+    arrival: Arrival,
+    files: list[LandingFile],
+    columns: tuple[str, ...],
+    classify: Callable[[DataFrame], DataFrame],
+) -> tuple[DataFrame, DataFrame, int]:
+    """Every data line of `files` classified, each file's text read once: (the persisted classified rows,
+    to unpersist when done; those rows numbered, the CSV header lines left out; the number of data lines).
+
+    The text is read, parsed and classified in one pass, split by split in parallel, and the result kept
+    on disk: both tables are written from it, and the count of each split's lines, taken from it, gives
+    the line numbers (`landing.number_lines`). Raises LandingFileError for a JSON file that lacks a column,
+    before anything is written.
+    """
+    stored = classify(_parse_arrival(spark, arrival, files, columns))
+    if columns == TRANSACTION_COLUMNS:
+        # A clean row lands typed in bronze: only a quarantined one needs its raw record on disk.
+        stored = stored.withColumn("raw_record", F.when(F.col("reason").isNotNull(), F.col("raw_record")))
+    stored = stored.persist(StorageLevel.DISK_ONLY)
+    try:
+        splits, key_masks = read_splits(stored, KEY_MASK if KEY_MASK in stored.columns else None)
+        keys = {name: transforms.json_keys_seen(mask, columns) for name, mask in key_masks.items()}
+        problems = json_key_problems(files, keys, columns)
+        if problems:
+            raise LandingFileError(arrival.day.isoformat(), problems)
+    except BaseException:
+        stored.unpersist()
+        raise
+    csv_names = [f.name for f in files if f.fmt == "csv"]
+    numbered = number_lines(stored, splits).where(
+        ~(F.col("source_file").isin(csv_names) & (F.col("line_number") == 1))
+    )
+    return stored, numbered, sum(s.lines for s in splits) - len(csv_names)
+
+
 def _parse_arrival(
-    lines: DataFrame, arrival: Arrival, files: list[LandingFile], columns: tuple[str, ...]
+    spark: SparkSession, arrival: Arrival, files: list[LandingFile], columns: tuple[str, ...]
 ) -> DataFrame:
-    """String columns of every data line of `files`: CSV files grouped by header (their header lines
-    dropped), JSON Lines as they are."""
+    """String columns of every line of `files` (`landing.read_lines`, not numbered yet): CSV files grouped
+    by header (their header lines included, to be left out once numbered), JSON Lines as they are. Each
+    group reads only its own files."""
     parsed: list[DataFrame] = []
     csv_files = [f for f in files if f.fmt == "csv"]
     for header in sorted({tuple(arrival.headers[f.name]) for f in csv_files}):
-        names = [f.name for f in csv_files if tuple(arrival.headers[f.name]) == header]
-        body = lines.where(F.col("source_file").isin(names) & (F.col("line_number") > 1))
-        parsed.append(transforms.parse_csv_lines(body, list(header), columns))
-    json_names = [f.name for f in files if f.fmt == "json"]
-    if json_names:
-        parsed.append(
-            transforms.parse_json_lines(lines.where(F.col("source_file").isin(json_names)), columns)
-        )
-    return functools.reduce(DataFrame.unionByName, parsed)
+        group = [f for f in csv_files if tuple(arrival.headers[f.name]) == header]
+        parsed.append(transforms.parse_csv_lines(read_lines(spark, group), list(header), columns))
+    json_files = [f for f in files if f.fmt == "json"]
+    if json_files:
+        parsed.append(transforms.parse_json_lines(read_lines(spark, json_files), columns))
+    return functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parsed)
 
 
 def _empty_arrival(settings: Settings, tables: Tables, arrival: Arrival, run_id: str) -> dict:
@@ -337,7 +388,6 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     )
     spark = spark_session(settings)
     with_rows = [f for f in arrival.files if f.name not in arrival.empty_files]
-    arrival.problems += json_key_problems(spark, with_rows, LABEL_COLUMNS)
     if arrival.problems:
         raise LandingFileError(day.isoformat(), arrival.problems)
     record: dict[str, Any] = {
@@ -366,10 +416,12 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
             record["cleared_rows"] = cleared
         write_json(tables.labels_reconciliation(day), record)
         return record
-    raw = _parse_arrival(read_lines(spark, with_rows), arrival, with_rows, LABEL_COLUMNS)
-    classified = transforms.classify_labels(raw, day, settings.ingest.late_event_days).persist(
-        StorageLevel.DISK_ONLY
-    )
+    late_days = settings.ingest.late_event_days
+
+    def classify(raw: DataFrame) -> DataFrame:
+        return transforms.classify_labels(raw, day, late_days)
+
+    stored, classified, _ = _classified_lines(spark, arrival, with_rows, LABEL_COLUMNS, classify)
     # Only clean rows compete to be the first copy: a row quarantined for a bad value shadows no label.
     clean = F.col("reason").isNull()
     order = Window.partitionBy("transaction_id", clean).orderBy("source_file", "line_number")
@@ -406,7 +458,7 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     )
     limit = settings.ingest.max_label_quarantine_rate
     if record["quarantine_rate"] > limit:
-        classified.unpersist()
+        stored.unpersist()
         record["status"] = "failed"
         write_json(tables.labels_reconciliation(day), record)
         ranked_reasons = sorted(record["quarantined_by_reason"].items(), key=lambda kv: -kv[1])[:3]
@@ -418,7 +470,7 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
             f"and rerun the date, or raise MLOPS_INGEST__MAX_LABEL_QUARANTINE_RATE if this is expected."
         )
     overwrite_partitions(labels, tables.silver_labels, ["arrival_date"], now_empty=(silver_partition,))
-    classified.unpersist()
+    stored.unpersist()
     rows_silver = spark.read.parquet(str(silver_partition)).count() if silver_partition.exists() else 0
     kept_in_quarantine = (
         spark.read.parquet(str(quarantine_partition)).count() if quarantine_partition.exists() else 0

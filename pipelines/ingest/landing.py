@@ -15,8 +15,9 @@ from datetime import date
 from pathlib import Path
 from typing import IO
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
 
 from core.errors import ArrivalNotFoundError, PipelineError
 from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS, TRANSACTION_COLUMNS
@@ -35,6 +36,8 @@ DEFAULT_IGNORE_FILES = (".*", "_*")  # IngestSettings.ignore_files
 # Spark reads a path as a glob and names a file's lines by its URL-encoded name: a data file named with a
 # space, %, #, [ or { would fail to read or have its lines silently left out.
 READABLE_NAME = re.compile(r"[\w.+-]+")
+# Where `read_lines` puts a line before it has a number: the first byte of its split, its ordinal in it.
+BLOCK, ORDINAL = "_block", "_ordinal"
 
 
 class LostArrivalError(PipelineError):
@@ -253,37 +256,24 @@ def _check_file(arrival: Arrival, landing_file: LandingFile, columns: tuple[str,
 
 
 def json_key_problems(
-    spark: SparkSession, files: list[LandingFile], columns: tuple[str, ...] = TRANSACTION_COLUMNS
+    files: list[LandingFile], keys: dict[str, set[str]], columns: tuple[str, ...] = TRANSACTION_COLUMNS
 ) -> list[str]:
-    """A JSON file lacks a column when no record in it has that key."""
+    """A JSON file lacks a column when no record in it has that key; `keys` holds the keys of the records of
+    each file, gathered in the pass that parses them (`read_splits`)."""
     required = REQUIRED_TRANSACTION_COLUMNS if columns == TRANSACTION_COLUMNS else columns
-    json_files = [f for f in files if f.fmt == "json" and f.path.stat().st_size > 0]
-    if not json_files:
-        return []
-    from pyspark.sql.types import MapType, StringType
-
-    keys = (
-        spark.read.text([str(f.path) for f in json_files])
-        .select(
-            F.col("_metadata.file_name").alias("file"),
-            F.explode(F.map_keys(F.from_json("value", MapType(StringType(), StringType())))).alias("key"),
-        )
-        .distinct()
-        .collect()
-    )
-    present: dict[str, set[str]] = {f.name: set() for f in json_files}
-    for row in keys:
-        present[row.file].add(row.key)
     problems = []
-    for name, seen in present.items():
+    for landing_file in files:
+        if landing_file.fmt != "json":
+            continue
+        seen = keys.get(landing_file.name, set())
         if not seen:
             problems.append(
-                f"{name}: no line is a JSON object with keys; .json and .jsonl files must be JSON Lines, "
-                f"one object per line (not a JSON array, not pretty-printed)"
+                f"{landing_file.name}: no line is a JSON object with keys; .json and .jsonl files must be "
+                f"JSON Lines, one object per line (not a JSON array, not pretty-printed)"
             )
             continue
         problems += [
-            f"{name}: missing {'required' if c in required else 'expected'} column '{c}' "
+            f"{landing_file.name}: missing {'required' if c in required else 'expected'} column '{c}' "
             f"(no record in the file has it)"
             for c in columns
             if c not in seen
@@ -292,25 +282,66 @@ def json_key_problems(
 
 
 def read_lines(spark: SparkSession, files: list[LandingFile]) -> DataFrame:
-    """Lines of `files` with `source_file` (name) and 1-based `line_number`, header lines included.
-
-    Spark's text source does not number lines, and a large file is split across tasks. Within one split
-    the rows keep file order and get consecutive monotonically increasing ids, so a line's number is its
-    offset in its split plus the lines of the file's earlier splits.
+    """Every line of `files`, read once: `value`, `source_file`, and where the line is as the split that
+    read it knows it: `_block` (the first byte of the split in its file) and `_ordinal` (one more than the
+    line before it in the same split). `line_number` is null: a large file is read in several splits at
+    once, and a line's number needs the lines of the earlier splits, known only once every split was read;
+    `number_lines` adds it then, from the counts that `read_splits` takes. A byte-order mark opening a file
+    is not part of its first line (Hadoop's line reader skips it); anywhere else it stays in the line.
     """
-    lines = spark.read.text([str(f.path) for f in files]).select(
+    return spark.read.text([str(f.path) for f in files]).select(
         "value",
         F.col("_metadata.file_name").alias("source_file"),
-        F.col("_metadata.file_block_start").alias("_block"),
-        F.monotonically_increasing_id().alias("_id"),
+        F.lit(None).cast(LongType()).alias("line_number"),
+        F.col("_metadata.file_block_start").alias(BLOCK),
+        F.monotonically_increasing_id().alias(ORDINAL),
     )
-    blocks = lines.groupBy("source_file", "_block").agg(
-        F.min("_id").alias("_first"), F.count("*").alias("_n")
+
+
+@dataclass(frozen=True)
+class Split:
+    """The lines of one file that one task read: from `first` (its first line's ordinal) on, `lines` of
+    them, and the line number of the first (1 + the lines of the file's earlier splits)."""
+
+    source_file: str
+    block: int
+    first: int
+    lines: int
+    first_line_number: int = 0
+
+
+def read_splits(rows: DataFrame, key_mask: str | None = None) -> tuple[list[Split], dict[str, int]]:
+    """Count the rows of each split (one small aggregation over `rows`, which carry `_block` and `_ordinal`
+    from `read_lines`): the splits with their first line numbers, and per file the bits of `key_mask` set
+    in any of its rows (the JSON keys seen, see `transforms.json_key_mask`)."""
+    mask = F.bit_or(key_mask) if key_mask else F.lit(0)
+    counted = (
+        rows.groupBy("source_file", BLOCK)
+        .agg(F.min(ORDINAL).alias("first"), F.count("*").alias("lines"), mask.alias("mask"))
+        .collect()
     )
-    earlier = Window.partitionBy("source_file").orderBy("_block").rowsBetween(Window.unboundedPreceding, -1)
-    blocks = blocks.withColumn("_before", F.coalesce(F.sum("_n").over(earlier), F.lit(0)))
-    return lines.join(F.broadcast(blocks), ["source_file", "_block"]).select(
-        "value",
-        "source_file",
-        (F.col("_id") - F.col("_first") + F.col("_before") + 1).alias("line_number"),
+    splits: list[Split] = []
+    masks: dict[str, int] = {}
+    before: dict[str, int] = {}
+    for row in sorted(counted, key=lambda r: (r["source_file"], r[BLOCK])):
+        name = row["source_file"]
+        splits.append(Split(name, row[BLOCK], row["first"], row["lines"], before.get(name, 0) + 1))
+        before[name] = before.get(name, 0) + row["lines"]
+        masks[name] = masks.get(name, 0) | (row["mask"] or 0)
+    return splits, masks
+
+
+def number_lines(rows: DataFrame, splits: list[Split]) -> DataFrame:
+    """`rows` (from `read_lines`, through any row-wise transform) with their 1-based `line_number` in their
+    file, header lines included; `_block` and `_ordinal` dropped. Within a split the rows keep file order
+    with consecutive ordinals, so a line's number is its distance from the split's first line plus the
+    first line's number."""
+    spark = rows.sparkSession
+    offsets = spark.createDataFrame(
+        [(s.source_file, s.block, s.first_line_number - s.first) for s in splits],
+        f"source_file string, {BLOCK} long, _offset long",
     )
+    numbered = rows.drop("line_number").join(F.broadcast(offsets), ["source_file", BLOCK])
+    columns = [c for c in rows.columns if c not in (BLOCK, ORDINAL)]
+    line = (F.col(ORDINAL) + F.col("_offset")).alias("line_number")
+    return numbered.select(*(line if c == "line_number" else F.col(c) for c in columns))

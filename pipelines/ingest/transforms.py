@@ -33,6 +33,7 @@ naming the first copy and their full record, so a resend with different content 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 
 from pyspark.sql import Column, DataFrame, Window
@@ -50,9 +51,12 @@ from pipelines.contracts import (
 )
 from pipelines.ingest.schemas import BRONZE_TRANSACTIONS, QUARANTINE, SILVER_TRANSACTIONS
 
-# Up to 9 fractional digits are read; the contract's pattern has already refused non-zero digits past the
-# 6th (Spark timestamps hold microseconds), so nothing is rounded.
+# How a contract timestamp reads: up to 9 fractional digits; the contract's pattern has already refused
+# non-zero digits past the 6th (Spark timestamps hold microseconds), so nothing is rounded. Ingestion reads
+# the values with Spark's cast, which agrees with this format on every value the pattern lets through.
 TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss[.SSSSSSSSS]XXX"
+KEY_MASK = "_key_mask"  # parse_json_lines: the keys of each record, as bits (json_key_mask)
+OTHER_KEYS = "(a key outside the contract)"
 ROW_REASONS = ("malformed", "extra_column", "missing_required", "wrong_type", "out_of_range", "invalid_value")
 ALLOWED_VALUES = {f.name: f.allowed for f in TRANSACTIONS_CONTRACT.fields if f.allowed is not None}
 _NUMERIC_FIELDS = {
@@ -75,16 +79,36 @@ def parse_csv_lines(
     Spark's CSV parser pads short rows with nulls and drops extra tokens without a word, so the token count
     is checked on the raw line first (quoted fields count as one token).
     """
-    tokens = F.size(F.split(F.regexp_replace("value", _QUOTED_FIELD, "Q"), ",", -1))
-    quote_chars = F.length("value") - F.length(F.regexp_replace("value", '"', ""))
+    value = F.col("value")
+    # Most lines have no quote: they are split on commas, which gives the same fields as Spark's CSV
+    # parser there (an empty field is null) at a fraction of its cost (tests/data/test_ingest_transforms.py
+    # compares the two). A line with a quote goes through the parser, and its quoted fields collapse to one
+    # character before the commas are counted.
+    quoted = value.contains('"')
+    pieces = F.split(F.when(quoted, F.regexp_replace(value, _QUOTED_FIELD, "Q")).otherwise(value), ",", -1)
     ddl = ", ".join(f"`{name}` STRING" for name in header)
     # RFC 4180 quoting, as Python's csv and pandas write it: "" inside a quoted field is one quote.
-    parsed = F.from_csv(F.col("value"), ddl, {"mode": "PERMISSIVE", "escape": '"'})
+    parser = F.from_csv(value, ddl, {"mode": "PERMISSIVE", "escape": '"'})
+    counted = lines.select(
+        "*",
+        quoted.alias("_quoted"),
+        pieces.alias("_pieces"),
+        F.when(quoted, parser).alias("_parsed"),
+        F.when(quoted, F.length(value) - F.length(F.replace(value, F.lit('"'), F.lit(""))))
+        .otherwise(F.lit(0))
+        .alias("_quotes"),
+    )
+    tokens, quote_chars = F.size("_pieces"), F.col("_quotes")
+
+    def field(name: str) -> Column:
+        piece = F.get(F.col("_pieces"), header.index(name))
+        return F.when(F.col("_quoted"), F.col("_parsed")[name]).otherwise(F.when(piece != "", piece))
+
     fields = F.concat(tokens.cast("string"), F.lit(f" fields; the header has {len(header)}"))
     failure = _first_failure(
         [
             _not_utf8(),
-            ("malformed", F.col("value") == "", F.lit("empty line")),
+            ("malformed", value == "", F.lit("empty line")),
             (
                 "malformed",
                 quote_chars % 2 == 1,
@@ -99,7 +123,7 @@ def parse_csv_lines(
             ("extra_column", tokens > len(header), fields),
         ]
     )
-    return _parsed(lines, [parsed[name].alias(name) for name in columns], failure)
+    return _parsed(lines, counted, [field(name).alias(name) for name in columns], failure)
 
 
 def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_COLUMNS) -> DataFrame:
@@ -110,8 +134,10 @@ def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_CO
     )
     record = F.from_json(text, MapType(StringType(), StringType()))
     keys = F.map_keys(record)
-    unknown_keys = F.filter(keys, lambda k: ~k.isin(*columns))
-    # from_json keeps every copy of a key sent twice, and a lookup would silently take one of them.
+    # Array functions, not lambdas: a lambda is interpreted row by row, these are compiled. The listings
+    # are built only for the lines that fail.
+    contract = F.array(*(F.lit(c) for c in columns))
+    unknown_keys = F.array_except(keys, contract)
     repeated_keys = F.array_distinct(F.filter(keys, lambda k: F.size(F.filter(keys, lambda j: j == k)) > 1))
     failure = _first_failure(
         [
@@ -119,7 +145,7 @@ def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_CO
             ("malformed", record.isNull(), F.lit("not a JSON object (JSON Lines: one object per line)")),
             (
                 "malformed",
-                F.size(repeated_keys) > 0,
+                F.size(F.array_distinct(keys)) < F.size(keys),
                 F.concat(F.lit("key(s) sent more than once: "), F.array_join(repeated_keys, ", ")),
             ),
             (
@@ -134,9 +160,28 @@ def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_CO
         if name not in _NUMERIC_FIELDS:
             return record[name]
         sent = F.regexp_extract(text, f'"{name}"\\s*:\\s*{_JSON_NUMBER}', 1)
-        return F.when(record[name].isNotNull() & (sent != ""), sent).otherwise(record[name])
+        return F.when(record.isNotNull() & (sent != ""), sent).otherwise(record[name])
 
-    return _parsed(lines, [F.when(record.isNotNull(), value(name)).alias(name) for name in columns], failure)
+    values = [F.when(record.isNotNull(), value(name)).alias(name) for name in columns]
+    return _parsed(lines, lines, values, failure, json_key_mask(keys, columns).alias(KEY_MASK))
+
+
+def json_key_mask(keys: Column, columns: tuple[str, ...]) -> Column:
+    """The keys of a JSON record as bits: bit i for `columns[i]`, the next bit for any key outside them.
+    OR-ed over a file, they tell which columns no record of it has (`json_keys_seen`)."""
+    bits = [
+        F.when(F.array_contains(keys, c), F.lit(1 << i)).otherwise(F.lit(0)) for i, c in enumerate(columns)
+    ]
+    other = F.size(F.array_except(keys, F.array(*(F.lit(c) for c in columns)))) > 0
+    bits.append(F.when(other, F.lit(1 << len(columns))).otherwise(F.lit(0)))
+    return F.coalesce(sum(bits[1:], bits[0]), F.lit(0)).cast("long")
+
+
+def json_keys_seen(mask: int, columns: tuple[str, ...]) -> set[str]:
+    """The keys a `json_key_mask` OR-ed over a file's records stands for: the columns among them, and
+    OTHER_KEYS when a record had a key outside them."""
+    seen = {c for i, c in enumerate(columns) if mask & (1 << i)}
+    return seen | ({OTHER_KEYS} if mask & (1 << len(columns)) else set())
 
 
 def _not_utf8() -> tuple[str, Column, Column]:
@@ -158,16 +203,19 @@ def _first_failure(checks: list[tuple[str, Column, Column]]) -> tuple[Column, Co
     return reason.otherwise(none), detail.otherwise(none)
 
 
-def _parsed(lines: DataFrame, values: list[Column], failure: tuple[Column, Column]) -> DataFrame:
-    """The parsers' common output: string values, the parse error and its detail, and where the raw line
-    came from."""
-    return lines.select(
+def _parsed(
+    lines: DataFrame, frame: DataFrame, values: list[Column], failure: tuple[Column, Column], *more: Column
+) -> DataFrame:
+    """The parsers' common output: string values, the parse error and its detail, the raw line, and every
+    other column of `lines` (where the line came from: `source_file`, `line_number` and what the reader
+    adds), read from `frame` (`lines` with the parser's helper columns)."""
+    return frame.select(
         *values,
         failure[0].alias("parse_error"),
         failure[1].alias("parse_detail"),
         F.col("value").alias("raw_record"),
-        "source_file",
-        "line_number",
+        *(c for c in lines.columns if c != "value"),
+        *more,
     )
 
 
@@ -176,38 +224,68 @@ def _shown(value: Column) -> Column:
     return F.regexp_extract(F.to_json(F.array(value)), r"^\[(.*)\]$", 1)
 
 
-def _decimal_digits(text: Column) -> tuple[Column, Column]:
-    """(decimal places, integer digits) the exact value of a DECIMAL_TEXT string needs: computed on the
-    text, since Spark's cast to a decimal type rounds to its scale (10.005 -> 10.01)."""
+@dataclass
+class _FieldPlan:
+    """How one contract field is judged: helper columns computed in steps (a step may use the helpers of
+    the steps before it), the typed value, and the rules (reason, condition, detail), in reason order.
+
+    Every helper is a column of its own, so a value that several rules read (the typed value, a decimal's
+    digit counts) is computed once per row: inlined, a rule chain would compute it again in every rule that
+    reads it, regexes and timestamp parsing included.
+    """
+
+    steps: tuple[dict[str, Column], ...] = field(default_factory=lambda: ({}, {}, {}, {}))
+    typed: Column | None = None
+    rules: list[tuple[str, Column, Column]] = field(default_factory=list)
+
+
+def _decimal_parts(text: Column) -> dict[str, Column]:
+    """The parts of a DECIMAL_TEXT string that its exact size depends on: computed on the text, since
+    Spark's cast to a decimal type rounds to its scale (10.005 -> 10.01)."""
     parts = r"^[+-]?([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?\z"
-    whole, fraction = F.regexp_extract(text, parts, 1), F.regexp_extract(text, parts, 2)
-    exponent_text = F.regexp_extract(text, parts, 3)
-    exponent = F.when(exponent_text != "", exponent_text.try_cast("int")).otherwise(F.lit(0))
-    digits = F.concat(whole, fraction)
-    point = F.length(whole) + exponent  # digits before the decimal point
-    significant = F.length(F.regexp_replace(digits, "0+$", ""))
-    leading_zeros = F.length(digits) - F.length(F.regexp_replace(digits, "^0+", ""))
-    return F.greatest(significant - point, F.lit(0)), F.greatest(point - leading_zeros, F.lit(0))
+    exponent = F.regexp_extract(text, parts, 3)
+    return {
+        "whole": F.regexp_extract(text, parts, 1),
+        "fraction": F.regexp_extract(text, parts, 2),
+        "exponent": F.when(exponent != "", exponent.try_cast("int")).otherwise(F.lit(0)),
+    }
 
 
-def _field_rules(
-    f: FieldContract, arrival: date, late_days: int
-) -> tuple[Column, list[tuple[str, Column, Column]]]:
-    """The typed value of a contract field and its rules: (reason, condition, detail), in reason order."""
+def _field_plan(f: FieldContract, arrival: date, late_days: int) -> _FieldPlan:
     text = F.col(f.name)
+    plan = _FieldPlan()
+
+    def helper(step: int, name: str, value: Column) -> Column:
+        plan.steps[step][f"_{f.name}_{name}"] = value
+        return F.col(f"_{f.name}_{name}")
+
     present = text.isNotNull() & (F.trim(text) != "") if f.required else text.isNotNull()
-    rules: list[tuple[str, Column, Column]] = []
+    rules = plan.rules
     if f.required:
         rules.append(("missing_required", ~present, F.lit(f"{f.name} is null or blank")))
     if f.kind == "decimal":
         assert f.precision is not None and f.scale is not None
-        places, integer_digits = _decimal_digits(text)
-        exact = text.rlike(DECIMAL_TEXT) & (places <= f.scale) & (integer_digits <= f.precision - f.scale)
-        typed = F.when(exact, F.expr(f"try_cast(`{f.name}` AS DECIMAL({f.precision},{f.scale}))"))
+        integer_places = f.precision - f.scale
+        # Most amounts are plain digits with at most `scale` decimals: exact by their shape alone. Only
+        # the others (a sign, an exponent, more digits) have their digits counted.
+        plain = helper(0, "plain", text.rlike(rf"^[0-9]{{1,{integer_places}}}(\.[0-9]{{1,{f.scale}}})?\z"))
+        shape = helper(1, "shape", plain | text.rlike(DECIMAL_TEXT))
+        parts = {name: helper(1, name, F.when(~plain, value)) for name, value in _decimal_parts(text).items()}
+        digits = F.concat(parts["whole"], parts["fraction"])
+        point = F.length(parts["whole"]) + parts["exponent"]  # digits before the decimal point
+        significant = F.length(F.regexp_replace(digits, "0+$", ""))
+        leading_zeros = F.length(digits) - F.length(F.regexp_replace(digits, "^0+", ""))
+        # Null for a plain amount, whose rules below then never apply.
+        places = helper(2, "places", F.greatest(significant - point, F.lit(0)))
+        integer_digits = helper(2, "integer_digits", F.greatest(point - leading_zeros, F.lit(0)))
+        exact = shape & (plain | ((places <= f.scale) & (integer_digits <= integer_places)))
+        typed = helper(
+            3, "typed", F.when(exact, F.expr(f"try_cast(`{f.name}` AS DECIMAL({f.precision},{f.scale}))"))
+        )
         rules += [
             (
                 "wrong_type",
-                ~text.rlike(DECIMAL_TEXT),
+                ~shape,
                 F.concat(F.lit(f"{f.name} is not a decimal number: "), text),
             ),
             (
@@ -223,22 +301,24 @@ def _field_rules(
             ),
             (
                 "wrong_type",
-                integer_digits > f.precision - f.scale,
+                integer_digits > integer_places,
                 F.concat(
                     F.lit(f"{f.name} "),
                     text,
                     F.lit(" has "),
                     integer_digits.cast("string"),
-                    F.lit(f" integer digits; the contract allows {f.precision - f.scale}"),
+                    F.lit(f" integer digits; the contract allows {integer_places}"),
                 ),
             ),
         ]
     elif f.kind == "integer":
-        typed = F.when(text.rlike(INTEGER_TEXT), F.expr(f"try_cast(`{f.name}` AS INT)"))
+        typed = helper(0, "typed", F.when(text.rlike(INTEGER_TEXT), F.expr(f"try_cast(`{f.name}` AS INT)")))
         rules.append(("wrong_type", typed.isNull(), F.concat(F.lit(f"{f.name} is not an integer: "), text)))
     elif f.kind == "timestamp":
         assert f.pattern is not None
-        typed = F.when(text.rlike(f.pattern), F.try_to_timestamp(text, F.lit(TIMESTAMP_FORMAT)))
+        # Within the pattern, Spark's cast reads a value exactly as TIMESTAMP_FORMAT does, several times
+        # faster (tests/data/test_ingest_transforms.py compares the two).
+        typed = helper(0, "typed", F.when(text.rlike(f.pattern), text.try_cast("timestamp")))
         rules += [
             (
                 "wrong_type",
@@ -257,6 +337,7 @@ def _field_rules(
         ]
     else:
         typed = text
+    plan.typed = typed
     if f.minimum is not None and f.maximum is not None:
         low = (typed <= f.minimum) if f.min_exclusive else (typed < f.minimum)
         high = (typed >= f.maximum) if f.max_exclusive else (typed > f.maximum)
@@ -269,7 +350,7 @@ def _field_rules(
         )
     if f.in_arrival_window:
         earliest = arrival - timedelta(days=late_days)
-        day = F.to_date(typed)
+        day = helper(1, "day", F.to_date(typed))
         rules.append(
             (
                 "out_of_range",
@@ -312,31 +393,46 @@ def _field_rules(
                     F.concat(F.lit(f"{f.name} not allowed: "), text),
                 )
             )
-    return typed, rules
+    return plan
 
 
 def classify_table(raw: DataFrame, contract: TableContract, arrival: date, late_days: int) -> DataFrame:
     """Type the string columns by `contract` and give each row its reason (null for a clean row) and a
-    detail: the first rule that applies, reasons in ROW_REASONS order, fields in contract order."""
-    typed: dict[str, Column] = {}
-    by_reason: dict[str, list[tuple[Column, Column]]] = {r: [] for r in ROW_REASONS}
-    for f in contract.fields:
-        typed[f.name], rules = _field_rules(f, arrival, late_days)
-        for name, condition, text in rules:
-            by_reason[name].append((condition, text))
-    reason: Column = F.when(F.col("parse_error").isNotNull(), F.col("parse_error"))
-    detail: Column = F.when(F.col("parse_error").isNotNull(), F.col("parse_detail"))
+    detail: the first rule that applies, reasons in ROW_REASONS order, fields in contract order. The
+    columns of `raw` besides the values and the parse error (raw_record, where the line came from) are
+    kept.
+
+    The rules are numbered in that order and a row keeps the number of its first failing rule (0: the line
+    did not parse); reason and detail are looked up by that number, so each condition is evaluated once per
+    row and only the detail of the rule that applies is built.
+    """
+    plans = {f.name: _field_plan(f, arrival, late_days) for f in contract.fields}
+    ordered: list[tuple[str, Column, Column]] = [
+        rule for name in ROW_REASONS for plan in plans.values() for rule in plan.rules if rule[0] == name
+    ]
+    rule = F.when(F.col("parse_error").isNotNull(), F.lit(0))
+    for index, (_, condition, _) in enumerate(ordered, start=1):
+        rule = rule.when(condition, F.lit(index))
+    numbered = raw
+    for step in range(len(_FieldPlan().steps)):
+        helpers = {k: v for plan in plans.values() for k, v in plan.steps[step].items()}
+        numbered = numbered.select("*", *(v.alias(k) for k, v in helpers.items()))
+    numbered = numbered.select("*", rule.alias("_rule"))
+    number = F.col("_rule")
+    reason = F.when(number == F.lit(0), F.col("parse_error"))
+    detail = F.when(number == F.lit(0), F.col("parse_detail"))
+    for index, (_, _, text) in enumerate(ordered, start=1):
+        detail = detail.when(number == F.lit(index), text)
     for name in ROW_REASONS:
-        for condition, text in by_reason[name]:
-            reason = reason.when(condition, F.lit(name))
-            detail = detail.when(condition, text)
-    return raw.select(
-        *(typed[name].alias(name) for name in contract.columns),
+        last = max((i for i, r in enumerate(ordered, start=1) if r[0] == name), default=None)
+        if last is not None:
+            reason = reason.when(number <= F.lit(last), F.lit(name))
+    parsed = {*contract.columns, "parse_error", "parse_detail"}
+    return numbered.select(
+        *(plans[name].typed.alias(name) for name in contract.columns),  # type: ignore[union-attr]
         reason.alias("reason"),
         detail.alias("detail"),
-        "raw_record",
-        "source_file",
-        "line_number",
+        *(c for c in raw.columns if c not in parsed),
     )
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import random
 from datetime import date
 
 import pytest
+from pyspark.sql import functions as F
 
-from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS
+from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS, TRANSACTIONS_CONTRACT
 from pipelines.ingest import transforms
 
 ARRIVAL = date(2026, 1, 10)
@@ -366,3 +370,60 @@ def test_a_label_value_with_a_trailing_line_break_is_quarantined_not_trimmed(spa
     parsed = transforms.parse_json_lines(_lines(spark, [record]), LABEL_COLUMNS)
     (row,) = transforms.classify_labels(parsed, ARRIVAL, 1).collect()
     assert (row.reason, row.is_fraud) == ("wrong_type", None), row.detail
+
+
+# --- Where ingestion reads values its own faster way, the library's own call on the same values is the
+# reference (ARCHITECTURE.md: contract tests for the project's own version of a library path).
+def _timestamps() -> list[str]:
+    """Instants in the contract's shape, valid and not: impossible dates and times, leap days, fractions of
+    every length, offsets in and out of range."""
+    parts = [
+        ["0001", "1970", "2000", "2024", "2026", "2100", "9999"],
+        ["00", "01", "02", "12", "13"],
+        ["00", "01", "28", "29", "30", "31", "32"],
+        ["00", "23", "24"],
+        ["00", "59", "60"],
+        ["00", "59", "60"],
+        ["", ".5", ".123", ".123456", ".1234567", ".123456000", ".999999999"],
+        ["Z", "+00:00", "-00:00", "+05:30", "+14:00", "+18:00", "+18:01", "-19:00", "+05:60"],
+    ]
+    values = [f"{y}-{mo}-{d}T{h}:{mi}:{s}{f}{z}" for y, mo, d, h, mi, s, f, z in itertools.product(*parts)]
+    return values[::7]  # a spread of every combination, small enough to run in seconds
+
+
+def test_a_timestamp_is_read_exactly_as_the_contract_format_reads_it(spark):
+    values = _timestamps()
+    rows = transforms.classify(
+        transforms.parse_csv_lines(_lines(spark, [_csv(event_timestamp=v) for v in values]), HEADER),
+        ARRIVAL,
+        late_days=1,
+    )
+    text = F.get(F.split("raw_record", ","), HEADER.index("event_timestamp"))
+    reference = F.when(
+        text.rlike(TRANSACTIONS_CONTRACT.field("event_timestamp").pattern or ""),
+        F.try_to_timestamp(text, F.lit(transforms.TIMESTAMP_FORMAT)),
+    )
+    compared = rows.select("event_timestamp", reference.alias("reference"))
+    assert compared.where("event_timestamp is not null").count() > 100
+    differing = compared.where(~F.col("event_timestamp").eqNullSafe(F.col("reference"))).limit(5).collect()
+    assert differing == []
+
+
+def test_an_unquoted_line_is_split_into_the_fields_sparks_csv_parser_reads(spark):
+    """Lines without a quote are split on commas; Spark's CSV parser (which reads the quoted ones) must give
+    the same fields: empty ones null, spaces, control characters and marks kept as sent."""
+    alphabet = [*"aZ0 \t\x00#\\';\x07\x0b", "\u0435", "\ufeff", "\x85"]
+    draw = random.Random(7)
+    values = [
+        ",".join(
+            "".join(draw.choice(alphabet) for _ in range(draw.choice([0, 0, 1, 2, 5])))
+            for _ in range(draw.choice([8, 9, 9, 10]))
+        )
+        for _ in range(3000)
+    ] + ["", ",,,,,,,,", "#" + _csv(), "\\," + _csv()]
+    parsed = transforms.parse_csv_lines(_lines(spark, values), HEADER)
+    ddl = ", ".join(f"`{c}` STRING" for c in HEADER)
+    library = F.from_csv("raw_record", ddl, {"mode": "PERMISSIVE", "escape": '"'})
+    same = [F.col(c).eqNullSafe(library[c]) for c in HEADER]
+    differing = parsed.where(~functools.reduce(lambda a, b: a & b, same)).select("raw_record").limit(5)
+    assert differing.collect() == []

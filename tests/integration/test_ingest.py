@@ -156,6 +156,74 @@ def test_quarantined_rows_point_at_their_exact_file_and_line_even_when_files_are
     assert seen == expected  # every data line is in exactly one of bronze and quarantine
 
 
+def _bytes_read(spark) -> int:
+    """Bytes this JVM has read from local files so far (Hadoop's file system statistics): the text source
+    reads the landing files through it, while Spark's own disk cache does not."""
+    statistics = spark._jvm.org.apache.hadoop.fs.FileSystem.getAllStatistics()
+    return sum(s.getBytesRead() for s in statistics if s.getScheme() == "file")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "csv.gz"])
+def test_each_landing_file_is_read_once_and_every_line_keeps_its_exact_number(spark, settings, fmt):
+    """Several files, each read in several splits (a gzipped one in one): every data line is in exactly one
+    of bronze and quarantine under its own file and 1-based line number (header included), and each file's
+    bytes are read once, for the numbering, the parsing and both tables together. A JSON Lines file that
+    opens with a byte-order mark has its first line land as data."""
+    import gzip
+
+    settings.ingest.max_quarantine_rate = 0.2
+    _land(settings, rows=9000, faults=ROW_FAULTS, fmt=fmt.removesuffix(".gz"), rows_per_file=4000)
+    folder = settings.landing / DAY.isoformat()
+    if fmt == "json":
+        first = folder / "transactions-00000.jsonl"
+        first.write_bytes("\ufeff".encode() + first.read_bytes())
+    for path in folder.glob("transactions-*") if fmt.endswith(".gz") else ():
+        path.with_name(f"{path.name}.gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    paths = sorted(folder.glob("transactions-*"))
+    assert len(paths) == 3
+    read = gzip.open if fmt.endswith(".gz") else open
+    lines = {}
+    for path in paths:
+        with read(path, "rb") as handle:
+            lines[path.name] = handle.read().decode().split("\n")[:-1]
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(160 * 1024))  # several splits per plain file
+    try:
+        # What reading the files once costs: each split reads on past its end to finish its last line.
+        before = _bytes_read(spark)
+        spark.read.text([str(p) for p in paths]).count()
+        once = _bytes_read(spark) - before
+        before = _bytes_read(spark)
+        record = job.ingest_to_bronze(settings, DAY, "run-once")
+        read_bytes = _bytes_read(spark) - before
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert sum(path.stat().st_size for path in paths) <= once <= read_bytes < 1.2 * once, (read_bytes, once)
+
+    tables = Tables(settings.lake)
+    quarantined = read_partition(spark, tables.quarantine, DAY).collect()
+    for row in quarantined:
+        assert lines[row.source_file][row.line_number - 1] == row.raw_record, (
+            row.source_file,
+            row.line_number,
+        )
+    bronze = read_partition(spark, tables.bronze, DAY).select("transaction_id", "source_file", "line_number")
+    for row in bronze.collect():
+        assert row.transaction_id in lines[row.source_file][row.line_number - 1], (
+            row.source_file,
+            row.line_number,
+        )
+    seen = [(r.source_file, r.line_number) for r in bronze.collect()] + [
+        (r.source_file, r.line_number) for r in quarantined
+    ]
+    header = 1 if fmt.startswith("csv") else 0
+    expected = {(name, n) for name, text in lines.items() for n in range(1 + header, len(text) + 1)}
+    assert len(seen) == len(set(seen)) and set(seen) == expected  # once each, none left out
+    assert record["rows_in"] == len(expected) and record["rows_quarantined"] == len(quarantined) > 100
+    if fmt == "json":
+        assert ("transactions-00000.jsonl", 1) in {(r.source_file, r.line_number) for r in bronze.collect()}
+
+
 def test_rerunning_a_date_gives_identical_silver_and_replaces_only_that_date(spark, settings):
     other = date(2026, 1, 6)
     _land(settings, faults="duplicates=0.05")
