@@ -50,7 +50,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 PARSE_TIMES: dict[str, float] = {}
 
 
+def _free_disk() -> str:
+    """Free space where the tests write (the temporary folder, the checkout, podman's storage): a run that
+    fills the disk fails in many unrelated ways, and this line tells it apart."""
+    places = {"tmp": Path(tempfile.gettempdir()), "checkout": REPO, "podman": Path("/var/lib/containers")}
+    shown = []
+    for name, place in places.items():
+        if place.exists():
+            shown.append(f"{name} {shutil.disk_usage(place).free / 2**30:.1f} GiB")
+    return "free disk: " + ", ".join(shown)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _free_disk()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    terminalreporter.write_line(f"at the end, {_free_disk()}")
     if PARSE_TIMES:
         terminalreporter.section("DAG parse time (import of the file, after airflow.sdk)")
         for name, seconds in sorted(PARSE_TIMES.items()):
