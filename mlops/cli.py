@@ -469,6 +469,13 @@ def demo(
             "retrain the drift starts (through Airflow only)"
         ),
     ] = True,
+    score: Annotated[
+        bool,
+        typer.Option(
+            help="after the chain, replay the last day through the scoring service with the champion (the "
+            "end-to-end benchmark turns it off: at 1M rows a day's replay outlasts the chain)"
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """The whole loop on the embedded stack, through Airflow: start the stack (scripts/up.sh), land a
@@ -497,7 +504,7 @@ def demo(
         summary = _run_training(
             "demo",
             lambda: run_in_process(
-                settings, first, days, rows_per_day, seed, epochs, console, feed_start=feed_start
+                settings, first, days, rows_per_day, seed, epochs, console, feed_start=feed_start, score=score
             ),
             as_json,
         )
@@ -518,6 +525,7 @@ def demo(
                 timeout=timeout,
                 feed_start=feed_start,
                 drift_drill=drift_drill,
+                score=score,
             )
         except (DemoError, StackError, AirflowAPIError, TimeoutError) as exc:
             err.print(

@@ -80,9 +80,11 @@ def run_in_process(
     epochs: int,
     console: Console,
     feed_start: date | None = None,
+    score: bool = True,
 ) -> dict:
     """The whole loop in this process, stage after stage (no Airflow). With `feed_start` (continuing a
-    feed that began then), `days` from `start` go through the chain on what is already there."""
+    feed that began then), `days` from `start` go through the chain on what is already there; with
+    `score`, the last day is then scored through the scoring service."""
     from mlops import chain
     from pipelines.ingest.job import ingest
     from pipelines.synthetic.landing import land_synthetic
@@ -138,7 +140,7 @@ def run_in_process(
     before, arrived = dict(clock.seconds), time.perf_counter()
     through_features(dates[-1])
     retrain(dates[-1])
-    scoring = _score_if_champion(settings, dates[-1], console, clock)
+    scoring = _score_if_champion(settings, dates[-1], console, clock) if score else []
     arrival = {
         "seconds": time.perf_counter() - arrived,
         "task_seconds_per_stage": {
@@ -243,10 +245,11 @@ def run_through_airflow(
     timeout: float = 3600.0,
     feed_start: date | None = None,
     drift_drill: bool = True,
+    score: bool = True,
 ) -> dict:
     """Start the stack, replay `days` arrival dates through the DAGs and follow their asset chain, then
-    score the last day through the scoring service and (with `drift_drill`) show monitoring at work: a
-    drifted copy of the day scored and checked, and the retrain the drift starts. With
+    (with `score`) score the last day through the scoring service and (with `drift_drill` too) show
+    monitoring at work: a drifted copy of the day scored and checked, and the retrain the drift starts. With
     `feed_start` (continuing a feed that began then), the dates continue what is already there."""
     from mlops import stack as embedded
     from mlops.airflow_api import AirflowAPI
@@ -332,7 +335,7 @@ def run_through_airflow(
         console.print(f"landed {last}; the waiting {INGEST} run picks it up")
         second = _follow_chain(api, [ingest_runs[last]], deadline, console)
         arrival = _arrival_to_model(api, {INGEST: [ingest_runs[last]], **second}, arrived)
-        scoring = _score_if_champion(settings, last, console, clock)
+        scoring = _score_if_champion(settings, last, console, clock) if score else []
         drill = _drift_drill(api, settings, last, console, clock, deadline) if scoring and drift_drill else {}
 
         runs = {
