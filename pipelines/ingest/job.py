@@ -75,11 +75,7 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     if not with_rows:
         return _empty_arrival(settings, tables, arrival, run_id)
 
-    late_days = settings.ingest.late_event_days
-
-    def classify(raw: DataFrame) -> DataFrame:
-        return transforms.classify(raw, day, late_days)
-
+    classify = functools.partial(transforms.classify, arrival=day, late_days=settings.ingest.late_event_days)
     stored, rows, lines_in = _classified_lines(spark, arrival, with_rows, TRANSACTION_COLUMNS, classify)
     try:
         bronze_partition = Tables.partition(tables.bronze, day)
@@ -416,11 +412,9 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
             record["cleared_rows"] = cleared
         write_json(tables.labels_reconciliation(day), record)
         return record
-    late_days = settings.ingest.late_event_days
-
-    def classify(raw: DataFrame) -> DataFrame:
-        return transforms.classify_labels(raw, day, late_days)
-
+    classify = functools.partial(
+        transforms.classify_labels, arrival=day, late_days=settings.ingest.late_event_days
+    )
     stored, classified, _ = _classified_lines(spark, arrival, with_rows, LABEL_COLUMNS, classify)
     # Only clean rows compete to be the first copy: a row quarantined for a bad value shadows no label.
     clean = F.col("reason").isNull()

@@ -163,16 +163,17 @@ def parse_json_lines(lines: DataFrame, columns: tuple[str, ...] = TRANSACTION_CO
         return F.when(record.isNotNull() & (sent != ""), sent).otherwise(record[name])
 
     values = [F.when(record.isNotNull(), value(name)).alias(name) for name in columns]
-    return _parsed(lines, lines, values, failure, json_key_mask(keys, columns).alias(KEY_MASK))
+    return _parsed(lines, lines, values, failure, json_key_mask(keys, unknown_keys, columns).alias(KEY_MASK))
 
 
-def json_key_mask(keys: Column, columns: tuple[str, ...]) -> Column:
-    """The keys of a JSON record as bits: bit i for `columns[i]`, the next bit for any key outside them.
-    OR-ed over a file, they tell which columns no record of it has (`json_keys_seen`)."""
+def json_key_mask(keys: Column, unknown_keys: Column, columns: tuple[str, ...]) -> Column:
+    """The keys of a JSON record as bits: bit i for `columns[i]`, the next bit when `unknown_keys` (the
+    record's keys outside `columns`, as the parser finds them) is not empty. OR-ed over a file, they tell
+    which columns no record of it has (`json_keys_seen`)."""
     bits = [
         F.when(F.array_contains(keys, c), F.lit(1 << i)).otherwise(F.lit(0)) for i, c in enumerate(columns)
     ]
-    other = F.size(F.array_except(keys, F.array(*(F.lit(c) for c in columns)))) > 0
+    other = F.size(unknown_keys) > 0
     bits.append(F.when(other, F.lit(1 << len(columns))).otherwise(F.lit(0)))
     return F.coalesce(sum(bits[1:], bits[0]), F.lit(0)).cast("long")
 
