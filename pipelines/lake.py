@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -80,6 +81,11 @@ def table_lock(root: Path) -> Iterator[None]:
 
 
 STAGING = ".staging"  # hidden: Spark and Arrow readers of a table skip names that start with "." or "_"
+RETIRED = "retired-"  # a finished write's staging folder, kept for readers of the versions it replaced
+# How long the versions a write replaced stay readable (from the folder a reader opened before the swap). A
+# Spark or Arrow scan lists a partition and opens its files within seconds; the disk they hold is one
+# write's replaced partitions of each table.
+RETAIN_REPLACED_S = 600.0
 KILL_AT_ENV = "MLOPS_LAKE_KILL_AT"
 RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
@@ -91,22 +97,28 @@ def overwrite_partitions(
     partition_by: list[str],
     now_empty: tuple[Path, ...] = (),
     before_swap: Callable[[Path], None] | None = None,
+    retain_s: float = RETAIN_REPLACED_S,
 ) -> None:
     """Write `df` into `root`, replacing exactly the partitions it contains; a reader never sees one of
     them missing, empty or half-written, and a process killed at any point leaves each partition whole.
 
     Spark writes the frame into a fresh folder `root/.staging/<run>/`; `before_swap` then runs on each
     staged partition (the gold job rewrites its files there). Only then, one partition at a time, the staged
-    folder and the live one trade places in one atomic rename (`_swap_in`), and the old version, now in
-    the staging folder, is deleted with it. Partitions in `now_empty` get no rows from this run: they are
-    renamed aside and deleted, so a rerun that finds nothing for them does not leave old rows behind.
-    Leftovers of a killed run never hold the only copy of a partition: the next write deletes them.
+    folder and the live one trade places in one atomic rename (`_swap_in`); the old version is left in the
+    staging folder. Partitions in `now_empty` get no rows from this run: they are renamed aside into it too,
+    so a rerun that finds nothing for them does not leave old rows behind. The staging folder is then
+    retired, not deleted (where it replaced anything): a reader that opened a partition's folder just before
+    its swap still lists the whole old version from it (an empty or partial listing would read as a wrong
+    answer). Retired folders are deleted by the first write of the table at least `retain_s` seconds later
+    (`RETAIN_REPLACED_S`; 0 deletes at once). Leftovers of a killed run never hold the only copy of a
+    partition: the next write deletes them.
 
-    A reader that listed a partition's files just before its swap and opens one after it fails with "file
-    not found" (a rerun reads the new version); it never reads a mix or a missing date as empty.
+    A reader that listed a partition's files by path just before its swap and opens one after it fails with
+    "file not found" (a rerun reads the new version); it never reads a mix, a part, or a missing date as
+    empty.
     """
     with table_lock(root):
-        _clear_leftovers(root)
+        _clear_leftovers(root, retain_s)
         run = root / STAGING / uuid.uuid4().hex
         staged_root = run / "data"
         # A fresh folder: a static overwrite goes through Spark's committer, no rename per partition.
@@ -119,24 +131,24 @@ def overwrite_partitions(
                 before_swap(partition)
         _kill_point("staged")
         produced = {root / p.relative_to(staged_root) for p in staged}
+        replaced = False
         for number, partition in enumerate(staged, start=1):
-            _swap_in(partition, root / partition.relative_to(staged_root), run)
+            replaced |= _swap_in(partition, root / partition.relative_to(staged_root), run)
             _kill_point(f"swapped-{number}")
         for partition in now_empty:
-            _remove_except(partition, produced, run)
+            replaced |= _remove_except(partition, produced, run)
         _kill_point("swapped")
-        shutil.rmtree(run)
+        _retire(run, retain_s if replaced else 0)
 
 
-def clear_partitions(root: Path, partitions: tuple[Path, ...]) -> None:
-    """Delete whole partitions; each is renamed aside first, so none is ever seen half-deleted."""
+def clear_partitions(root: Path, partitions: tuple[Path, ...], retain_s: float = RETAIN_REPLACED_S) -> None:
+    """Delete whole partitions; each is renamed aside first, so none is ever seen half-deleted, and kept
+    retired as `overwrite_partitions` keeps a replaced version."""
     with table_lock(root):
-        _clear_leftovers(root)
+        _clear_leftovers(root, retain_s)
         run = root / STAGING / uuid.uuid4().hex
-        for partition in partitions:
-            _remove_except(partition, set(), run)
-        if run.exists():
-            shutil.rmtree(run)
+        if any([_remove_except(partition, set(), run) for partition in partitions]):
+            _retire(run, retain_s)
 
 
 def _kill_point(point: str) -> None:
@@ -159,15 +171,17 @@ def _leaves(staged_root: Path, partition_by: list[str]) -> list[Path]:
     return level
 
 
-def _swap_in(staged: Path, live: Path, run: Path) -> None:
+def _swap_in(staged: Path, live: Path, run: Path) -> bool:
     """Put the staged partition in place of the live one in one step. The old version is left at the staged
-    path (deleted with the staging folder). A partition that did not exist is a plain rename."""
+    path (retired with the staging folder). A partition that did not exist is a plain rename. Whether an
+    old version was replaced."""
     if not live.exists():
         live.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staged, live)
-        return
+        return False
     if not _exchange(staged, live):
         _swap_by_renames(staged, live, run)
+    return True
 
 
 def _swap_by_renames(staged: Path, live: Path, run: Path) -> None:
@@ -197,25 +211,45 @@ def _exchange(first: Path, second: Path) -> bool:
     raise OSError(error, f"cannot exchange {second} with its new version {first}: {os.strerror(error)}")
 
 
-def _remove_except(partition: Path, keep: set[Path], run: Path) -> None:
+def _remove_except(partition: Path, keep: set[Path], run: Path) -> bool:
     """Delete `partition`, except the partitions in `keep` below it: each is renamed into the staging
-    folder first (atomic), then deleted with it."""
+    folder (atomic), and goes with it. Whether anything was removed."""
     if partition in keep or not partition.exists():
-        return
+        return False
     if any(partition in k.parents for k in keep):
-        for child in sorted(partition.iterdir()):
-            _remove_except(child, keep, run)
-        return
+        return any([_remove_except(child, keep, run) for child in sorted(partition.iterdir())])
     removed = run / "removed"
     removed.mkdir(parents=True, exist_ok=True)
     os.rename(partition, removed / uuid.uuid4().hex)
+    return True
 
 
-def _clear_leftovers(root: Path) -> None:
+def _retire(run: Path, retain_s: float) -> None:
+    """Keep a finished write's staging folder (the versions it replaced) for readers that opened them before
+    the swap; its name says when, for `_clear_leftovers`. With no retention it goes at once."""
+    if retain_s <= 0:
+        shutil.rmtree(run)
+    else:
+        os.rename(run, run.with_name(f"{RETIRED}{time.time_ns()}-{run.name}"))
+
+
+def _retired_at(run: Path) -> float | None:
+    """When a retired staging folder was retired (seconds since the epoch); None for any other folder."""
+    stamp = run.name.removeprefix(RETIRED).partition("-")[0]
+    return int(stamp) / 1e9 if run.name.startswith(RETIRED) and stamp.isdigit() else None
+
+
+def _clear_leftovers(root: Path, retain_s: float) -> None:
     """Delete what killed writes left: staging folders (after putting back an old version a two-rename swap
-    had moved aside) and Spark's own staging folders of writes made before the staging root existed."""
+    had moved aside) and Spark's own staging folders of writes made before the staging root existed; and
+    the retired folders of finished writes once they are `retain_s` old."""
+    now = time.time()
     for run in sorted((root / STAGING).glob("*")):
-        _recover(root, run)
+        retired = _retired_at(run)
+        if retired is None:
+            _recover(root, run)
+        elif now - retired < retain_s:
+            continue
         shutil.rmtree(run)
     for leftover in [*root.glob(".spark-staging-*"), *root.glob("_temporary")]:
         shutil.rmtree(leftover, ignore_errors=True)

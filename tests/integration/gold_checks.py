@@ -36,6 +36,7 @@ def _digests(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*.parquet"))
+        if not any(part.startswith(".") for part in p.relative_to(root).parts)  # a reader's view: no staging
     }
 
 

@@ -11,13 +11,15 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import date
 from pathlib import Path
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
-from pipelines.lake import clear_partitions, overwrite_partitions
+from pipelines.lake import RETAIN_REPLACED_S, RETIRED, clear_partitions, overwrite_partitions
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,10 +109,12 @@ def test_a_writer_killed_inside_the_commit_leaves_each_partition_whole(spark, tm
 
     for day, (version, rows) in expected.items():
         assert _content(_partition(root, day)) == ((version,), rows), f"{day} after a kill at {kill_at}"
+    left = set((root / STAGING).iterdir())
+    assert left, "the killed write left its staging folder"
     overwrite_partitions(frame(spark, "next", NEW), root, ["arrival_date"])
     for day, rows in NEW.items():
         assert _content(_partition(root, day)) == (("next",), rows)
-    assert not any((root / STAGING).iterdir()), "the next write removes what the killed one left"
+    assert not left & set((root / STAGING).iterdir()), "the next write removes what the killed one left"
 
 
 def test_a_writer_killed_the_moment_its_rewrite_shows_leaves_each_partition_whole(spark, tmp_path):
@@ -187,6 +191,51 @@ def test_a_reader_never_sees_a_partition_missing_or_mixed_while_it_is_rewritten(
     )
     assert len(seen) >= 3, f"the reader saw too few versions to have overlapped the rewrites: {seen}"
     assert _content(partition) == ((written[-1],), versions[written[-1]])
+
+
+def _parquet_in(folder: int) -> dict[str, int]:
+    """The row count of each Parquet file a reader lists in an open folder (its descriptor), as a reader that
+    opened the folder before a swap goes on listing and reading the folder it opened."""
+    rows = {}
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".parquet")):
+        with os.fdopen(os.open(name, os.O_RDONLY, dir_fd=folder), "rb") as handle:
+            rows[name] = pq.ParquetFile(handle).metadata.num_rows
+    return rows
+
+
+def test_a_reader_that_opened_a_partition_before_its_rewrite_still_lists_and_reads_it_whole(spark, tmp_path):
+    """The reads of a rewrite's instant, made step by step: a scan opens the partition's folder, the rewrite
+    swaps the new version in, then the scan lists and reads. The replaced version is kept (retired), so the
+    scan finds it whole, never an empty or partial folder; a later write deletes it once it is old enough."""
+    root = tmp_path / "table"
+    partition = _partition(root, FIRST)
+    overwrite_partitions(frame(spark, "old", {FIRST: 3}), root, ["arrival_date"])
+    folder = os.open(partition, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        before = _parquet_in(folder)
+        overwrite_partitions(frame(spark, "new", {FIRST: 7}), root, ["arrival_date"])
+        assert _content(partition) == (("new",), 7)
+        assert _parquet_in(folder) == before and sum(before.values()) == 3
+    finally:
+        os.close(folder)
+    retired = list((root / STAGING).iterdir())
+    assert len(retired) == 1 and retired[0].name.startswith(RETIRED)
+
+    # Kept while younger than the retention, deleted by the first write after it; a write that replaced
+    # nothing (a new date) keeps no staging folder of its own.
+    overwrite_partitions(frame(spark, "later", {SECOND: 2}), root, ["arrival_date"])
+    assert list((root / STAGING).iterdir()) == retired
+    aged = retired[0].with_name(f"{RETIRED}{time.time_ns() - int(RETAIN_REPLACED_S * 2e9)}-aged")
+    retired[0].rename(aged)
+    clear_partitions(root, (_partition(root, SECOND),))
+    kept = list((root / STAGING).iterdir())
+    assert aged not in kept and len(kept) == 1 and kept[0].name.startswith(RETIRED), kept
+    assert not _partition(root, SECOND).exists()
+
+    # No retention: the replaced version goes with the write, and so does every retired folder.
+    overwrite_partitions(frame(spark, "last", {FIRST: 3}), root, ["arrival_date"], retain_s=0)
+    assert not any((root / STAGING).iterdir())
+    assert _content(partition) == (("last",), 3)
 
 
 def test_a_kill_between_the_renames_of_the_fallback_swap_is_undone_by_the_next_write(tmp_path):
