@@ -5,6 +5,7 @@ With `--json`, the last line on stdout is one JSON object; progress and tables g
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from datetime import date, datetime
@@ -161,27 +162,32 @@ def generate(
     )
 
 
-@app.command()
-def ingest(
-    day: Annotated[datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="arrival date to ingest")],
-    step: Annotated[
-        str,
-        typer.Option(
-            help="one step: ingest_to_bronze, validate_bronze, build_silver, validate_silver, ingest_labels"
-        ),
-    ] = "ingest",
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+def _run_steps(
+    command: str,
+    date_key: str,
+    days: list[datetime],
+    steps: list[tuple[str, Callable]],
+    call: Callable[[Callable, date], dict],
+    as_json: bool,
 ) -> None:
-    """Landing -> bronze + quarantine -> GX -> silver -> GX for one arrival date, with reconciliation."""
-    from mlops.chain import INGEST_STEPS, cli_run_id
+    """Each of `steps` for each of `days`, in the order given, in this one process (one Spark session and
+    one import of GX for all: a backfill or `dvc repro` pays the start-up once). The first failure ends the
+    command (exit 1, with --json its failure line); what ran before it stays done. With --json the last
+    line is the step's record, or with several `{"status": "ok", "runs": [...]}` holding each in order."""
+    runs = []
+    for day in map(_date, days):
+        for name, run in steps:
+            record = _run_step(command, date_key, day, name, functools.partial(call, run, day), as_json)
+            _STEP_TABLES[command](record, day, name)
+            runs.append({date_key: day.isoformat(), "step": name, **record})
+    if len(runs) == 1:
+        _emit(record, as_json)
+    else:
+        _emit({"status": "ok", "runs": runs}, as_json)
 
-    run = _step(INGEST_STEPS, step, "ingest")
-    settings = get_settings()
-    settings.ensure_dirs()
-    record = _run_step(
-        "ingest", "arrival_date", _date(day), step, lambda: run(settings, _date(day), cli_run_id()), as_json
-    )
-    table = Table("measure", "value", title=f"ingest {_date(day)}: {record.get('status')}")
+
+def _ingest_table(record: dict, day: date, _step_name: str) -> None:
+    table = Table("measure", "value", title=f"ingest {day}: {record.get('status')}")
     for key in ("rows_in", "rows_bronze", "rows_quarantined", "rows_silver", "duplicates_removed"):
         if key in record:
             table.add_row(key, str(record[key]))
@@ -189,33 +195,68 @@ def ingest(
         if count:
             table.add_row(f"  quarantined: {reason}", str(count))
     err.print(table)
-    _emit(record, as_json)
 
 
-@app.command()
-def features(
-    day: Annotated[datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="event date to compute")],
-    step: Annotated[
-        str,
-        typer.Option(
-            help="one step: build_gold, validate_gold, version_gold, materialize, build_training_rows"
-        ),
-    ] = "features",
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
-) -> None:
-    """Silver -> gold features -> GX -> DVC version -> Feast online store, for one date."""
-    from mlops.chain import FEATURES_STEPS
-
-    run = _step(FEATURES_STEPS, step, "features")
-    settings = get_settings()
-    settings.ensure_dirs()
-    record = _run_step("features", "event_date", _date(day), step, lambda: run(settings, _date(day)), as_json)
-    table = Table("measure", "value", title=f"features {_date(day)}: {record.get('status', step)}")
+def _features_table(record: dict, day: date, step: str) -> None:
+    table = Table("measure", "value", title=f"features {day}: {record.get('status', step)}")
     for key in ("rows_customer_features", "rows_merchant_features", "dataset_rev", "rows_materialized"):
         if key in record:
             table.add_row(key, str(record[key]))
     err.print(table)
-    _emit(record, as_json)
+
+
+_STEP_TABLES = {"ingest": _ingest_table, "features": _features_table}
+_REPEAT = "; repeat it for several, run in the order given in one process"
+
+
+@app.command()
+def ingest(
+    days: Annotated[
+        list[datetime], typer.Option("--date", formats=["%Y-%m-%d"], help=f"arrival date to ingest{_REPEAT}")
+    ],
+    steps: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--step",
+            help="one step: ingest_to_bronze, validate_bronze, build_silver, validate_silver, ingest_labels "
+            f"(default: ingest, all of them){_REPEAT}",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Landing -> bronze + quarantine -> GX -> silver -> GX for arrival dates, with reconciliation."""
+    from mlops.chain import INGEST_STEPS, cli_run_id
+
+    chosen = [(name, _step(INGEST_STEPS, name, "ingest")) for name in steps or ["ingest"]]
+    settings = get_settings()
+    settings.ensure_dirs()
+    _run_steps(
+        "ingest", "arrival_date", days, chosen, lambda run, day: run(settings, day, cli_run_id()), as_json
+    )
+
+
+@app.command()
+def features(
+    days: Annotated[
+        list[datetime], typer.Option("--date", formats=["%Y-%m-%d"], help=f"event date to compute{_REPEAT}")
+    ],
+    steps: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--step",
+            help="one step: plan_gold, build_gold, validate_gold, version_gold, materialize, "
+            f"build_training_rows (default: features, the DAG's steps){_REPEAT}",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Silver -> gold features -> GX -> DVC version -> Feast online store, for event dates."""
+    from mlops.chain import FEATURES_STEPS
+
+    chosen = [(name, _step(FEATURES_STEPS, name, "features")) for name in steps or ["features"]]
+    settings = get_settings()
+    settings.ensure_dirs()
+    _run_steps("features", "event_date", days, chosen, lambda run, day: run(settings, day), as_json)
 
 
 def _run_training(command: str, run, as_json: bool) -> dict:

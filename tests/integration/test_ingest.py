@@ -289,6 +289,44 @@ def test_cli_ingest_reports_a_missing_arrival_as_one_json_line(tmp_path, monkeyp
     assert str(tmp_path / "home" / "landing" / "2026-03-01") in summary["message"]
 
 
+def test_cli_runs_repeated_dates_and_steps_in_order_in_one_process_and_stops_at_the_first_failure(
+    spark, settings, monkeypatch
+):
+    """`dvc repro` and backfills run a stage's dates and steps in one `mlops` process: each step of a date
+    before the next date; the first failure ends the command naming its date and step, and what ran before
+    it stays done."""
+    from datetime import timedelta
+
+    from typer.testing import CliRunner
+
+    from mlops.cli import app
+
+    second, missing = DAY + timedelta(days=1), DAY + timedelta(days=2)
+    landed = {day: _land(settings, day=day, rows=1200, feed_start=DAY) for day in (DAY, second)}
+    monkeypatch.setenv("MLOPS_HOME", str(settings.home))
+    monkeypatch.setenv("MLOPS_SPARK_DRIVER_MEMORY", "1g")
+    steps = ["--step", "ingest_to_bronze", "--step", "validate_bronze"]
+    dates = ["--date", DAY.isoformat(), "--date", second.isoformat()]
+    done = CliRunner().invoke(app, ["ingest", *dates, *steps, "--json"])
+    assert done.exit_code == 0, done.output
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "ok"
+    assert [(r["arrival_date"], r["step"]) for r in summary["runs"]] == [
+        (day.isoformat(), step) for day in (DAY, second) for step in ("ingest_to_bronze", "validate_bronze")
+    ]
+    bronze = {r["arrival_date"]: r["rows_bronze"] for r in summary["runs"] if r["step"] == "ingest_to_bronze"}
+    assert bronze == {day.isoformat(): m["transactions"]["rows_written"] for day, m in landed.items()}
+
+    failed = CliRunner().invoke(app, ["ingest", "--date", second.isoformat(), "--date", missing.isoformat(),
+                                      "--json"])  # fmt: skip
+    assert failed.exit_code == 1
+    failure = json.loads(failed.stdout.strip().splitlines()[-1])
+    assert (failure["status"], failure["arrival_date"], failure["step"]) == ("failed", missing.isoformat(),
+                                                                            "ingest")  # fmt: skip
+    assert failure["error"] == "ArrivalNotFoundError"
+    assert Tables.partition(Tables(settings.lake).silver, second).is_dir()  # the date before it stays done
+
+
 def test_chargebacks_land_in_silver_labels_and_broken_ones_in_quarantine(spark, settings):
     from datetime import timedelta
 
