@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from core.settings import Settings
+from pipelines.ingest import job as ingest
 from pipelines.lake import Tables, read_partition
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 from tests.conftest import wait_for
@@ -25,9 +27,9 @@ def _env(home: Path, **more: str) -> dict[str, str]:
     return {**os.environ, "MLOPS_HOME": str(home), "MLOPS_SPARK_DRIVER_MEMORY": "1g", **more}
 
 
-def _ingest(home: Path, step: str = "ingest", **env: str) -> dict:
+def _ingest(home: Path, **env: str) -> dict:
     done = subprocess.run(
-        [MLOPS, "ingest", "--date", DAY.isoformat(), "--step", step, "--json"],
+        [MLOPS, "ingest", "--date", DAY.isoformat(), "--json"],
         env=_env(home, **env),
         capture_output=True,
         text=True,
@@ -50,8 +52,10 @@ def test_a_silver_write_killed_midway_leaves_the_previous_partition_whole(spark,
     generate_landing(
         GenerateRequest(start=DAY, days=1, rows_per_day=200_000, seed=4, landing=home / "landing", faults={})
     )
-    _ingest(home, step="ingest_to_bronze")
-    _ingest(home, step="build_silver")
+    # The set-up and the rerun in this process (its Spark session); only the killed writer needs its own.
+    settings = Settings(home=home, spark_driver_memory="1g")
+    ingest.ingest_to_bronze(settings, DAY, "setup")
+    ingest.build_silver(settings, DAY, "setup")
     before = _digest(spark, home)
     silver_root = Tables(home / "lake").silver
 
@@ -74,7 +78,7 @@ def test_a_silver_write_killed_midway_leaves_the_previous_partition_whole(spark,
     assert left, "the job committed before the kill; nothing was tested"
     assert _digest(spark, home) == before  # readers see the old partition, whole
 
-    after = _ingest(home, step="build_silver")
+    after = ingest.build_silver(settings, DAY, "rerun")
     assert _digest(spark, home) == before
     assert not left & set(silver_root.glob(".staging/*")), "the rerun removes what the killed job left"
     assert after["rows_silver"] == before[0]
@@ -87,7 +91,8 @@ def test_a_standalone_cluster_gives_the_same_silver_as_local_mode(spark, spark_s
             start=DAY, days=1, rows_per_day=20_000, seed=6, landing=landing, faults={}, rows_per_file=7000
         )
     )
-    local = _ingest(tmp_path / "local", MLOPS_LANDING_DIR=str(landing))
+    # Local mode in this process's own session; the cluster run in a process of its own (another profile).
+    local = ingest.ingest(Settings(home=tmp_path / "local", landing_dir=landing), DAY, "local")
     cluster = _ingest(
         tmp_path / "cluster",
         MLOPS_LANDING_DIR=str(landing),
