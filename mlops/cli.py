@@ -168,6 +168,7 @@ def _run_steps(
     days: list[datetime],
     steps: list[tuple[str, Callable]],
     call: Callable[[Callable, date], dict],
+    show: Callable[[dict, date, str], None],
     as_json: bool,
 ) -> None:
     """Each of `steps` for each of `days`, in the order given, in this one process (one Spark session and
@@ -178,7 +179,7 @@ def _run_steps(
     for day in map(_date, days):
         for name, run in steps:
             record = _run_step(command, date_key, day, name, functools.partial(call, run, day), as_json)
-            _STEP_TABLES[command](record, day, name)
+            show(record, day, name)
             runs.append({date_key: day.isoformat(), "step": name, **record})
     if len(runs) == 1:
         _emit(record, as_json)
@@ -205,7 +206,6 @@ def _features_table(record: dict, day: date, step: str) -> None:
     err.print(table)
 
 
-_STEP_TABLES = {"ingest": _ingest_table, "features": _features_table}
 _REPEAT = "; repeat it for several, run in the order given in one process"
 
 
@@ -231,7 +231,13 @@ def ingest(
     settings = get_settings()
     settings.ensure_dirs()
     _run_steps(
-        "ingest", "arrival_date", days, chosen, lambda run, day: run(settings, day, cli_run_id()), as_json
+        "ingest",
+        "arrival_date",
+        days,
+        chosen,
+        lambda run, day: run(settings, day, cli_run_id()),
+        _ingest_table,
+        as_json,
     )
 
 
@@ -256,7 +262,9 @@ def features(
     chosen = [(name, _step(FEATURES_STEPS, name, "features")) for name in steps or ["features"]]
     settings = get_settings()
     settings.ensure_dirs()
-    _run_steps("features", "event_date", days, chosen, lambda run, day: run(settings, day), as_json)
+    _run_steps(
+        "features", "event_date", days, chosen, lambda run, day: run(settings, day), _features_table, as_json
+    )
 
 
 def _run_training(command: str, run, as_json: bool) -> dict:
