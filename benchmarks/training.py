@@ -133,6 +133,8 @@ def plain_loop(model, train, config, device) -> dict:
     import torch
     from torch import nn
 
+    from training.loop import FUSED_ADAMW_DEVICES
+
     synchronize = _synchronizer(device)
     torch.manual_seed(config.seed)
     model.to(device).train()
@@ -141,9 +143,11 @@ def plain_loop(model, train, config, device) -> dict:
     loss_fn = nn.BCEWithLogitsLoss(
         pos_weight=torch.tensor(min(100.0, (len(y) - positives) / positives), device=device)
     )
+    # the same update as ours: AdamW's fused kernel where torch has one (training/loop.py)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
+        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
+        fused=device.type in FUSED_ADAMW_DEVICES,
+    )  # fmt: skip
     batches = len(y) // config.batch_size
 
     def autocast():  # the GPU comparison runs both loops in bf16 too (no grad scaler needed for bf16)
@@ -259,6 +263,7 @@ def _train_config(bench: TrainingBench, **overrides):
         batch_size=bench.batch_size,
         seed=bench.seed,
         patience=bench.epochs + 1,
+        cpu_threads=bench.threads,  # the thread count the bench set (0: leave torch's default)
         **overrides,
     )
 

@@ -84,6 +84,7 @@ class TrainingSettings(BaseModel):
     accumulation_steps: int = Field(default=1, ge=1)
     patience: int = Field(default=3, ge=1, description="epochs without validation gain before stopping")
     checkpoint_every: int = Field(default=50, ge=1, description="optimizer steps between checkpoints")
+    cpu_threads: int = Field(default=1, ge=0, description="torch threads training on the CPU; 0: one a core")
     seed: int = 7
     weight_decay: float = Field(default=1e-4, ge=0.0, description="AdamW's decoupled weight decay")
     # The MLP's hidden layer widths and dropout (training/model.py). With tuning.use_best_params, the

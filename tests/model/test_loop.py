@@ -123,6 +123,39 @@ def test_rerun_with_other_arguments_does_not_resume_a_foreign_checkpoint(tmp_pat
     assert other_lr.resumed_from_step is None
 
 
+def test_cpu_training_runs_on_its_thread_count_with_the_fused_optimizer_and_restores_the_threads(tmp_path):
+    """The speed settings of CPU training (docs/benchmarks.md, Training): `cpu_threads` while it trains and
+    the caller's thread count afterwards; AdamW's fused kernel (its flag is in the checkpoint's state)."""
+    train_data, validation = make_split(1_024, seed=1), make_split(300, seed=2)
+    before = torch.get_num_threads()
+    wanted = 3 if before != 3 else 2
+    seen: list[int] = []
+    config = TrainConfig(epochs=2, batch_size=256, device="cpu", precision="fp32", cpu_threads=wanted)
+    train(
+        _tiny_model(),
+        train_data,
+        validation,
+        config,
+        tmp_path,
+        "t",
+        lambda *_: seen.append(torch.get_num_threads()),
+    )
+    assert seen == [wanted, wanted]
+    assert torch.get_num_threads() == before
+    groups = load_checkpoint(tmp_path / CHECKPOINT_FILE)["optimizer"]["param_groups"]
+    assert groups and all(group["fused"] is True for group in groups)
+    # the thread count is not the model's: a checkpoint of another count resumes
+    again = train(
+        _tiny_model(),
+        train_data,
+        validation,
+        TrainConfig(epochs=2, batch_size=256, device="cpu", precision="fp32", cpu_threads=1),
+        tmp_path,
+        "t",
+    )
+    assert again.resumed_from_step is not None
+
+
 def test_gradient_accumulation_takes_one_step_per_accumulated_batches(tmp_path):
     train_data, validation = make_split(4_096, seed=1), make_split(500, seed=2)
     plain = train(
