@@ -17,6 +17,7 @@ from datetime import date
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -244,7 +245,11 @@ def test_rewriting_a_training_set_keeps_the_earlier_revision(settings, monkeypat
 
     revs = {}
     for rows, window in ((6, 30), (9, 7)):
-        monkeypatch.setattr(dataset, "build_training_frame", lambda *_a, rows=rows, **_k: frame(rows))
+        monkeypatch.setattr(
+            dataset,
+            "build_training_table",
+            lambda *_a, rows=rows, **_k: (pa.Table.from_pandas(frame(rows)), {}),
+        )
         record = dataset.write_training_set(settings, date(2026, 1, 10), window_days=window)
         revs[rows] = (record["training_set_rev"], window)
     assert len({rev for rev, _ in revs.values()}) == 2

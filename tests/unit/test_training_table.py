@@ -1,0 +1,52 @@
+"""The retrain writes its training set from Arrow (`build_training_table`) without a pandas round trip: the
+file must hold the same table the frame of those rows held when it was written through pandas."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from training.dataset import LABEL, SPLIT, WEIGHT, _pandas, as_written
+
+
+def _training_table() -> pa.Table:
+    """Rows shaped as build_training_table returns them, with what a conversion can get wrong: a null
+    string in the first row, a float column with NaN and nulls, a column of nulls only, int8 labels and
+    microsecond UTC times."""
+    stamp = pa.timestamp("us", tz="UTC")
+    return pa.table(
+        {
+            "transaction_id": pa.array(["t1", "t2", "t3"]),
+            "customer_id": pa.array([None, "c2", "c3"], pa.string()),
+            "event_timestamp": pa.array([datetime(2026, 1, 1, h, tzinfo=UTC) for h in (1, 2, 3)], stamp),
+            LABEL: pa.array([0, 1, 0], pa.int8()),
+            "customer_amount_mean_1h": pa.array([math.nan, 2.5, None], pa.float64()),
+            "merchant_fraud_rate_30d": pa.array([None, None, None], pa.float64()),
+            "channel_code": pa.array([1.0, 0.0, 3.0]),
+            SPLIT: pa.array(["train", "validation", "holdout"]),
+            WEIGHT: pa.array([12.5, 1.0, 12.5]),
+        }
+    )
+
+
+def test_the_table_is_written_as_its_frame_would_be():
+    table = _training_table()
+    through_pandas = as_written(_pandas(table))
+    direct = as_written(table)
+    assert direct.schema.equals(through_pandas.schema, check_metadata=True)
+    assert direct.equals(through_pandas)
+    # NaN became null, as pandas' conversion makes a missing float
+    assert direct["customer_amount_mean_1h"].null_count == 2
+    assert direct["event_timestamp"].type == pa.timestamp("ns", tz="UTC")
+
+
+def test_an_empty_table_keeps_its_column_types():
+    """pandas cannot type an empty object column (it would become Arrow's null type); the table's own
+    schema does."""
+    table = _training_table().slice(0, 0)
+    direct = as_written(table)
+    assert direct.num_rows == 0 and direct.schema.names == table.schema.names
+    assert direct.schema.field("customer_id").type == pa.string()
+    assert direct.schema.field("event_timestamp").type == pa.timestamp("ns", tz="UTC")
