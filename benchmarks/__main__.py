@@ -152,6 +152,7 @@ def main() -> None:
             "ingest",
             "feature_store",
             "training",
+            "training_set",
             "dvc_versioning",
             "gold_lookback",
             "gold_memory",
@@ -192,6 +193,12 @@ def main() -> None:
 
             results["training"] = bench_training(Path(scratch))
             print_training(console, results["training"])
+        if args.only in (None, "training_set"):
+            from benchmarks.training_set import bench_training_set, print_training_set
+
+            # 1M rows a day over a 30-day window: the goal's size (about 5 minutes of set-up, 6 GB of disk)
+            results["training_set"] = bench_training_set(chosen or [1_000_000], Path(scratch))
+            print_training_set(console, results["training_set"])
         if args.only in (None, "dvc_versioning"):
             from benchmarks.dvc_versioning import DEFAULT_SIZES as GOLD_ROWS
             from benchmarks.dvc_versioning import bench_dvc_versioning, print_dvc_versioning
