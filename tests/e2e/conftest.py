@@ -1,6 +1,6 @@
 """One embedded stack for the e2e tests that need it: `mlops demo` starts it (scripts/up.sh) on a fresh
 MLOPS_HOME and free ports, and runs the whole chain through Airflow once on a small feed; the demo, REST
-API and browser tests then look at that installation. scripts/down.sh stops it at the end of the session,
+API and browser tests then look at that installation. scripts/down.sh stops it after the last e2e test,
 and the teardown fails if it leaves a process behind.
 
 Screenshots and other artifacts go to $MLOPS_TEST_ARTIFACTS (default: test-artifacts/ at the repository
@@ -42,10 +42,23 @@ DEMO_DATES = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
 DEMO_TIMEOUT = 3000  # seconds; about 12 minutes on a 2-core machine shared with other Spark work
 
 
+def _uses_stack(item: pytest.Item) -> bool:
+    return "demo_stack" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The first test to use `demo_stack` pays for the demo in its setup: give those tests the time."""
+    """The first test to use `demo_stack` pays for the demo in its setup: give those tests the time.
+
+    The e2e tests that start stacks of their own (the cluster profile, up/down) run before the ones on the
+    shared stack, which is package-scoped: it is started after them and stopped after the last e2e test,
+    so no two stacks share the 2 cores and the idle stack does not run beside the later tiers."""
+    here = Path(__file__).parent
+    slots = [k for k, item in enumerate(items) if here in Path(item.fspath).parents]
+    ordered = sorted((items[k] for k in slots), key=_uses_stack)  # stable: file order kept otherwise
+    for k, item in zip(slots, ordered, strict=True):
+        items[k] = item
     for item in items:
-        if "demo_stack" in getattr(item, "fixturenames", ()):
+        if _uses_stack(item):
             item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT + 600))
 
 
@@ -123,7 +136,7 @@ def artifacts_dir() -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def demo_stack(tmp_path_factory) -> DemoStack:
     home = tmp_path_factory.mktemp("demo-stack") / "home"
     env = stack_env(

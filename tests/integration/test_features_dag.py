@@ -4,11 +4,7 @@ and `mlops features --json` running the same steps."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import date, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -128,16 +124,17 @@ def test_each_date_of_a_run_is_its_own_task_instances_and_fails_alone(airflow_db
     assert (silver_days.lake / "gold" / "customer_features" / f"event_date={day}").is_dir()
 
 
-def test_cli_features_prints_the_dataset_revision_and_rows(silver_days):
-    mlops = str(Path(sys.executable).with_name("mlops"))
-    done = subprocess.run(
-        [mlops, "features", "--date", LAST.isoformat(), "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MLOPS_HOME": str(silver_days.home)},
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_cli_features_prints_the_dataset_revision_and_rows(silver_days, monkeypatch):
+    """`mlops features --json`, in the test's process (its Spark session: no second JVM to start)."""
+    from typer.testing import CliRunner
+
+    from mlops.cli import app
+
+    monkeypatch.setenv("MLOPS_HOME", str(silver_days.home))
+    monkeypatch.setenv("MLOPS_SPARK_DRIVER_MEMORY", "1g")
+    get_settings.cache_clear()
+    done = CliRunner().invoke(app, ["features", "--date", LAST.isoformat(), "--json"])
+    assert done.exit_code == 0, done.output[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["status"] == "ok" and len(summary["dataset_rev"]) == 16
     assert summary["rows_gold"] == summary["rows_customer_features"] * 2 > 0
