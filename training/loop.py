@@ -302,8 +302,8 @@ def _train(model, train_data, validation, config, checkpoint_dir, data_identity,
     model.to(device)
     train_data, validation = train_data.to(device), validation.to(device)
     network = nn.parallel.DistributedDataParallel(model) if group.enabled else model
-    # The fused kernel updates every parameter in one call: 1.6x the steps per second of the per-tensor
-    # default on this MLP on the CPU (docs/benchmarks.md, Training); the same update up to rounding.
+    # The fused kernel updates every parameter in one call, where the default loops over them tensor by
+    # tensor: faster on this small MLP (docs/benchmarks.md, Training); the same update up to rounding.
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
         fused=device.type in FUSED_ADAMW_DEVICES,
