@@ -811,7 +811,7 @@ def version_training_frame(
     folder.mkdir(parents=True, exist_ok=True)
     # Files are replaced, never rewritten in place: a versioned file is a hard link to its DVC cache object.
     staging = folder / f".{DATASET_FILE}.tmp"
-    # LZ4: at 2.3M rows it writes in 3.1 s against zstd's 3.9 s and reads faster for 1.1x the bytes
+    # LZ4: faster than zstd to write and to read at the goal's size, for a tenth more bytes
     # (docs/benchmarks.md); the retrain writes it once and its train, evaluate and export read it.
     pq.write_table(table, staging, compression="lz4")
     staging.replace(folder / DATASET_FILE)
