@@ -689,8 +689,7 @@ def _require_fraud(table: pa.Table, day: date, window_days: int, require_fraud: 
 
     if not require_fraud:
         return
-    train_fraud = pc.and_(pc.equal(table[SPLIT], "train"), pc.equal(table[LABEL], 1))
-    if pc.sum(pc.cast(train_fraud, "int64")).as_py() in (None, 0):
+    if not pc.any(pc.and_(pc.equal(table[SPLIT], "train"), pc.equal(table[LABEL], 1))).as_py():
         raise TrainingSetError(
             f"the training set as of {day} has no known fraud in its train split "
             f"({table.num_rows} transactions, window {window_days} days); land and ingest more days of data "
@@ -755,25 +754,21 @@ def write_training_set(
     max_fit_rows: int | None = None,
 ) -> dict:
     """Build, write and version the training set as of `day`; returns its DVC revision and counts."""
-    import pyarrow.compute as pc
-
     table, sampling = build_training_table(
         settings, day, window_days, label_maturity_days, max_fit_rows=max_fit_rows
     )
     metadata = {"window_days": window_days, "label_maturity_days": label_maturity_days, **sampling}
     rev, folder = version_training_frame(settings, day, table, metadata)
     counts = {
-        row[SPLIT]: row
+        row[SPLIT]: {"rows": int(row[f"{LABEL}_count"]), "positives": int(row[f"{LABEL}_sum"])}
         for row in table.group_by(SPLIT).aggregate([(LABEL, "count"), (LABEL, "sum")]).to_pylist()
     }
+    splits = {s: counts[s] for s in SPLITS}
     return {
         "training_set_rev": rev,
         "rows": table.num_rows,
-        "positives": int(pc.sum(table[LABEL]).as_py() or 0),
-        "splits": {
-            s: {"rows": int(counts[s][f"{LABEL}_count"]), "positives": int(counts[s][f"{LABEL}_sum"])}
-            for s in SPLITS
-        },
+        "positives": sum(split["positives"] for split in splits.values()),
+        "splits": splits,
         "path": str((folder / DATASET_FILE).relative_to(settings.home)),
         **sampling,
     }
@@ -848,9 +843,9 @@ def _nan_as_null(table: pa.Table) -> pa.Table:
     for index, field in enumerate(table.schema):
         if pa.types.is_floating(field.type):
             values = table.column(index)
-            if pc.any(pc.is_nan(values)).as_py():
-                nulled = pc.if_else(pc.is_nan(values), pa.scalar(None, field.type), values)
-                table = table.set_column(index, field, nulled)
+            nan = pc.is_nan(values)
+            if pc.any(nan).as_py():
+                table = table.set_column(index, field, pc.if_else(nan, pa.scalar(None, field.type), values))
     return table
 
 

@@ -50,3 +50,20 @@ def test_an_empty_table_keeps_its_column_types():
     assert direct.num_rows == 0 and direct.schema.names == table.schema.names
     assert direct.schema.field("customer_id").type == pa.string()
     assert direct.schema.field("event_timestamp").type == pa.timestamp("ns", tz="UTC")
+
+
+def test_a_set_without_a_known_fraud_in_its_train_split_is_refused_unless_asked_not_to():
+    from datetime import date
+
+    import pytest
+
+    from training.dataset import TrainingSetError, _require_fraud
+
+    table = _training_table()  # its only fraud is in the validation split
+    with pytest.raises(TrainingSetError, match="no known fraud in its train split"):
+        _require_fraud(table, date(2026, 1, 3), 30, require_fraud=True)
+    with pytest.raises(TrainingSetError, match=r"\(0 transactions"):
+        _require_fraud(table.slice(0, 0), date(2026, 1, 3), 30, require_fraud=True)
+    _require_fraud(table, date(2026, 1, 3), 30, require_fraud=False)
+    labelled = table.set_column(table.schema.get_field_index(LABEL), LABEL, pa.array([1, 0, 0], pa.int8()))
+    _require_fraud(labelled, date(2026, 1, 3), 30, require_fraud=True)  # a fraud in train: accepted
