@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -156,33 +157,74 @@ def build_volumes() -> list[str]:
     return volumes
 
 
-def build_image(dockerfile: str, ref: str, build_args: dict[str, str], timeout: float = 1500) -> str:
-    """Build infra/docker/<dockerfile> with the repository as its context and the given build arguments."""
+def build_image(
+    dockerfile: str,
+    ref: str,
+    build_args: dict[str, str],
+    timeout: float = 1500,
+    volumes: list[str] | None = None,
+) -> str:
+    """Build infra/docker/<dockerfile> with the repository as its context and the given build arguments
+    (`volumes`: build_volumes(), when the caller made them already)."""
     args = ["podman", "build", "--network=host", "--file", str(REPO / dockerfile), "--tag", ref]
     for name, value in build_args.items():
         args.append(f"--build-arg={name}={value}")
     ignore = REPO / f"{dockerfile}.dockerignore"
     if ignore.is_file():
         args.append(f"--ignorefile={ignore}")
-    args += [*build_volumes(), str(REPO)]
+    args += [*(build_volumes() if volumes is None else volumes), str(REPO)]
     _check(_run(args, timeout=timeout), f"podman build of {dockerfile}")
     return ref
 
 
-def build_project_image(dockerfile: str, ref: str, *base_args: str) -> tuple[str, str]:
-    """Build one of the project's Dockerfiles on the local base (each build argument in `base_args` set to
-    it) with this checkout's commit as GIT_COMMIT; returns the image and the commit. Fails the test, with
-    the reason, where podman cannot be had."""
+# The project's images the tests build: fixture name -> Dockerfile, tag, the build arguments set to the base.
+PROJECT_IMAGES = {
+    "airflow_image": (
+        "infra/docker/airflow.Dockerfile",
+        "localhost/mlops-fraud-airflow:podman-test",
+        ("BASE_IMAGE",),
+    ),
+    "training_image": (
+        "infra/docker/training.Dockerfile",
+        "localhost/mlops-fraud-training:podman-test",
+        ("BASE_IMAGE", "UV_IMAGE"),
+    ),
+}
+_builds: dict[str, Future] = {}
+_pool = ThreadPoolExecutor(max_workers=len(PROJECT_IMAGES), thread_name_prefix="podman-build")
+
+
+def project_image(fixture: str, session) -> tuple[str, str]:
+    """The image of fixture `fixture` (a key of PROJECT_IMAGES), built on the local base with this
+    checkout's commit as GIT_COMMIT; returns the image and the commit. Fails the test, with the reason,
+    where podman cannot be had.
+
+    The first request starts, beside it, the build of every other project image a test of this session
+    asks for: a build is mostly one core of pip unpacking and compiling wheels, so two at once take little
+    more than the longer one (a full run used to spend 311 + 274 s on them one after the other)."""
     import pytest
 
-    try:
-        base = base_image()
-    except PodmanUnavailableError as exc:
-        pytest.fail(f"podman is needed for this test: {exc}")
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    commit = done.stdout.strip() or "unversioned"
-    build_image(dockerfile, ref, {**dict.fromkeys(base_args, base), "GIT_COMMIT": commit})
-    return ref, commit
+    if fixture not in _builds:
+        try:
+            base = base_image()  # once, here: the builds below must not both debootstrap it
+        except PodmanUnavailableError as exc:
+            pytest.fail(f"podman is needed for this test: {exc}")
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        commit = done.stdout.strip() or "unversioned"
+        volumes = build_volumes()  # writes the pip.conf the builds mount: before they start
+        wanted = {fixture} | {
+            name
+            for item in session.items
+            for name in getattr(item, "fixturenames", ())
+            if name in PROJECT_IMAGES and name not in _builds
+        }
+        for name in sorted(wanted):
+            dockerfile, ref, base_args = PROJECT_IMAGES[name]
+            args = {**dict.fromkeys(base_args, base), "GIT_COMMIT": commit}
+            _builds[name] = _pool.submit(
+                lambda d=dockerfile, r=ref, a=args: (build_image(d, r, a, volumes=volumes), commit)
+            )
+    return _builds[fixture].result()
 
 
 def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:

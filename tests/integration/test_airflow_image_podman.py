@@ -31,7 +31,7 @@ from tests.integration.test_infra_helm import VALUES, pod_environment
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "localhost/mlops-fraud-airflow:podman-test"
+IMAGE = podman.PROJECT_IMAGES["airflow_image"][1]
 TRAINING_IMAGE = "localhost/mlops-fraud-training:podman-test"
 DAGS_FOLDER = "/opt/airflow/dags"
 AIRFLOW_UID = 50000
@@ -182,8 +182,8 @@ def _shared_folder(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow_image() -> tuple[str, str]:
-    return podman.build_project_image("infra/docker/airflow.Dockerfile", IMAGE, "BASE_IMAGE")
+def airflow_image(request) -> tuple[str, str]:
+    return podman.project_image("airflow_image", request.session)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from tests.integration.training_sets import AS_OF, versioned_training_set
 
 pytestmark = pytest.mark.integration
 
-IMAGE = "localhost/mlops-fraud-training:podman-test"
+IMAGE = podman.PROJECT_IMAGES["training_image"][1]
 SIDECAR = "airflow-xcom-sidecar"
 # The Secret's keys (infra/README.md): the MLflow client's login and the promotion history's DSN.
 SECRET_VALUES = {
@@ -49,8 +49,8 @@ SECRET_VALUES = {
 
 
 @pytest.fixture(scope="module")
-def training_image() -> tuple[str, str]:
-    return podman.build_project_image("infra/docker/training.Dockerfile", IMAGE, "BASE_IMAGE", "UV_IMAGE")
+def training_image(request) -> tuple[str, str]:
+    return podman.project_image("training_image", request.session)
 
 
 @pytest.fixture(scope="module")
