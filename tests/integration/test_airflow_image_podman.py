@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = podman.PROJECT_IMAGES["airflow_image"][1]
-TRAINING_IMAGE = "localhost/mlops-fraud-training:podman-test"
+TRAINING_IMAGE = podman.PROJECT_IMAGES["training_image"][1]
 DAGS_FOLDER = "/opt/airflow/dags"
 AIRFLOW_UID = 50000
 DAG_IDS = {
