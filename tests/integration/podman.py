@@ -146,33 +146,28 @@ def pip_configuration() -> tuple[str, tuple[str, ...]]:
     return "\n".join(lines) + "\n", tuple(sorted(paths))
 
 
-def build_volumes() -> list[str]:
-    """`--volume` arguments that give a build container the host pip's configuration and what it names."""
+@cache
+def build_volumes() -> tuple[str, ...]:
+    """`--volume` arguments that give a build container the host pip's configuration and what it names
+    (made once: concurrent builds mount the same pip.conf)."""
     conf, paths = pip_configuration()
     conf_file = _conf_dir() / "pip.conf"
     conf_file.write_text(conf)
     volumes = [f"--volume={conf_file}:/etc/pip.conf:ro"]
     for path in paths:
         volumes.append(f"--volume={path}:{path}:ro")
-    return volumes
+    return tuple(volumes)
 
 
-def build_image(
-    dockerfile: str,
-    ref: str,
-    build_args: dict[str, str],
-    timeout: float = 1500,
-    volumes: list[str] | None = None,
-) -> str:
-    """Build infra/docker/<dockerfile> with the repository as its context and the given build arguments
-    (`volumes`: build_volumes(), when the caller made them already)."""
+def build_image(dockerfile: str, ref: str, build_args: dict[str, str], timeout: float = 1500) -> str:
+    """Build infra/docker/<dockerfile> with the repository as its context and the given build arguments."""
     args = ["podman", "build", "--network=host", "--file", str(REPO / dockerfile), "--tag", ref]
     for name, value in build_args.items():
         args.append(f"--build-arg={name}={value}")
     ignore = REPO / f"{dockerfile}.dockerignore"
     if ignore.is_file():
         args.append(f"--ignorefile={ignore}")
-    args += [*(build_volumes() if volumes is None else volumes), str(REPO)]
+    args += [*build_volumes(), str(REPO)]
     _check(_run(args, timeout=timeout), f"podman build of {dockerfile}")
     return ref
 
@@ -209,9 +204,7 @@ def project_image(fixture: str, session) -> tuple[str, str]:
             base = base_image()  # once, here: the builds below must not both debootstrap it
         except PodmanUnavailableError as exc:
             pytest.fail(f"podman is needed for this test: {exc}")
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        commit = done.stdout.strip() or "unversioned"
-        volumes = build_volumes()  # writes the pip.conf the builds mount: before they start
+        build_volumes()  # its pip.conf is written before the builds that mount it start
         wanted = {fixture} | {
             name
             for item in session.items
@@ -220,11 +213,16 @@ def project_image(fixture: str, session) -> tuple[str, str]:
         }
         for name in sorted(wanted):
             dockerfile, ref, base_args = PROJECT_IMAGES[name]
-            args = {**dict.fromkeys(base_args, base), "GIT_COMMIT": commit}
-            _builds[name] = _pool.submit(
-                lambda d=dockerfile, r=ref, a=args: (build_image(d, r, a, volumes=volumes), commit)
-            )
-    return _builds[fixture].result()
+            args = {**dict.fromkeys(base_args, base), "GIT_COMMIT": checkout_commit()}
+            _builds[name] = _pool.submit(build_image, dockerfile, ref, args)
+    return _builds[fixture].result(), checkout_commit()
+
+
+@cache
+def checkout_commit() -> str:
+    """This checkout's commit, the images' GIT_COMMIT (read once: a session's images carry the same)."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or "unversioned"
 
 
 def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
