@@ -8,9 +8,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# `make test` runs the tiers on parallel workers: most of a run waits on Airflow, Spark, HTTP and podman,
+# so more workers than cores overlap the waits (docs/testing.md, "Parallel workers"); 0 runs in-process.
+TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
-.PHONY: help install demo up down test test-fast lint format bench bench-e2e lock doctor clean
+.PHONY: help install demo up down test test-costs test-fast lint format bench bench-e2e lock doctor clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,8 +34,11 @@ up: $(STAMP) ## start Airflow and the MLflow UI in the background; prints URLs a
 down: $(STAMP) ## stop what `make up` started
 	@bash scripts/down.sh
 
-test: $(STAMP) ## run every test tier
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP) ## run every test tier, on TEST_WORKERS parallel workers
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+test-costs: $(STAMP) ## run every tier and record each test group's seconds (tests/group_costs.json)
+	MLOPS_TEST_GROUP_COSTS=tests/group_costs.json $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the fast tier (unit, data, dags): seconds
 	$(BIN)/python -m pytest -m "unit or data or dags" $(PYTEST_ARGS)

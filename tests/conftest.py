@@ -6,6 +6,7 @@ test module imports it. Every test session gets its own AIRFLOW_HOME and MLOPS_H
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,12 +36,138 @@ os.environ.pop("MLOPS_PROFILE", None)
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+def tier_of(nodeid: str) -> str:
+    """The tier of a test by its node id (tests/<tier>/...); "other" outside the tier folders."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else "other"
+
+
+# --- Parallel runs (pytest-xdist, `make test`; docs/testing.md, "Parallel workers")
+#
+# Tests run on several worker processes, in groups: every test of a group runs on one worker, in file order,
+# so a module's fixtures are built once. A group is a test module, except where modules share a set-up too
+# large to build once per worker: every module that uses one of SHARED_SETUPS joins that set-up's group.
+# Groups start longest first (the seconds of the last recorded run, GROUP_COSTS), so the long ones do not
+# start last and hold the run's end; a worker takes its next group only when its current one is down to
+# its last test (LongestFirstScheduling), so nothing short waits behind a long test.
+#
+# Only the workers collect, so they tell the scheduler (in the controller) each test's group through a file
+# the controller names (GROUPS_ENV). xdist's own `xdist_group` marks are not used: xdist 3.8 rewrites the
+# node id to carry them, which pytest 9.2's node ids no longer allow, so they are silently ignored.
+SHARED_SETUPS = {
+    "demo_stack": "e2e-demo-stack",  # tests/e2e/conftest.py: `mlops demo` through Airflow, once per run
+    "airflow_image": "podman-images",  # tests/integration/podman.py: both project images built at once
+    "training_image": "podman-images",
+}
+# The first test of a shared set-up's group pays for the set-up in its own time: a test timeout that fits it
+# on a busy machine (the e2e stack's own is set in tests/e2e/conftest.py).
+SETUP_TIMEOUTS = {"podman-images": 2400}
+GROUP_COSTS = REPO / "tests" / "group_costs.json"
+GROUPS_ENV = "MLOPS_TEST_GROUPS"
+os.environ.setdefault(GROUPS_ENV, str(_SESSION_DIR / "groups.json"))  # the controller's: workers inherit it
+
+
+def _group_costs() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(GROUP_COSTS.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+_GROUPS: dict[str, str] = {}
+
+
+def group_of(nodeid: str) -> str:
+    """The group of a test: as the workers wrote it; its module where they did not (or without xdist)."""
+    if not _GROUPS:
+        with contextlib.suppress(OSError, ValueError):
+            _GROUPS.update(json.loads(Path(os.environ[GROUPS_ENV]).read_text()))
+    return _GROUPS.get(nodeid) or nodeid.split("::", 1)[0]
+
+
+def _assign_groups(items: list[pytest.Item]) -> None:
+    """Every item's group, the items ordered longest group first (file order within one); written for the
+    scheduler where this process is an xdist worker."""
+    modules: dict[str, str] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        modules.setdefault(module, module)
+        shared = {SHARED_SETUPS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_SETUPS}
+        if len(shared) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses set-ups of two groups: {sorted(shared)}")
+        if shared:
+            modules[module] = shared.pop()
+    groups = {item.nodeid: modules[item.nodeid.split("::", 1)[0]] for item in items}
+    for item in items:
+        if groups[item.nodeid] in SETUP_TIMEOUTS:
+            item.add_marker(pytest.mark.timeout(SETUP_TIMEOUTS[groups[item.nodeid]]))
+    costs = _group_costs()
+    first_seen: dict[str, int] = {}
+    for group in groups.values():
+        first_seen.setdefault(group, len(first_seen))
+    rank = {g: r for r, g in enumerate(sorted(first_seen, key=lambda g: (-costs.get(g, 0.0), first_seen[g])))}
+    items.sort(key=lambda item: rank[groups[item.nodeid]])
+    target = Path(os.environ[GROUPS_ENV])
+    if os.environ.get("PYTEST_XDIST_WORKER") and not target.exists():
+        temp = target.with_name(f"{target.name}.{os.getpid()}")
+        temp.write_text(json.dumps(groups))
+        os.replace(temp, target)  # every worker writes the same map; whole files only
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test's tier is the folder it lives in: a new test file needs no marker to be selected."""
     for item in items:
-        parts = Path(item.fspath).relative_to(REPO / "tests").parts
-        if parts and parts[0] in TIERS:
-            item.add_marker(getattr(pytest.mark, parts[0]))
+        tier = tier_of(item.nodeid)
+        if tier != "other":
+            item.add_marker(getattr(pytest.mark, tier))
+    _assign_groups(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirstScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with our groups as the scopes, in collection order (longest first, as
+        ordered above, not by their number of tests), and a worker's next group sent only when it is on its
+        last test (xdist's default sends it with two left, and a short group can then wait behind a long
+        test)."""
+
+        def __init__(self, config: pytest.Config, log=None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
+
+    return LongestFirstScheduling(config, log)
+
+
+_TIMES: dict[str, dict[str, list[float]]] = {"tier": {}, "group": {}}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Per tier and per group: the seconds of every phase of every test, and when the first began and the
+    last ended (on the controller under xdist, where every worker's reports arrive)."""
+    if hasattr(report, "node") or os.environ.get("PYTEST_XDIST_WORKER") is None:
+        for kind, key in (("tier", tier_of(report.nodeid)), ("group", group_of(report.nodeid))):
+            total, first, last = _TIMES[kind].get(key, [0.0, report.start, report.stop])
+            _TIMES[kind][key] = [total + report.duration, min(first, report.start), max(last, report.stop)]
+    for name, value in report.user_properties:
+        if name == "dag_parse_seconds":
+            PARSE_TIMES[report.nodeid.split("[", 1)[-1].split("]", 1)[0]] = float(value)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -67,6 +194,18 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     terminalreporter.write_line(f"at the end, {_free_disk()}")
+    if _TIMES["tier"]:
+        terminalreporter.section("time per tier (summed over tests; wall: first start to last end)")
+        for tier, (total, first, last) in sorted(_TIMES["tier"].items()):
+            terminalreporter.write_line(f"  {tier:<12} {total:8.0f} s summed {last - first:8.0f} s wall")
+        groups = sorted(_TIMES["group"].items(), key=lambda kv: -kv[1][0])
+        terminalreporter.section("longest test groups (seconds summed over their tests)")
+        for group, (total, _, _) in groups[:25]:
+            terminalreporter.write_line(f"  {total:8.0f} s  {group}")
+        out = os.environ.get("MLOPS_TEST_GROUP_COSTS")
+        if out:  # `make test-costs`: the figures the next run orders its groups by
+            costs = {group: round(total, 1) for group, (total, _, _) in groups}
+            Path(out).write_text(json.dumps(costs, indent=1, sort_keys=True) + "\n")
     if PARSE_TIMES:
         terminalreporter.section("DAG parse time (import of the file, after airflow.sdk)")
         for name, seconds in sorted(PARSE_TIMES.items()):
@@ -108,6 +247,14 @@ def wait_for(condition, timeout: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"gave up after {timeout:.0f}s waiting for {what}")
+
+
+def machine_lock(name: str):
+    """A lock held across this machine's processes (parallel test workers, two test runs): for set-ups
+    that change the machine itself, such as an apt-get install, which fails while another one runs."""
+    from filelock import FileLock
+
+    return FileLock(Path(tempfile.gettempdir()) / f"mlops-tests-{name}.lock", timeout=1800)
 
 
 SPARK_WORKERS = 2

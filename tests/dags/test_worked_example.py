@@ -52,10 +52,10 @@ def test_the_example_imports_cleanly_and_is_the_only_dag_of_its_folder(example_f
 
 
 def test_the_example_passes_the_integrity_checks(example_folder):
-    integrity.test_dag_file_does_no_work_at_parse_time(example_folder / EXAMPLE_DAG.name)
+    integrity.check_no_work_at_parse_time(example_folder / EXAMPLE_DAG.name)
     dag = _dagbag(example_folder).dags[DAG_ID]
-    integrity.test_dag_declares_owner_tags_and_docs(dag)
-    integrity.test_every_task_retries_and_has_a_timeout(dag)
+    integrity.check_owner_tags_and_docs(dag)
+    integrity.check_retries_and_timeouts(dag)
 
 
 # A copy of the example with one mistake: which check must catch it (the parse-time probe, or the
@@ -91,11 +91,11 @@ def test_the_integrity_checks_catch_a_mistake_in_a_copy_of_the_example(mistake, 
     folder = _dag_folder(tmp_path, source.replace(old, new, 1))
     with pytest.raises(AssertionError, match=message):
         if check == "parse":
-            integrity.test_dag_file_does_no_work_at_parse_time(folder / EXAMPLE_DAG.name)
+            integrity.check_no_work_at_parse_time(folder / EXAMPLE_DAG.name)
         else:
             dag = _dagbag(folder).dags[DAG_ID]
-            integrity.test_dag_declares_owner_tags_and_docs(dag)
-            integrity.test_every_task_retries_and_has_a_timeout(dag)
+            integrity.check_owner_tags_and_docs(dag)
+            integrity.check_retries_and_timeouts(dag)
 
 
 # --- the functions the example's tasks call ---------------------------------------------------------------

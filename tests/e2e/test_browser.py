@@ -11,13 +11,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
+from tests.conftest import machine_lock, wait_for
 from tests.e2e.conftest import DAG_IDS
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -50,10 +50,13 @@ def chromium_paths() -> tuple[Path, Path]:
         pytest.skip(f"{CHROMIUM} is missing and installing {' and '.join(PACKAGES)} needs root (or sudo)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = [*prefix, "apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
-    done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode:  # stale package lists: refresh them once
-        subprocess.run([*prefix, "apt-get", "update"], capture_output=True, text=True, env=env, timeout=600)
+    with machine_lock("apt"):  # another test worker may be installing podman or kubectl
         done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode:  # stale package lists: refresh them once
+            subprocess.run(
+                [*prefix, "apt-get", "update"], capture_output=True, text=True, env=env, timeout=600
+            )
+            done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, (
         f"`{' '.join(install)}` failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     )
@@ -84,24 +87,34 @@ def browser(chromium_paths, artifacts_dir, request):
 
 
 def _wait_for(driver, condition: Callable[[], bool], what: str, timeout: float = PAGE_TIMEOUT) -> None:
-    """Poll the page (a single-page app renders after load) until `condition` holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            body = driver.find_element("tag name", "body").text[:2000]
-            raise AssertionError(
-                f"{what}: not seen after {timeout}s at {driver.current_url}; the page says:\n{body}"
-            )
-        time.sleep(0.5)
+    """Poll the page (a single-page app renders after load) until `condition` holds; if it never does, say
+    what the page shows."""
+    try:
+        wait_for(condition, timeout, what)
+    except TimeoutError as late:
+        body = driver.find_element("tag name", "body").text[:2000]
+        raise AssertionError(f"{late}, at {driver.current_url}; the page says:\n{body}") from None
 
 
 def _dismiss_dialogs(driver) -> None:
-    """Close announcement pop-ups (MLflow shows one over the registry) so the screenshots show the page."""
+    """Close announcement pop-ups (MLflow shows one over the registry) so the screenshots show the page:
+    Escape, again while a dialog is still shown, until none is."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
+    def none_shown() -> bool:
+        try:
+            shown = [d for d in driver.find_elements(By.CSS_SELECTOR, "[role=dialog]") if d.is_displayed()]
+        except StaleElementReferenceException:  # one closed while it was looked at
+            return False
+        if shown:
+            ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+        return not shown
+
     ActionChains(driver).send_keys(Keys.ESCAPE).perform()
-    time.sleep(0.5)
+    _wait_for(driver, none_shown, "no dialog over the page", timeout=10)
 
 
 def _text(driver) -> str:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from orchestration import k8s_contract as contract
+from tests.conftest import machine_lock
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
@@ -62,11 +63,14 @@ def infra_tools() -> InfraTools:
 def kubectl() -> str:
     path = shutil.which("kubectl")
     if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        # A fresh machine may lack it: install Debian's client, as a developer would.
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "kubernetes-client"], capture_output=True, timeout=600
-        )
+        # A fresh machine may lack it: install Debian's client, as a developer would (one apt at a time:
+        # another test worker may be installing podman or chromium).
+        with machine_lock("apt"):
+            if shutil.which("kubectl") is None:
+                subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
+                subprocess.run(
+                    ["apt-get", "install", "-y", "-qq", "kubernetes-client"], capture_output=True, timeout=600
+                )
         path = shutil.which("kubectl")
     if path is None:
         pytest.fail(

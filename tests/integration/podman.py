@@ -76,15 +76,21 @@ def ensure_tools() -> None:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise PodmanUnavailableError(f"{missing} missing and no root apt-get to install them")
-    for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
-        done = subprocess.run(
-            args,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        )
-        _check(done, " ".join(args))
+    from tests.conftest import machine_lock
+
+    with machine_lock("apt"):  # another test worker may be installing kubectl or chromium
+        missing = [tool for tool in missing if shutil.which(tool) is None]
+        for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+            if not missing:
+                break
+            done = subprocess.run(
+                args,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )
+            _check(done, " ".join(args))
 
 
 def image_exists(ref: str) -> bool:
