@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import DEMO_DATES
+from tests.gate_rule import decision_by_auc_pr
+from training.registry import GatePolicy
 
 INGEST, FEATURES, RETRAIN = "ingest_transactions", "build_features", "retrain_fraud_model"
 
@@ -38,9 +40,15 @@ def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_
     assert (first["model_version"], second["model_version"]) == ("1", "2")
     assert second["previous_champion"] == first["champion_version"]  # judged against the first run's outcome
     assert summary["champion_version"] == second["champion_version"]
+    # The seeded feed decides: the first model has only the floor (0) to clear; the second beats it by more
+    # than the margin on the last day's holdout (AUC-PR 0.017 against 0.003 when measured).
+    policy = GatePolicy(floor=float(demo_stack.env["MLOPS_GATE__FLOOR"]))
+    assert [r["decision"] for r in trained] == ["promoted", "promoted"], trained
     for retrain in trained:
-        assert retrain["decision"] in {"promoted", "rejected"} and retrain["reason"]
-        assert retrain["training_set_rev"] and retrain["run_id"]
+        by_rule = decision_by_auc_pr(retrain["auc_pr"], retrain["champion_auc_pr"], policy)
+        assert retrain["decision"] == by_rule, retrain
+        assert retrain["reason"] and retrain["training_set_rev"] and retrain["run_id"]
+    assert first["champion_auc_pr"] is None and summary["champion_version"] == "2"
 
     # The day that arrived last went through the chain on its own: one run of each DAG.
     last = summary["phases"]["one_more_day"]
@@ -72,7 +80,14 @@ def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_
     assert drill["drifted_check"]["verdict"] == "drift" and "channel PSI" in drill["drifted_check"]["summary"]
     retrained = drill["retrain"]
     assert retrained["start_reason"].startswith("drift:") and retrained["as_of"] == days[-1]
-    assert retrained["decision"] in {"promoted", "rejected"} and int(retrained["model_version"]) == 3
+    assert int(retrained["model_version"]) == 3
+    # the champion's own training set again (the drifted copy was scored, not ingested): the same model, which
+    # cannot beat itself by the margin
+    assert retrained["training_set_rev"] == second["training_set_rev"]
+    assert retrained["auc_pr"] == retrained["champion_auc_pr"] == second["auc_pr"]
+    expected = decision_by_auc_pr(retrained["auc_pr"], retrained["champion_auc_pr"], policy)
+    assert retrained["decision"] == expected == "rejected", retrained
+    assert (retrained["previous_champion"], retrained["champion_version"]) == ("2", "2")
     # the human summary went to stderr
     assert "time per stage" in demo_stack.stderr and "make down" in demo_stack.stderr
 
@@ -132,8 +147,14 @@ def test_continue_lands_the_next_day_on_the_running_stack_and_the_gate_decides(d
     assert "already running" in done.stderr  # it did not start a second stack
     assert len(summary["dag_runs"][INGEST]) == 1 and summary["phases"]["history"][FEATURES] == []
     (retrain,) = summary["retrains"]
-    assert retrain["as_of"] == next_day and retrain["decision"] in {"promoted", "rejected"}
+    assert retrain["as_of"] == next_day
     drilled = demo_stack.summary["drift_drill"]["retrain"]  # the demo's drift drill registered one more
     assert retrain["previous_champion"] == (drilled or demo_stack.summary)["champion_version"]
     assert int(retrain["model_version"]) == (4 if drilled else 3)
+    # On the seeded feed the new day's model does not beat the champion by the margin (both scored AUC-PR 0.0
+    # on the new day's holdout when measured): rejected, and the champion stays.
+    policy = GatePolicy(floor=float(demo_stack.env["MLOPS_GATE__FLOOR"]))
+    expected = decision_by_auc_pr(retrain["auc_pr"], retrain["champion_auc_pr"], policy)
+    assert retrain["decision"] == expected == "rejected", retrain
+    assert retrain["champion_version"] == retrain["previous_champion"] == summary["champion_version"]
     assert summary["arrival_to_model"]["busy_seconds"] > 0

@@ -13,6 +13,8 @@ import mlflow
 import pytest
 
 from tests.e2e.conftest import DEMO_DATES
+from tests.gate_rule import decision_by_auc_pr
+from training.registry import GatePolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +56,15 @@ def test_the_study_ran_its_trials_as_parallel_mapped_tasks_and_recorded_the_best
 
 def test_the_next_retrain_trains_with_the_best_trial_and_goes_through_the_gate(tuned, demo_stack):
     retrained = _mlops(demo_stack, "retrain", "--date", DEMO_DATES[-1].isoformat(), "--epochs", "1")
-    assert retrained["status"] == "ok" and retrained["decision"] in {"promoted", "rejected"}
+    assert retrained["status"] == "ok"
+    # the gate's rule on the AUC-PRs it recorded: this candidate against whichever version is champion now
+    policy = GatePolicy(floor=float(demo_stack.env["MLOPS_GATE__FLOOR"]))
+    expected = decision_by_auc_pr(retrained["auc_pr"], retrained["champion_auc_pr"], policy)
+    assert retrained["decision"] == expected, retrained
+    assert retrained["previous_champion"] is not None  # the demo made one
+    assert retrained["champion_version"] == (
+        retrained["model_version"] if expected == "promoted" else retrained["previous_champion"]
+    )
     assert retrained["reason"]  # the gate said why, either way
     client = mlflow.MlflowClient(demo_stack.mlflow_url)
     run = client.get_run(retrained["run_id"])

@@ -11,13 +11,12 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.e2e.conftest import COMPONENTS, run_script, stack_env
 
 # What up.sh starts: the components the shared fixture stops and checks, and the scoring service.
@@ -61,10 +60,11 @@ def test_the_stacks_scoring_service_is_live_and_serves_the_champion_the_demo_mad
     port = demo_stack.env.get("MLOPS_SERVING__PORT", "8000")
     assert scoring_url == f"http://127.0.0.1:{port}"
     assert httpx.get(f"{scoring_url}/v2/health/live").status_code == 200
-    deadline = time.monotonic() + 60
-    while (ready := httpx.get(f"{scoring_url}/v2/health/ready")).status_code != 200:
-        assert time.monotonic() < deadline, f"not ready 60 s after the demo: {ready.text}"
-        time.sleep(2)
+    wait_for(
+        lambda: httpx.get(f"{scoring_url}/v2/health/ready").status_code == 200,
+        60,
+        f"{scoring_url}/v2/health/ready to answer 200 after the demo",
+    )
 
 
 def test_the_doctor_runs_a_spark_job_on_the_stacks_spark_connect_server(demo_stack):

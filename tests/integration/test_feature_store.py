@@ -11,7 +11,6 @@ import math
 import random
 import subprocess
 import sys
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +33,7 @@ from pipelines.gold.contract import (
     MERCHANT_TABLE,
     table_path,
 )
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -441,9 +441,12 @@ def test_readers_never_see_the_registry_half_written(gold):
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (settings.home / "reading").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(
+            lambda: (settings.home / "reading").exists() or reader.poll() is not None,
+            60,
+            "the reader to start",
+        )
+        assert reader.poll() is None, f"the reader exited {reader.returncode} before the writes"
         view = store.get_feature_view("customer_stats_fv")
         start = datetime(2026, 1, 1, tzinfo=UTC)
         for hour in range(200):

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -16,6 +19,8 @@ import pytest
 from core.settings import get_settings
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests.gate_rule import decision_by_auc_pr
+from training.registry import GatePolicy
 
 FIRST = date(2026, 1, 1)
 DAYS = 3
@@ -50,14 +55,57 @@ def features_home(tmp_path_factory, spark):
     return home
 
 
-@pytest.fixture
-def home(features_home, monkeypatch):
-    monkeypatch.setenv("MLOPS_HOME", str(features_home))
+def _point_at(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLOPS_HOME", str(home))
     monkeypatch.setenv("MLOPS_TRAINING__EPOCHS", "3")
     monkeypatch.setenv("MLOPS_TRAINING__LABEL_MATURITY_DAYS", "1")
     get_settings.cache_clear()
-    yield features_home
+
+
+def _copy(features_home: Path, to: Path) -> Path:
+    """An installation of its own, featurized as `features_home` is: what one test registers, promotes or
+    tunes there no other test sees, so each passes alone and in any order."""
+    shutil.copytree(features_home, to, symlinks=True)
+    return to
+
+
+@pytest.fixture
+def home(features_home, tmp_path, monkeypatch):
+    """This test's own copy of the featurized installation, set as MLOPS_HOME."""
+    copy = _copy(features_home, tmp_path / "home")
+    _point_at(copy, monkeypatch)
+    yield copy
     get_settings.cache_clear()
+
+
+@dataclass(frozen=True)
+class DagRetrain:
+    home: Path
+    run_id: str
+    states: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def dag_retrain(features_home, airflow_db, tmp_path_factory) -> Iterator[DagRetrain]:
+    """The retrain DAG run once (dag.test) on a copy of the featurized installation with no model yet."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    home = _copy(features_home, tmp_path_factory.mktemp("dag-retrain") / "home")
+    with pytest.MonkeyPatch.context() as patch:
+        _point_at(home, patch)
+        dag = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
+        run = dag.test(run_conf={"as_of": LAST.isoformat()})
+        with create_session() as session:
+            states = {
+                ti.task_id: str(ti.state)
+                for ti in session.query(TaskInstance).filter(
+                    TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "retrain_fraud_model"
+                )
+            }
+    get_settings.cache_clear()
+    yield DagRetrain(home=home, run_id=run.run_id, states=states)
 
 
 def _mlops(*args: str) -> tuple[int, dict]:
@@ -68,23 +116,11 @@ def _mlops(*args: str) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_retrain_dag_trains_registers_gates_and_exports(airflow_db, home):
+def test_retrain_dag_trains_registers_gates_and_exports(dag_retrain, monkeypatch):
     import mlflow
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.models import TaskInstance
-    from airflow.utils.session import create_session
 
-    dag = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
-    run = dag.test(run_conf={"as_of": LAST.isoformat()})
-    with create_session() as session:
-        instances = {
-            ti.task_id: ti
-            for ti in session.query(TaskInstance).filter(
-                TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "retrain_fraud_model"
-            )
-        }
-        states = {task_id: str(ti.state) for task_id, ti in instances.items()}
-    assert states == {
+    _point_at(dag_retrain.home, monkeypatch)
+    assert dag_retrain.states == {
         task: "success"
         for task in ("as_of_date", "training_set", "train", "evaluate", "register", "promote", "export")
     }
@@ -95,7 +131,7 @@ def test_retrain_dag_trains_registers_gates_and_exports(airflow_db, home):
     (version,) = client.search_model_versions("name='fraud-detector'")
     run_data = client.get_run(version.run_id).data
     assert run_data.tags["lineage.dag_id"] == "retrain_fraud_model"
-    assert run_data.tags["lineage.dag_run_id"] == run.run_id
+    assert run_data.tags["lineage.dag_run_id"] == dag_retrain.run_id
     assert run_data.tags["lineage.feature_service"] == "fraud_model_v1"
     assert run_data.tags["lineage.gx_success"] == "True"
     assert run_data.tags["lineage.as_of"] == LAST.isoformat()
@@ -118,15 +154,29 @@ def test_retrain_dag_trains_registers_gates_and_exports(airflow_db, home):
     assert code == 0
     (decision,) = recorded["history"]
     assert decision["candidate_version"] == str(version.version)
-    assert decision["dag_id"] == "retrain_fraud_model" and decision["run_id"] == run.run_id
-    assert decision["decision"] in {"promoted", "rejected"}, decision
+    assert decision["dag_id"] == "retrain_fraud_model" and decision["run_id"] == dag_retrain.run_id
+    # The installation's first model has only the floor (AUC-PR 0.10) to clear, and on this seeded feed it
+    # does not: three frauds in the holdout, AUC-PR 0.040 when measured. No champion yet.
+    auc_pr = decision["candidate_metrics"]["auc_pr"]
+    policy = GatePolicy(**settings.gate.model_dump())
+    assert decision["decision"] == decision_by_auc_pr(auc_pr, None, policy) == "rejected", decision
+    assert "is below the floor" in decision["reason"]
+    assert decision["champion_before"] is None and decision["champion_after"] is None
+    assert recorded["champion_version"] is None
 
 
-def test_cli_retrain_history_and_rollback(home):
+def test_cli_retrain_history_and_rollback(home, monkeypatch):
+    monkeypatch.setenv("MLOPS_GATE__FLOOR", "0")  # a first model is promoted whatever it scores
+    get_settings.cache_clear()
+    policy = GatePolicy(**get_settings().gate.model_dump())
     code, first = _mlops("retrain", "--date", LAST.isoformat())
     assert code == 0, first
     assert {"model_version", "champion_version", "decision", "primary_metric", "auc_pr"} <= set(first)
     assert first["primary_metric"] == "auc_pr" and 0.0 <= first["auc_pr"] <= 1.0
+    # this installation's first model: it clears the floor (0) and becomes the champion
+    assert (first["model_version"], first["previous_champion"], first["champion_auc_pr"]) == ("1", None, None)
+    assert first["decision"] == decision_by_auc_pr(first["auc_pr"], None, policy) == "promoted", first
+    assert first["champion_version"] == "1"
     steps = {"training_set", "train", "evaluate", "register", "promote", "export"}
     assert set(first["seconds_per_step"]) == steps and all(s > 0 for s in first["seconds_per_step"].values())
     import mlflow
@@ -139,21 +189,28 @@ def test_cli_retrain_history_and_rollback(home):
     assert code == 0, second
     assert second["training_set_rev"] == first["training_set_rev"]
     assert second["resumed_from_step"] is not None
-    # an identical model cannot beat the champion by the margin: the first is the champion (promoted) or lost
-    # to it (rejected), and either way the second, the same model, is rejected and the champion stays
-    assert second["decision"] == "rejected"
+    # the same model scores the same on the same holdout: it cannot beat the champion, itself, by the margin
+    assert second["auc_pr"] == second["champion_auc_pr"] == first["auc_pr"]
+    assert second["decision"] == decision_by_auc_pr(second["auc_pr"], first["auc_pr"], policy) == "rejected"
+    assert (second["model_version"], second["previous_champion"]) == ("2", "1")
     assert second["champion_version"] == first["champion_version"]
 
+    # one champion so far: nothing to roll back to, and the champion stays
     code, history = _mlops("history")
-    champion = history["champion_version"]
+    assert code == 0 and history["champion_version"] == "1"
+    assert [h["decision"] for h in history["history"]] == ["promoted", "rejected"]
     code, rolled = _mlops("rollback", "--reason", "drill")
-    stack = [h for h in history["history"] if h["decision"] == "promoted"]
-    if len(stack) >= 2:
-        assert code == 0 and rolled["champion_version"] == stack[-2]["candidate_version"]
-    else:
-        assert code == 1 and rolled["status"] == "failed" and "no previous champion" in rolled["message"]
-        code, again = _mlops("history")
-        assert again["champion_version"] == champion
+    assert code == 1 and rolled["status"] == "failed" and "no previous champion" in rolled["message"]
+    code, again = _mlops("history")
+    assert code == 0 and again["champion_version"] == "1" and len(again["history"]) == 2
+    # a second champion (by hand), then the rollback puts the first back
+    code, by_hand = _mlops("promote", "--version", "2", "--reason", "drill")
+    assert code == 0 and (by_hand["decision"], by_hand["champion_version"]) == ("promoted", "2"), by_hand
+    code, rolled = _mlops("rollback", "--reason", "drill")
+    assert code == 0 and (rolled["decision"], rolled["champion_version"]) == ("rolled_back", "1"), rolled
+    code, after = _mlops("history")
+    assert code == 0 and after["champion_version"] == "1"
+    assert [h["decision"] for h in after["history"]] == ["promoted", "rejected", "promoted", "rolled_back"]
 
 
 def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):

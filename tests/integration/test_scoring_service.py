@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -26,6 +25,7 @@ from training.dataset import MODEL_INPUTS, NUMERIC_FEATURES
 from training.registry import CHAMPION_ALIAS, MODEL_NAME, ModelRegistry
 
 MAX_ITEMS = 20
+LOAD_ANSWERS = 50  # answers from each champion while the alias moves under load
 
 
 def transaction(n: int, **overrides) -> dict:
@@ -286,13 +286,19 @@ def test_the_champion_moves_under_load_without_a_failed_request_and_the_challeng
                     )
                 )
 
+    def answered_by(version: str) -> int:
+        return sum(1 for code, answered in list(answers) if code == 200 and answered == version)
+
     threads = [threading.Thread(target=hammer) for _ in range(4)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    # the load: requests answered by each champion in turn, while four clients keep the service busy
+    wait_for(lambda: answered_by(champion) >= LOAD_ANSWERS, 60, f"{LOAD_ANSWERS} answers from v{champion}")
     ModelRegistry(tracking).set_champion(challenger)
     wait_for(lambda: server.client.get("/status").json()["champion"] == challenger, 30, "the new champion")
-    time.sleep(0.5)
+    wait_for(
+        lambda: answered_by(challenger) >= LOAD_ANSWERS, 60, f"{LOAD_ANSWERS} answers from v{challenger}"
+    )
     stop.set()
     for thread in threads:
         thread.join()

@@ -19,19 +19,19 @@ CPU and memory limits are capped to this machine (podman refuses limits above th
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
 
 from core.settings import Settings, get_settings
 from orchestration import k8s_contract as contract
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.integration import podman
 from tests.integration.test_retrain_pod import parse_train_task, render_pod
 from tests.integration.training_sets import AS_OF, versioned_training_set
@@ -53,6 +53,16 @@ def training_image(request) -> tuple[str, str]:
     return podman.project_image("training_image", request.session)
 
 
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A tracking server with basic auth and proxied artifacts, as infra/k8s/base/mlflow runs it."""
@@ -66,22 +76,19 @@ def mlflow_server(tmp_path_factory):
         stdout=(root / "server.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    import urllib.request
-
-    while True:
+    log = root / "server.log"
+    try:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"MLflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield url, root / "artifacts"
-    os.killpg(process.pid, 15)
-    process.wait(timeout=30)
+            wait_for(lambda: process.poll() is not None or _healthy(url), 120, f"the MLflow server at {url}")
+        except TimeoutError as late:
+            pytest.fail(f"{late}:\n{log.read_text()[-3000:]}")
+        if process.poll() is not None:
+            pytest.fail(f"the MLflow server exited {process.returncode}:\n{log.read_text()[-3000:]}")
+        yield url, root / "artifacts"
+    finally:  # also when it never answered: no server left behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 15)
+        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

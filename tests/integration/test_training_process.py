@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from orchestration.training_task import TrainingProcessError, run_training_process
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,12 +67,9 @@ def pids_file(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _wait_for(path: Path, task: subprocess.Popen) -> list[int]:
-    deadline = time.monotonic() + 120
-    while not path.exists():
-        assert task.poll() is None, f"the task process exited {task.returncode}: {task.stderr.read()}"
-        assert time.monotonic() < deadline, "the fake training never wrote its pids"
-        time.sleep(0.05)
+def _pids_written(path: Path, task: subprocess.Popen) -> list[int]:
+    wait_for(lambda: path.exists() or task.poll() is not None, 120, "the fake training to write its pids")
+    assert path.exists(), f"the task process exited {task.returncode}: {task.stderr.read()}"
     return [int(pid) for pid in path.read_text().split()]
 
 
@@ -98,7 +95,7 @@ def test_sigterm_to_the_task_process_stops_the_child_and_its_grandchild(pids_fil
         text=True,
     )
     try:
-        child, grandchild = _wait_for(pids_file, task)
+        child, grandchild = _pids_written(pids_file, task)
         assert _running(child) and _running(grandchild)
         task.send_signal(signal.SIGTERM)  # what Airflow sends a task it stops
         _, stderr = task.communicate(timeout=120)

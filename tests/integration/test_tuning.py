@@ -10,12 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from core.settings import Settings, TuningSettings, settings_as_env
+from tests.conftest import wait_for
 from tests.integration.training_sets import AS_OF, versioned_training_set
 
 pytestmark = pytest.mark.integration
@@ -69,10 +69,12 @@ def tuned(tmp_path_factory):
     results.append(_result(_trial_process(settings, study, 2)))
     # Slot 3's process is killed while it trains (a lost worker); the retry fails that trial and runs anew.
     killed = _trial_process(settings, study, 3)
-    deadline = time.monotonic() + 300
-    while not _running_trial(settings, study, slot=3):
-        assert killed.poll() is None and time.monotonic() < deadline, "slot 3 never started its trial"
-        time.sleep(0.2)
+    wait_for(
+        lambda: _running_trial(settings, study, slot=3) or killed.poll() is not None,
+        300,
+        "slot 3 to start its trial",
+    )
+    assert killed.poll() is None, f"slot 3 exited {killed.returncode} before it was killed"
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=60)
     results.append(_result(_trial_process(settings, study, 3)))

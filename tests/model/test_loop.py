@@ -8,12 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import wait_for
 from tests.model.tensors import make_split
 from training.dataset import NUMERIC_FEATURES
 from training.loop import (
@@ -55,15 +56,16 @@ def test_training_learns_the_signal(uninterrupted):
 def test_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(tmp_path, uninterrupted):
     checkpoint = tmp_path / CHECKPOINT_FILE
     process = subprocess.Popen([*WORKER, str(tmp_path), "--epochs", "4"], cwd=REPO, stdout=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while not checkpoint.exists():
-        assert process.poll() is None, "the run ended before writing a checkpoint"
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.05)
+    wait_for(lambda: checkpoint.exists() or process.poll() is not None, 300, "the run's first checkpoint")
+    assert process.poll() is None, "the run ended before it was killed"
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     assert process.returncode == -signal.SIGKILL
-    assert not list(tmp_path.glob(".*.tmp")) or load_checkpoint(checkpoint) is not None
+    # The kill may have hit a write: its temporary file stays behind, the checkpoint is the last one whole.
+    left = {path.name for path in tmp_path.iterdir()}
+    assert CHECKPOINT_FILE in left and left - {CHECKPOINT_FILE} <= {f".{CHECKPOINT_FILE}.{process.pid}.tmp"}
+    saved = load_checkpoint(checkpoint)
+    assert saved is not None and saved["fingerprint"] and saved["state"]["step"] > 0
 
     resumed = _worker(tmp_path, "--epochs", "4")
     assert resumed["resumed_from_step"] is not None
@@ -182,6 +184,47 @@ def test_checkpoints_are_written_atomically_and_load_weights_only(tmp_path):
 
 class _Arbitrary:
     pass
+
+
+# Writes a checkpoint at step 3, then dies (SIGKILL) halfway through writing the one of step 6.
+KILLED_WHILE_WRITING = textwrap.dedent(
+    """
+    import io, os, signal, sys
+    from pathlib import Path
+
+    import torch
+
+    from training import loop
+
+    path = Path(sys.argv[1])
+    loop.save_checkpoint(path, {"state": {"step": 3}})
+    real_save = torch.save
+
+    def save_half_then_die(payload, target):
+        whole = io.BytesIO()
+        real_save(payload, whole)
+        with open(target, "wb") as out:
+            out.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+            out.flush()
+            os.fsync(out.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    loop.torch.save = save_half_then_die
+    loop.save_checkpoint(path, {"state": {"step": 6}, "model": {"w": torch.ones(1000)}})
+    """
+)
+
+
+def test_a_kill_in_the_middle_of_a_write_leaves_the_previous_checkpoint_whole(tmp_path):
+    path = tmp_path / CHECKPOINT_FILE
+    writer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WHILE_WRITING, str(path)], cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
+    _, stderr = writer.communicate(timeout=120)
+    assert writer.returncode == -signal.SIGKILL, stderr[-2000:]
+    # the half-written file is the writer's temporary one; the checkpoint is the one before, whole
+    assert {p.name for p in tmp_path.iterdir()} == {CHECKPOINT_FILE, f".{CHECKPOINT_FILE}.{writer.pid}.tmp"}
+    assert load_checkpoint(path)["state"]["step"] == 3
 
 
 def test_precision_is_fp32_on_cpu_and_half_precision_needs_a_gpu():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from core.settings import Settings
 from mlops.stack import StackError, StackWatchdog, stopped_components
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -29,8 +29,8 @@ def _exited_pid(reaped: bool) -> int:
         child.wait()
     else:
         _UNREAPED.append(child)  # kept, not waited for: a zombie until the test ends
-        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
-            time.sleep(0.01)
+        stat = Path(f"/proc/{child.pid}/stat")
+        wait_for(lambda: stat.read_text().rpartition(")")[2].split()[0] == "Z", 30, f"{child.pid} to exit")
     return child.pid
 
 

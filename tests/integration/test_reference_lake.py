@@ -1,0 +1,118 @@
+"""The reference lake (tests/lake.py) is safe to share: a copy hard-links the cache's Parquet files, and
+every writer of the pipeline run on the copy (ingestion, a re-delivery, the features stage with its gold,
+DVC version and online store, the retrain's training set) leaves the cache byte for byte and mode for mode as
+it was. The lake holds what it promises: every fault kind, reconciled, with gold a rebuild from scratch."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import date, timedelta
+
+from core.settings import Settings
+from mlops import chain
+from pipelines.ingest import job as ingest
+from pipelines.lake import Tables, read_json
+from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests import lake as reference
+from tests.integration.gold_checks import (
+    assert_gold_is_a_rebuild_from_scratch,
+    assert_online_holds_latest_gold,
+    counts_by_event_date,
+    gold_tables,
+    silver_by_event_date,
+)
+
+
+def test_writers_on_a_copy_leave_the_cached_lake_unchanged(spark, tmp_path, monkeypatch):
+    source, _ = reference.cached_lake()
+    before = reference.snapshot(source)
+    copy = reference.reference_lake(tmp_path / "home")
+    settings = Settings(home=copy.home)
+    linked = [
+        p
+        for p in copy.home.rglob("*.parquet")
+        if p.stat().st_ino == (source / p.relative_to(copy.home)).stat().st_ino
+    ]
+    assert linked, "a copy must share the cache's Parquet files, not copy them"
+
+    # A new arrival, a re-delivery of a cached date and the features stage over both.
+    nxt = reference.DAYS[-1] + timedelta(days=1)
+    generate_landing(
+        GenerateRequest(
+            start=nxt, days=1, rows_per_day=reference.SPEC["rows_per_day"], seed=8, landing=settings.landing,
+            customers=150, merchants=40, feed_start=reference.FIRST,
+        )
+    )  # fmt: skip
+    ingest.ingest(settings, nxt, "copy:next")
+    chain.features(settings, nxt)
+    data = sorted((settings.landing / reference.FIRST.isoformat()).glob("transactions-*"))[-1]
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:-10]))
+    ingest.ingest(settings, reference.FIRST, "copy:redelivered")
+    record = chain.features(settings, reference.FIRST)
+    assert record["plan"]["event_dates"][-1] == nxt.isoformat()
+    # The retrain's training set, versioned with DVC.
+    from training.dataset import write_training_set
+
+    monkeypatch.setenv("MLOPS_HOME", str(copy.home))
+    write_training_set(Settings(home=copy.home), nxt)
+
+    assert reference.snapshot(source) == before, "a writer changed a file of the cached lake in place"
+    still_linked = [p for p in linked if p.exists() and p.stat().st_nlink > 1]
+    assert still_linked, "the untouched dates' files stay shared"
+
+
+def test_a_changed_parameter_or_code_file_keys_a_new_lake(monkeypatch, tmp_path):
+    key = reference.code_key()
+    monkeypatch.setitem(reference.SPEC, "rows_per_day", reference.SPEC["rows_per_day"] + 1)
+    assert reference.code_key() != key
+    monkeypatch.setitem(reference.SPEC, "rows_per_day", reference.SPEC["rows_per_day"] - 1)
+    assert reference.code_key() == key
+    code = tmp_path / "repo"
+    (code / "core").mkdir(parents=True)
+    (code / "core" / "module.py").write_text("A = 1\n")
+    monkeypatch.setattr(reference, "REPO", code)
+    monkeypatch.setattr(reference, "CODE", ("core",))
+    first = reference.code_key()
+    (code / "core" / "module.py").write_text("A = 2\n")
+    assert reference.code_key() != first
+
+
+def test_the_reference_lake_holds_every_fault_kind_reconciled(spark, tmp_path):
+    copy = reference.reference_lake(tmp_path / "home")
+    settings = Settings(home=copy.home)
+    events = copy.events
+    delivered = [date.fromisoformat(d) for d in events["delivered"]]
+    assert sorted(delivered) == reference.DAYS
+    assert delivered != sorted(delivered), "a date is delivered after the next one"
+    assert events["late_rows"] > 0 and events["duplicate_rows"] > 0 and events["quarantined_rows"] > 0
+    # The date delivered after the next one rebuilt that next date.
+    came_late = next(after for day, after in itertools.pairwise(delivered) if after < day)
+    assert (came_late + timedelta(days=1)).isoformat() in events["built"][came_late.isoformat()]
+    assert reference.UNLABELLED.isoformat() in events["labels_rebuilt"]
+    assert events["redelivery_rebuilt"][-1] == reference.DAYS[-1].isoformat()
+    tables = Tables(settings.lake)
+    for day in reference.DAYS:
+        record = read_json(tables.reconciliation(day))
+        assert record is not None, day
+        assert record["rows_in"] == record["rows_bronze"] + record["rows_quarantined"], record
+        assert record["rows_silver"] + record["duplicates_removed"] == record["rows_bronze"], record
+    assert (
+        sum(read_json(tables.reconciliation(d))["rows_quarantined"] for d in reference.DAYS)
+        >= events["quarantined_rows"]
+    )
+    silver = silver_by_event_date(settings)
+    assert counts_by_event_date(gold_tables(settings)[0]) == silver
+    assert counts_by_event_date(gold_tables(settings)[1]) == silver
+    assert_gold_is_a_rebuild_from_scratch(settings, tmp_path)
+    assert_online_holds_latest_gold(settings)
+
+
+def test_a_copy_is_its_own_a_removed_file_stays_in_the_cache(tmp_path):
+    source, _ = reference.cached_lake()
+    copy = reference.reference_lake(tmp_path / "home")
+    victim = next(copy.home.rglob("*.parquet"))
+    victim.unlink()
+    assert (source / victim.relative_to(copy.home)).is_file()
+    landing = next((copy.home / "landing").rglob("transactions-*"))
+    landing.write_text("rewritten")
+    assert (source / landing.relative_to(copy.home)).read_text() != "rewritten"

@@ -1,0 +1,208 @@
+"""The reference lake: a few days of a real feed with every fault kind, built once per test run through the
+real steps (ingestion with its GX suites, the features stage: gold, its DVC version, the Feast online store),
+cached on disk by a hash of the code and parameters that build it, and handed to each test as its own cheap
+copy (docs/testing.md, "Shared set-ups").
+
+What the feed holds, in the order it arrives (`ReferenceLake.events` says it for a test to read):
+- events a day late (`late`), exact re-sends (`duplicates`) and rows that fail the contract and are
+  quarantined (`wrong_type`);
+- a date delivered after the next one (`out_of_order`, seed 5 gives 03-03 before 03-02);
+- a date whose chargebacks file comes after the others (UNLABELLED), then arrives;
+- a date re-delivered at the end with its last rows withdrawn (REDELIVERED).
+
+A copy hard-links the Parquet files of the cache (the lake's writers only swap whole files and folders in,
+never write one in place: tests/integration/test_reference_lake.py holds that) and copies everything else
+(landing files, which tests rewrite; SQLite files, which their writers change in place).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST = date(2026, 3, 2)
+DAYS = [FIRST + timedelta(days=i) for i in range(4)]
+UNLABELLED = DAYS[3]  # its chargebacks come after the other arrivals
+REDELIVERED = DAYS[1]  # delivered again at the end with its last WITHDRAWN rows removed
+WITHDRAWN = 30
+SPEC = {
+    "start": FIRST.isoformat(),
+    "days": len(DAYS),
+    "rows_per_day": 800,
+    "seed": 5,
+    "customers": 150,
+    "merchants": 40,
+    "faults": "late=0.03,duplicates=0.01,wrong_type=0.005,out_of_order=0.35",
+    "unlabelled": UNLABELLED.isoformat(),
+    "redelivered": REDELIVERED.isoformat(),
+    "withdrawn": WITHDRAWN,
+}
+# The code that builds the lake: a change to any file here builds a new one.
+CODE = ("core", "pipelines", "features", "mlops", "great_expectations", "params.yaml", "requirements.lock")
+# Files a copy hard-links: written once and only ever replaced whole (a folder or file swapped in).
+LINKED_SUFFIXES = (".parquet",)
+# Copied files that may name the home's path (configuration and JSON records).
+TEXT_SUFFIXES = (".yaml", ".json", "config")
+EVENTS_FILE = "reference-lake.json"
+
+
+@dataclass(frozen=True)
+class ReferenceLake:
+    """A copy of the reference lake: its MLOPS_HOME and what happened while it was built."""
+
+    home: Path
+    events: dict
+
+    @property
+    def days(self) -> list[date]:
+        return list(DAYS)
+
+
+def code_key() -> str:
+    """A hash of the parameters and of every file of the code that builds the lake."""
+    digest = hashlib.sha256(json.dumps(SPEC, sort_keys=True).encode())
+    digest.update(Path(__file__).read_bytes())
+    for name in CODE:
+        root = REPO / name
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(str(path.relative_to(REPO)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    """Where built lakes are kept between runs: $MLOPS_TEST_CACHE, else ~/.cache/mlops-tests."""
+    configured = os.environ.get("MLOPS_TEST_CACHE")
+    base = Path(configured) if configured else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base if configured else base / "mlops-tests"
+
+
+def _build(home: Path) -> dict:
+    """The feed through the real steps, arrival by arrival, as the ingest and features DAGs run them."""
+    from core.settings import Settings
+    from mlops import chain
+    from pipelines.ingest import job as ingest
+    from pipelines.synthetic.faults import parse_faults
+    from pipelines.synthetic.landing import GenerateRequest, generate_landing
+
+    settings = Settings(home=home)
+    settings.ensure_dirs()
+    manifests = generate_landing(
+        GenerateRequest(
+            start=FIRST,
+            days=SPEC["days"],
+            rows_per_day=SPEC["rows_per_day"],
+            seed=SPEC["seed"],
+            landing=settings.landing,
+            customers=SPEC["customers"],
+            merchants=SPEC["merchants"],
+            faults=parse_faults(SPEC["faults"]),
+        )
+    )
+    delivered = [m["arrival_date"] for m in manifests]
+    held = home / "held-labels"
+    held.mkdir()
+    for labels in (settings.landing / UNLABELLED.isoformat()).glob("labels-*"):
+        shutil.move(labels, held / labels.name)
+    built: dict[str, list[str]] = {}
+    for arrival in delivered:
+        day = date.fromisoformat(arrival)
+        ingest.ingest(settings, day, f"reference:{arrival}")
+        built[arrival] = chain.features(settings, day)["plan"]["event_dates"]
+    for labels in held.iterdir():
+        shutil.move(labels, settings.landing / UNLABELLED.isoformat() / labels.name)
+    held.rmdir()
+    ingest.ingest_labels(settings, UNLABELLED, "reference:labels")
+    labels_rebuilt = chain.features(settings, UNLABELLED)["plan"]["event_dates"]
+    data = sorted((settings.landing / REDELIVERED.isoformat()).glob("transactions-*"))[-1]
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[:-WITHDRAWN]))
+    ingest.ingest(settings, REDELIVERED, "reference:redelivered")
+    redelivery_rebuilt = chain.features(settings, REDELIVERED)["plan"]["event_dates"]
+    return {
+        "spec": SPEC,
+        "built_at": str(home),
+        "delivered": delivered,
+        "built": built,
+        "labels_rebuilt": labels_rebuilt,
+        "redelivery_rebuilt": redelivery_rebuilt,
+        "late_rows": sum(m["faults"].get("late", 0) for m in manifests),
+        "quarantined_rows": sum(m["faults"].get("wrong_type", 0) for m in manifests),
+        "duplicate_rows": sum(m["faults"].get("duplicates", 0) for m in manifests),
+        "manifests": manifests,
+    }
+
+
+def cached_lake() -> tuple[Path, dict]:
+    """The reference lake's home in the cache, built first where it is missing; one builder at a time
+    across processes (parallel test workers wait for the first one's build)."""
+    from tests.conftest import machine_lock
+
+    key = code_key()
+    root = cache_root()
+    done = root / f"lake-{key}"
+    with machine_lock(f"reference-lake-{key}"):
+        if not (done / EVENTS_FILE).is_file():
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob("lake-*"):  # an older code's lake: never read again
+                shutil.rmtree(stale, ignore_errors=True)
+            staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+            events = _build(staging / "home")
+            (staging / "home" / EVENTS_FILE).write_text(json.dumps(events, indent=1, default=str))
+            os.rename(staging / "home", done)
+            staging.rmdir()
+    return done, json.loads((done / EVENTS_FILE).read_text())
+
+
+def copy_home(source: Path, target: Path, built_at: str) -> None:
+    """`source` copied to `target`: Parquet files hard-linked (reflinks are not needed: their writers
+    never write one in place), every other file copied. The home's own path, which the installation wrote
+    into its configuration (Feast's feature_store.yaml, DVC's remote) and records, is `built_at` in the
+    copied text files and becomes `target`; Feast's registry, a binary file, is applied again."""
+    from core.settings import Settings
+    from features import repo
+
+    def link_or_copy(src: str, dst: str) -> str:
+        if src.endswith(LINKED_SUFFIXES):
+            os.link(src, dst)
+            return dst
+        done = shutil.copy2(src, dst)
+        if src.endswith(TEXT_SUFFIXES):
+            text = Path(dst).read_text()
+            if built_at in text:
+                Path(dst).write_text(text.replace(built_at, str(target)))
+        return done
+
+    shutil.copytree(source, target, copy_function=link_or_copy, symlinks=True)
+    # Feast's registry names the built home's files (the gold sources, the online store's SQLite file) in a
+    # binary file: applied anew here, it names the copy's; the online tables and their rows are kept.
+    (target / "feast" / "registry.db").unlink()
+    repo.apply(Settings(home=target))
+
+
+def reference_lake(target: Path) -> ReferenceLake:
+    """A copy of the reference lake at `target` (its MLOPS_HOME)."""
+    source, events = cached_lake()
+    copy_home(source, target, events["built_at"])
+    (target / EVENTS_FILE).unlink()
+    return ReferenceLake(home=target, events=events)
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `root`: its content's hash and its mode (a writer that changed a linked file in
+    place, or its permissions, shows here)."""
+    return {
+        str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mode)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
