@@ -105,10 +105,12 @@ def _assign_groups(items: list[pytest.Item]) -> None:
     first_seen: dict[str, int] = {}
     for group in groups.values():
         first_seen.setdefault(group, len(first_seen))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # in one process, file order: the e2e stacks never overlap (tests/e2e/conftest.py)
     rank = {g: r for r, g in enumerate(sorted(first_seen, key=lambda g: (-costs.get(g, 0.0), first_seen[g])))}
     items.sort(key=lambda item: rank[groups[item.nodeid]])
     target = Path(os.environ[GROUPS_ENV])
-    if os.environ.get("PYTEST_XDIST_WORKER") and not target.exists():
+    if not target.exists():
         temp = target.with_name(f"{target.name}.{os.getpid()}")
         temp.write_text(json.dumps(groups))
         os.replace(temp, target)  # every worker writes the same map; whole files only
