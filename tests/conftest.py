@@ -64,7 +64,8 @@ SHARED_SETUPS = {
 SETUP_TIMEOUTS = {"podman-images": 2400}
 GROUP_COSTS = REPO / "tests" / "group_costs.json"
 GROUPS_ENV = "MLOPS_TEST_GROUPS"
-os.environ.setdefault(GROUPS_ENV, str(_SESSION_DIR / "groups.json"))  # the controller's: workers inherit it
+# The controller's: workers inherit it (read once here: a test may empty the environment).
+GROUPS_FILE = Path(os.environ.setdefault(GROUPS_ENV, str(_SESSION_DIR / "groups.json")))
 
 
 def _group_costs() -> dict[str, float]:
@@ -81,7 +82,7 @@ def group_of(nodeid: str) -> str:
     """The group of a test: as the workers wrote it; its module where they did not (or without xdist)."""
     if not _GROUPS:
         with contextlib.suppress(OSError, ValueError):
-            _GROUPS.update(json.loads(Path(os.environ[GROUPS_ENV]).read_text()))
+            _GROUPS.update(json.loads(GROUPS_FILE.read_text()))
     return _GROUPS.get(nodeid) or nodeid.split("::", 1)[0]
 
 
@@ -109,7 +110,7 @@ def _assign_groups(items: list[pytest.Item]) -> None:
         return  # in one process, file order: the e2e stacks never overlap (tests/e2e/conftest.py)
     rank = {g: r for r, g in enumerate(sorted(first_seen, key=lambda g: (-costs.get(g, 0.0), first_seen[g])))}
     items.sort(key=lambda item: rank[groups[item.nodeid]])
-    target = Path(os.environ[GROUPS_ENV])
+    target = GROUPS_FILE
     if not target.exists():
         temp = target.with_name(f"{target.name}.{os.getpid()}")
         temp.write_text(json.dumps(groups))
