@@ -7,6 +7,7 @@ test module imports it. Every test session gets its own AIRFLOW_HOME and MLOPS_H
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -75,15 +76,17 @@ def _group_costs() -> dict[str, float]:
         return {}
 
 
-_GROUPS: dict[str, str] = {}
+@functools.cache
+def _written_groups() -> dict[str, str]:
+    """The groups the workers wrote; read once, when the scheduler first asks (after every collection)."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(GROUPS_FILE.read_text())
+    return {}
 
 
 def group_of(nodeid: str) -> str:
-    """The group of a test: as the workers wrote it; its module where they did not (or without xdist)."""
-    if not _GROUPS:
-        with contextlib.suppress(OSError, ValueError):
-            _GROUPS.update(json.loads(GROUPS_FILE.read_text()))
-    return _GROUPS.get(nodeid) or nodeid.split("::", 1)[0]
+    """The group of a test: as the workers wrote it; its module without xdist."""
+    return _written_groups().get(nodeid) or nodeid.split("::", 1)[0]
 
 
 def _assign_groups(items: list[pytest.Item]) -> None:
@@ -102,19 +105,18 @@ def _assign_groups(items: list[pytest.Item]) -> None:
     for item in items:
         if groups[item.nodeid] in SETUP_TIMEOUTS:
             item.add_marker(pytest.mark.timeout(SETUP_TIMEOUTS[groups[item.nodeid]]))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # in one process, file order: the e2e stacks never overlap (tests/e2e/conftest.py)
     costs = _group_costs()
     first_seen: dict[str, int] = {}
     for group in groups.values():
         first_seen.setdefault(group, len(first_seen))
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # in one process, file order: the e2e stacks never overlap (tests/e2e/conftest.py)
     rank = {g: r for r, g in enumerate(sorted(first_seen, key=lambda g: (-costs.get(g, 0.0), first_seen[g])))}
     items.sort(key=lambda item: rank[groups[item.nodeid]])
-    target = GROUPS_FILE
-    if not target.exists():
-        temp = target.with_name(f"{target.name}.{os.getpid()}")
+    if not GROUPS_FILE.exists():
+        temp = GROUPS_FILE.with_name(f"{GROUPS_FILE.name}.{os.getpid()}")
         temp.write_text(json.dumps(groups))
-        os.replace(temp, target)  # every worker writes the same map; whole files only
+        os.replace(temp, GROUPS_FILE)  # every worker writes the same map; whole files only
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -60,10 +60,6 @@ class ReferenceLake:
     home: Path
     events: dict
 
-    @property
-    def days(self) -> list[date]:
-        return list(DAYS)
-
 
 def code_key() -> str:
     """A hash of the parameters and of every file of the code that builds the lake."""
@@ -82,9 +78,9 @@ def code_key() -> str:
 
 def cache_root() -> Path:
     """Where built lakes are kept between runs: $MLOPS_TEST_CACHE, else ~/.cache/mlops-tests."""
-    configured = os.environ.get("MLOPS_TEST_CACHE")
-    base = Path(configured) if configured else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base if configured else base / "mlops-tests"
+    if configured := os.environ.get("MLOPS_TEST_CACHE"):
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlops-tests"
 
 
 def _build(home: Path) -> dict:

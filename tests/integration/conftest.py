@@ -35,6 +35,18 @@ def airflow_db() -> Path:
     return home
 
 
+def dag_run_states(run) -> dict[str, str]:
+    """Each task's state in a run `dag.test` made (task id -> state)."""
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance).filter(
+            TaskInstance.run_id == run.run_id, TaskInstance.dag_id == run.dag_id
+        )
+        return {ti.task_id: str(ti.state) for ti in rows}
+
+
 # --- infra/k8s: tools, rendered overlays and the checks shared by test_infra_k8s.py and test_retrain_pod.py
 
 

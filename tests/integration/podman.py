@@ -79,10 +79,10 @@ def ensure_tools() -> None:
     from tests.conftest import machine_lock
 
     with machine_lock("apt"):  # another test worker may be installing kubectl or chromium
-        missing = [tool for tool in missing if shutil.which(tool) is None]
+        missing = [tool for tool in missing if shutil.which(tool) is None]  # or had installed these
+        if not missing:
+            return
         for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
-            if not missing:
-                break
             done = subprocess.run(
                 args,
                 capture_output=True,

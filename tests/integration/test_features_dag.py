@@ -11,6 +11,7 @@ import pytest
 from core.settings import get_settings
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests.integration.conftest import dag_run_states
 
 FIRST = date(2026, 1, 5)
 LAST = FIRST + timedelta(days=2)
@@ -40,18 +41,11 @@ def silver_days(spark):
 
 def test_a_run_builds_versions_and_materializes_the_date(airflow_db, silver_days, spark):
     from airflow.dag_processing.dagbag import DagBag
-    from airflow.models import TaskInstance
     from airflow.utils.session import create_session
 
     dag = DagBag(dag_folder="dags").dags["build_features"]
     run = dag.test(run_conf={"arrival_date": LAST.isoformat()})
-    with create_session() as session:
-        states = {
-            ti.task_id: str(ti.state)
-            for ti in session.query(TaskInstance).filter(
-                TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "build_features"
-            )
-        }
+    states = dag_run_states(run)
     assert set(states.values()) == {"success"}, states
     # Versioned gold starts the retrain (fraud_features); the online load is its own asset, beside it.
     from airflow.models.asset import AssetEvent, AssetModel

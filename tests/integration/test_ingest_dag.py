@@ -14,6 +14,7 @@ from core.settings import get_settings
 from pipelines.ingest import job
 from pipelines.lake import Tables
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests.integration.conftest import dag_run_states
 
 
 def _land(day: date, rows: int) -> None:
@@ -29,17 +30,6 @@ def _land(day: date, rows: int) -> None:
     )
 
 
-def _states(run) -> dict[str, str]:
-    from airflow.models import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.query(TaskInstance).filter(
-            TaskInstance.run_id == run.run_id, TaskInstance.dag_id == run.dag_id
-        )
-        return {ti.task_id: str(ti.state) for ti in rows}
-
-
 @pytest.fixture
 def ingest_dag(airflow_db):
     from airflow.dag_processing.dagbag import DagBag
@@ -53,7 +43,7 @@ def test_a_run_ingests_its_date_and_emits_the_silver_asset(ingest_dag, spark):
 
     _land(date(2026, 1, 5), 1200)
     run = ingest_dag.test(logical_date=pendulum.datetime(2026, 1, 6, tz="UTC"))
-    assert _states(run) == {
+    assert dag_run_states(run) == {
         t: "success"
         for t in (
             "wait_for_arrival",
@@ -82,7 +72,7 @@ def test_a_failed_expectation_fails_validate_bronze_and_stops_the_run(ingest_dag
     job.ingest(settings, date(2026, 1, 5), "previous-day")
     _land(date(2026, 1, 6), 300)  # a fifth of yesterday: below the 0.5x row-count bound
     run = ingest_dag.test(logical_date=pendulum.datetime(2026, 1, 7, tz="UTC"))
-    states = _states(run)
+    states = dag_run_states(run)
     assert states["ingest_to_bronze"] == "success"
     assert states["validate_bronze"] == "failed"
     assert states["build_silver"] == states["validate_silver"] == "upstream_failed"

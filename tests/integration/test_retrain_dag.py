@@ -20,6 +20,7 @@ from core.settings import get_settings
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 from tests.gate_rule import decision_by_auc_pr
+from tests.integration.conftest import dag_run_states
 from training.registry import GatePolicy
 
 FIRST = date(2026, 1, 1)
@@ -89,21 +90,13 @@ class DagRetrain:
 def dag_retrain(features_home, airflow_db, tmp_path_factory) -> Iterator[DagRetrain]:
     """The retrain DAG run once (dag.test) on a copy of the featurized installation with no model yet."""
     from airflow.dag_processing.dagbag import DagBag
-    from airflow.models import TaskInstance
-    from airflow.utils.session import create_session
 
     home = _copy(features_home, tmp_path_factory.mktemp("dag-retrain") / "home")
     with pytest.MonkeyPatch.context() as patch:
         _point_at(home, patch)
         dag = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
         run = dag.test(run_conf={"as_of": LAST.isoformat()})
-        with create_session() as session:
-            states = {
-                ti.task_id: str(ti.state)
-                for ti in session.query(TaskInstance).filter(
-                    TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "retrain_fraud_model"
-                )
-            }
+        states = dag_run_states(run)
     get_settings.cache_clear()
     yield DagRetrain(home=home, run_id=run.run_id, states=states)
 
@@ -217,19 +210,13 @@ def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):
     """A young installation (no silver yet, as when the weekly schedule fires before the first arrival):
     the run skips the training set and everything after it instead of failing, and says why."""
     from airflow.dag_processing.dagbag import DagBag
-    from airflow.models import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     dag = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
     run = dag.test(run_conf={"as_of": LAST.isoformat()})
+    states = dag_run_states(run)
     with create_session() as session:
-        states = {
-            ti.task_id: str(ti.state)
-            for ti in session.query(TaskInstance).filter(
-                TaskInstance.run_id == run.run_id, TaskInstance.dag_id == "retrain_fraud_model"
-            )
-        }
         reason = (
             session.query(XComModel.value)
             .filter(

@@ -15,21 +15,11 @@ from pipelines.ingest import job
 from pipelines.lake import Tables
 from pipelines.synthetic.faults import parse_faults
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests.integration.conftest import dag_run_states
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples"
 DAY = date(2026, 1, 5)
-
-
-def _states(run) -> dict[str, str]:
-    from airflow.models import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.query(TaskInstance).filter(
-            TaskInstance.run_id == run.run_id, TaskInstance.dag_id == run.dag_id
-        )
-        return {ti.task_id: str(ti.state) for ti in rows}
 
 
 def _map_labels(run) -> dict[str, list[str]]:
@@ -79,7 +69,7 @@ def test_a_run_reports_what_quarantine_holds_by_reason(example_dag, spark):
     job.build_silver(settings, DAY, "t")
 
     run = example_dag.test(run_conf={"arrival_date": DAY.isoformat()})
-    assert _states(run) == {"dates_to_report": "success", "report_quarantine": "success"}
+    assert dag_run_states(run) == {"dates_to_report": "success", "report_quarantine": "success"}
     assert _map_labels(run) == {"report_quarantine": [DAY.isoformat()]}  # the date, not "0"
 
     report = json.loads((settings.lake / "reports" / "quarantine" / f"arrival_date={DAY}.json").read_text())
@@ -95,7 +85,7 @@ def test_a_run_reports_what_quarantine_holds_by_reason(example_dag, spark):
 
 def test_a_date_never_ingested_fails_the_report_task_at_once(example_dag, capsys):
     run = example_dag.test(run_conf={"arrival_date": "2026-02-01"})
-    assert _states(run) == {"dates_to_report": "success", "report_quarantine": "failed"}
+    assert dag_run_states(run) == {"dates_to_report": "success", "report_quarantine": "failed"}
     # failed, not up for retry: a data problem is not retried, and the log says what to do
     assert "arrival 2026-02-01 has no reconciliation record at" in capsys.readouterr().out
     assert not (get_settings().lake / "reports").exists()
