@@ -46,46 +46,46 @@ def _classify_csv(spark, values, header=HEADER):
     return transforms.classify(parsed, ARRIVAL, late_days=1).orderBy("line_number").collect()
 
 
-@pytest.mark.parametrize(
-    ("line", "reason", "detail"),
-    [
-        (_csv(), None, None),
-        (_csv(event_timestamp="2026-01-09T23:59:59Z"), None, None),  # late by a day: allowed
-        (_csv(amount="0.01"), None, None),
-        (",".join(GOOD[c] for c in HEADER[:5]), "malformed", None),  # too few tokens
-        ('"' + _csv(), "malformed", None),  # unbalanced quote
-        ("", "malformed", None),
-        ("\x1b~~garbled~~", "malformed", None),
-        (_csv() + ",EXTRA", "extra_column", None),
-        (_csv(customer_id=""), "missing_required", "customer_id is null or blank"),
-        (_csv(event_timestamp=""), "missing_required", "event_timestamp is null or blank"),
-        (_csv(amount="   "), "missing_required", "amount is null or blank"),
-        (_csv(amount="twelve"), "wrong_type", "amount is not a decimal number: twelve"),
-        (
-            _csv(event_timestamp="31/13/2026 25:61"),
-            "wrong_type",
-            "event_timestamp is not ISO 8601: 31/13/2026 25:61",
-        ),
-        (_csv(amount="-3.00"), "out_of_range", "amount -3.00 outside (0, 50000]"),
-        (_csv(amount="0"), "out_of_range", "amount 0.00 outside (0, 50000]"),
-        (_csv(amount="50000.01"), "out_of_range", "amount 50000.01 outside (0, 50000]"),
-        (
-            _csv(event_timestamp="2027-01-10T08:00:00Z"),
-            "out_of_range",
-            "event date 2027-01-10 outside [2026-01-09, 2026-01-10]",
-        ),
-        (
-            _csv(event_timestamp="2026-01-08T08:00:00Z"),
-            "out_of_range",
-            "event date 2026-01-08 outside [2026-01-09, 2026-01-10]",
-        ),
-        (_csv(currency="XXX"), "invalid_value", "currency not allowed: XXX"),
-        (_csv(channel="telepathy"), "invalid_value", "channel not allowed: telepathy"),
-        (_csv(country=""), None, None),  # country is optional
-    ],
-)
-def test_each_csv_line_gets_the_right_reason(spark, line, reason, detail):
-    (row,) = _classify_csv(spark, [line])
+CSV_REASONS = [
+    (_csv(), None, None),
+    (_csv(event_timestamp="2026-01-09T23:59:59Z"), None, None),  # late by a day: allowed
+    (_csv(amount="0.01"), None, None),
+    (",".join(GOOD[c] for c in HEADER[:5]), "malformed", None),  # too few tokens
+    ('"' + _csv(), "malformed", None),  # unbalanced quote
+    ("", "malformed", None),
+    ("\x1b~~garbled~~", "malformed", None),
+    (_csv() + ",EXTRA", "extra_column", None),
+    (_csv(customer_id=""), "missing_required", "customer_id is null or blank"),
+    (_csv(event_timestamp=""), "missing_required", "event_timestamp is null or blank"),
+    (_csv(amount="   "), "missing_required", "amount is null or blank"),
+    (_csv(amount="twelve"), "wrong_type", "amount is not a decimal number: twelve"),
+    (
+        _csv(event_timestamp="31/13/2026 25:61"),
+        "wrong_type",
+        "event_timestamp is not ISO 8601: 31/13/2026 25:61",
+    ),
+    (_csv(amount="-3.00"), "out_of_range", "amount -3.00 outside (0, 50000]"),
+    (_csv(amount="0"), "out_of_range", "amount 0.00 outside (0, 50000]"),
+    (_csv(amount="50000.01"), "out_of_range", "amount 50000.01 outside (0, 50000]"),
+    (
+        _csv(event_timestamp="2027-01-10T08:00:00Z"),
+        "out_of_range",
+        "event date 2027-01-10 outside [2026-01-09, 2026-01-10]",
+    ),
+    (
+        _csv(event_timestamp="2026-01-08T08:00:00Z"),
+        "out_of_range",
+        "event date 2026-01-08 outside [2026-01-09, 2026-01-10]",
+    ),
+    (_csv(currency="XXX"), "invalid_value", "currency not allowed: XXX"),
+    (_csv(channel="telepathy"), "invalid_value", "channel not allowed: telepathy"),
+    (_csv(country=""), None, None),  # country is optional
+]
+
+
+@pytest.mark.parametrize(("line", "reason", "detail"), CSV_REASONS)
+def test_each_csv_line_gets_the_right_reason(verdict, line, reason, detail):
+    row = verdict("csv", line)
     assert row.reason == reason
     if detail is not None:
         assert row.detail == detail
@@ -99,23 +99,21 @@ def test_quoted_commas_count_as_one_token_and_header_order_is_respected(spark):
     assert row.reason is None and row.transaction_id == GOOD["transaction_id"] and str(row.amount) == "12.50"
 
 
-@pytest.mark.parametrize(
-    ("record", "reason"),
-    [
-        (json.dumps({**GOOD, "amount": 12.5}), None),
-        (json.dumps({**GOOD, "amount": "twelve"}), "wrong_type"),
-        (json.dumps({**GOOD, "merchant_id": None}), "missing_required"),
-        (json.dumps({**GOOD, "promo_code": "X"}), "extra_column"),
-        (json.dumps({**GOOD})[:40], "malformed"),
-        ("[1, 2, 3]", "malformed"),
-        ("null", "malformed"),
-        (json.dumps({k: v for k, v in GOOD.items() if k != "currency"}), "missing_required"),
-    ],
-)
-def test_each_json_line_gets_the_right_reason(spark, record, reason):
-    parsed = transforms.parse_json_lines(_lines(spark, [record]))
-    (row,) = transforms.classify(parsed, ARRIVAL, late_days=1).collect()
-    assert row.reason == reason
+JSON_REASONS = [
+    (json.dumps({**GOOD, "amount": 12.5}), None),
+    (json.dumps({**GOOD, "amount": "twelve"}), "wrong_type"),
+    (json.dumps({**GOOD, "merchant_id": None}), "missing_required"),
+    (json.dumps({**GOOD, "promo_code": "X"}), "extra_column"),
+    (json.dumps({**GOOD})[:40], "malformed"),
+    ("[1, 2, 3]", "malformed"),
+    ("null", "malformed"),
+    (json.dumps({k: v for k, v in GOOD.items() if k != "currency"}), "missing_required"),
+]
+
+
+@pytest.mark.parametrize(("record", "reason"), JSON_REASONS)
+def test_each_json_line_gets_the_right_reason(verdict, record, reason):
+    assert verdict("json", record).reason == reason
 
 
 def test_bronze_and_quarantine_partition_the_input(spark):
@@ -238,47 +236,52 @@ QUARANTINED = [
 
 
 @pytest.mark.parametrize(("column", "value", "expected"), TYPED)
-def test_a_value_the_contract_holds_is_typed_exactly(spark, column, value, expected):
-    (row,) = _classify_csv(spark, [_csv(**{column: value})])
+def test_a_value_the_contract_holds_is_typed_exactly(verdict, column, value, expected):
+    row = verdict("csv", _csv(**{column: value}))
     assert (row.reason, row.detail) == (None, None)
     assert str(row[column]) == expected
 
 
 @pytest.mark.parametrize(("column", "value", "reason", "detail"), QUARANTINED)
 def test_a_value_the_contract_cannot_hold_is_quarantined_naming_column_and_value(
-    spark, column, value, reason, detail
+    verdict, column, value, reason, detail
 ):
     line = _csv(**{column: value})
-    (row,) = _classify_csv(spark, [line])
+    row = verdict("csv", line)
     assert row.reason == reason, row.detail
     if reason is not None:
         assert row.detail.startswith(detail) and column in row.detail
     assert row.raw_record == line
 
 
-def test_a_quoted_field_with_escaped_quotes_and_commas_is_one_value_and_is_judged_as_sent(spark):
-    line = _csv(merchant_category='"grocery, ""fresh"""')
-    (row,) = _classify_csv(spark, [line])
+ESCAPED_QUOTES = _csv(merchant_category='"grocery, ""fresh"""')
+
+
+def test_a_quoted_field_with_escaped_quotes_and_commas_is_one_value_and_is_judged_as_sent(verdict):
+    row = verdict("csv", ESCAPED_QUOTES)
     assert row.reason == "invalid_value"
     assert row.detail == 'merchant_category not allowed: grocery, "fresh"'
 
 
-@pytest.mark.parametrize(
-    ("amount", "reason", "typed"),
-    [
-        ("10.000000000000000001", "wrong_type", None),  # through a double it would read 10.0
-        ("1e3", None, "1000.00"),
-        ("12.50", None, "12.50"),
-        ('"12.505"', "wrong_type", None),
-        ("10.005", "wrong_type", None),
-        # Java's `$` also matches before a final line break, and Spark's cast trims it: never cleaned.
-        ('"12.5\\n"', "wrong_type", None),
-        ('"12.5\\r\\n"', "wrong_type", None),
-    ],
-)
-def test_a_json_number_is_judged_by_the_text_it_was_sent_as(spark, amount, reason, typed):
-    record = json.dumps({k: v for k, v in GOOD.items() if k != "amount"})[:-1] + f', "amount": {amount}}}'
-    (row,) = transforms.classify(transforms.parse_json_lines(_lines(spark, [record])), ARRIVAL, 1).collect()
+def _json_with_amount(amount: str) -> str:
+    return json.dumps({k: v for k, v in GOOD.items() if k != "amount"})[:-1] + f', "amount": {amount}}}'
+
+
+JSON_NUMBERS = [
+    ("10.000000000000000001", "wrong_type", None),  # through a double it would read 10.0
+    ("1e3", None, "1000.00"),
+    ("12.50", None, "12.50"),
+    ('"12.505"', "wrong_type", None),
+    ("10.005", "wrong_type", None),
+    # Java's `$` also matches before a final line break, and Spark's cast trims it: never cleaned.
+    ('"12.5\\n"', "wrong_type", None),
+    ('"12.5\\r\\n"', "wrong_type", None),
+]
+
+
+@pytest.mark.parametrize(("amount", "reason", "typed"), JSON_NUMBERS)
+def test_a_json_number_is_judged_by_the_text_it_was_sent_as(verdict, amount, reason, typed):
+    row = verdict("json", _json_with_amount(amount))
     assert row.reason == reason, row.detail
     # A quarantined amount is not typed at all (null), never typed approximately.
     assert (None if row.amount is None else str(row.amount)) == typed
@@ -293,19 +296,18 @@ def test_a_byte_order_mark_opening_a_json_lines_file_is_not_data(spark):
     assert row.reason is None and row.transaction_id == GOOD["transaction_id"] and row.raw_record == first
 
 
-@pytest.mark.parametrize(
-    ("line", "reason", "detail"),
-    [
-        ("tx0123456789abcdef,1,2026-01-10T08:00:00Z", None, None),
-        ("tx0123456789abcdef,1,2026-01-10 08:00:00Z", "wrong_type", "label_timestamp is not ISO 8601: "),
-        ("tx0123456789abcdef,1.0,2026-01-10T08:00:00Z", "wrong_type", "is_fraud is not an integer: 1.0"),
-        ("tx0123456789abcdef,2,2026-01-10T08:00:00Z", "out_of_range", "is_fraud 2 outside [0, 1]"),
-        ("tx12,1,2026-01-10T08:00:00Z", "invalid_value", 'transaction_id "tx12" does not match'),
-    ],
-)
-def test_labels_follow_their_contract(spark, line, reason, detail):
-    parsed = transforms.parse_csv_lines(_lines(spark, [line]), list(LABEL_COLUMNS), LABEL_COLUMNS)
-    (row,) = transforms.classify_labels(parsed, ARRIVAL, 1).collect()
+LABEL_REASONS = [
+    ("tx0123456789abcdef,1,2026-01-10T08:00:00Z", None, None),
+    ("tx0123456789abcdef,1,2026-01-10 08:00:00Z", "wrong_type", "label_timestamp is not ISO 8601: "),
+    ("tx0123456789abcdef,1.0,2026-01-10T08:00:00Z", "wrong_type", "is_fraud is not an integer: 1.0"),
+    ("tx0123456789abcdef,2,2026-01-10T08:00:00Z", "out_of_range", "is_fraud 2 outside [0, 1]"),
+    ("tx12,1,2026-01-10T08:00:00Z", "invalid_value", 'transaction_id "tx12" does not match'),
+]
+
+
+@pytest.mark.parametrize(("line", "reason", "detail"), LABEL_REASONS)
+def test_labels_follow_their_contract(verdict, line, reason, detail):
+    row = verdict("labels_csv", line)
     assert row.reason == reason, row.detail
     if detail:
         assert row.detail.startswith(detail)
@@ -331,44 +333,49 @@ def test_a_resend_in_a_later_arrival_is_a_duplicate_naming_the_first_copy(spark)
     assert copy.detail == "transaction_id first seen in arrival 2026-01-10 transactions-00001.csv:40"
 
 
-@pytest.mark.parametrize(
-    ("line", "reason", "detail"),
-    [
-        ("", "malformed", "empty line"),
-        (_csv(merchant_category='"groc'), "malformed", "unbalanced quotes: 1 quote characters"),
-        (",".join(GOOD[c] for c in HEADER[:5]), "malformed", "5 fields; the header has 9"),
-        (_csv() + ",EXTRA", "extra_column", "10 fields; the header has 9"),
-    ],
-)
-def test_a_csv_line_that_does_not_parse_has_a_detail_saying_why(spark, line, reason, detail):
-    (row,) = _classify_csv(spark, [line])
+CSV_DETAILS = [
+    ("", "malformed", "empty line"),
+    (_csv(merchant_category='"groc'), "malformed", "unbalanced quotes: 1 quote characters"),
+    (",".join(GOOD[c] for c in HEADER[:5]), "malformed", "5 fields; the header has 9"),
+    (_csv() + ",EXTRA", "extra_column", "10 fields; the header has 9"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason", "detail"), CSV_DETAILS)
+def test_a_csv_line_that_does_not_parse_has_a_detail_saying_why(verdict, line, reason, detail):
+    row = verdict("csv", line)
     assert row.reason == reason
     assert row.detail is not None and row.detail.startswith(detail), row.detail
 
 
-@pytest.mark.parametrize(
-    ("record", "reason", "detail"),
-    [
-        # from_json keeps both copies of a key, and a lookup would silently take one of them
-        (json.dumps(GOOD)[:-1] + ', "amount": "99.00"}', "malformed", "key(s) sent more than once: amount"),
-        (json.dumps(GOOD)[:-1] + ', "amount": +5}', "malformed", "not a JSON object"),
-        (json.dumps({**GOOD, "promo_code": "X"}), "extra_column", "key(s) outside the contract: promo_code"),
-    ],
-)
-def test_a_json_line_that_does_not_parse_has_a_detail_saying_why(spark, record, reason, detail):
-    (row,) = transforms.classify(transforms.parse_json_lines(_lines(spark, [record])), ARRIVAL, 1).collect()
+JSON_DETAILS = [
+    # from_json keeps both copies of a key, and a lookup would silently take one of them
+    (json.dumps(GOOD)[:-1] + ', "amount": "99.00"}', "malformed", "key(s) sent more than once: amount"),
+    (json.dumps(GOOD)[:-1] + ', "amount": +5}', "malformed", "not a JSON object"),
+    (json.dumps({**GOOD, "promo_code": "X"}), "extra_column", "key(s) outside the contract: promo_code"),
+]
+
+
+@pytest.mark.parametrize(("record", "reason", "detail"), JSON_DETAILS)
+def test_a_json_line_that_does_not_parse_has_a_detail_saying_why(verdict, record, reason, detail):
+    row = verdict("json", record)
     assert row.reason == reason
     assert row.detail is not None and row.detail.startswith(detail), row.detail
 
 
-@pytest.mark.parametrize("is_fraud", ['"1\\n"', '"0\\r\\n"'])
-def test_a_label_value_with_a_trailing_line_break_is_quarantined_not_trimmed(spark, is_fraud):
-    record = (
+def _label_json(is_fraud: str) -> str:
+    return (
         f'{{"transaction_id": "tx0123456789abcdef", "is_fraud": {is_fraud}, '
         '"label_timestamp": "2026-01-10T08:00:00Z"}'
     )
-    parsed = transforms.parse_json_lines(_lines(spark, [record]), LABEL_COLUMNS)
-    (row,) = transforms.classify_labels(parsed, ARRIVAL, 1).collect()
+
+
+LABEL_BREAKS = ['"1\\n"', '"0\\r\\n"']
+
+
+@pytest.mark.parametrize("is_fraud", LABEL_BREAKS)
+def test_a_label_value_with_a_trailing_line_break_is_quarantined_not_trimmed(verdict, is_fraud):
+    row = verdict("labels_json", _label_json(is_fraud))
     assert (row.reason, row.is_fraud) == ("wrong_type", None), row.detail
 
 
@@ -427,3 +434,74 @@ def test_an_unquoted_line_is_split_into_the_fields_sparks_csv_parser_reads(spark
     same = [F.col(c).eqNullSafe(library[c]) for c in HEADER]
     differing = parsed.where(~functools.reduce(lambda a, b: a & b, same)).select("raw_record").limit(5)
     assert differing.collect() == []
+
+
+# --- Every input the tests above judge on its own is classified in one Spark job per kind, on first use:
+# a job per line cost most of this module's time. Classification is row by row (no window, no join), so a
+# line's verdict does not depend on the lines beside it; the test below holds the batches to that.
+def _parse_labels_csv(lines):
+    return transforms.parse_csv_lines(lines, list(LABEL_COLUMNS), LABEL_COLUMNS)
+
+
+KINDS = {  # kind -> (parse, classify)
+    "csv": (lambda lines: transforms.parse_csv_lines(lines, HEADER), transforms.classify),
+    "json": (transforms.parse_json_lines, transforms.classify),
+    "labels_csv": (_parse_labels_csv, transforms.classify_labels),
+    "labels_json": (
+        lambda lines: transforms.parse_json_lines(lines, LABEL_COLUMNS),
+        transforms.classify_labels,
+    ),
+}
+BATCHES = {
+    "csv": [
+        *(line for line, _, _ in CSV_REASONS),
+        *(_csv(**{column: value}) for column, value, _ in TYPED),
+        *(_csv(**{column: value}) for column, value, _, _ in QUARANTINED),
+        ESCAPED_QUOTES,
+        *(line for line, _, _ in CSV_DETAILS),
+    ],
+    "json": [
+        *(record for record, _ in JSON_REASONS),
+        *(_json_with_amount(amount) for amount, _, _ in JSON_NUMBERS),
+        *(record for record, _, _ in JSON_DETAILS),
+    ],
+    "labels_csv": [line for line, _, _ in LABEL_REASONS],
+    # and a valid label, so that the batch holds more than one verdict
+    "labels_json": [*(_label_json(is_fraud) for is_fraud in LABEL_BREAKS), _label_json("1")],
+}
+
+
+def _judge(spark, kind: str, inputs: list[str]) -> dict[str, object]:
+    """Each distinct input's classified row, by input (line numbers from 2 in the order given)."""
+    distinct = list(dict.fromkeys(inputs))
+    parse, classify = KINDS[kind]
+    rows = classify(parse(_lines(spark, distinct)), ARRIVAL, 1).collect()
+    assert sorted(row.line_number for row in rows) == list(range(2, len(distinct) + 2))
+    return {distinct[row.line_number - 2]: row for row in rows}
+
+
+@pytest.fixture(scope="module")
+def verdict(spark):
+    """verdict(kind, input): the row `input` is classified to, from its kind's batch (BATCHES)."""
+    judged: dict[str, dict[str, object]] = {}
+
+    def lookup(kind: str, value: str):
+        if kind not in judged:
+            judged[kind] = _judge(spark, kind, BATCHES[kind])
+        assert value in judged[kind], f"{value!r} is not in BATCHES[{kind!r}]"
+        return judged[kind][value]
+
+    return lookup
+
+
+@pytest.mark.parametrize("kind", sorted(BATCHES))
+def test_a_line_judged_in_a_batch_gets_the_verdict_it_gets_alone(spark, verdict, kind):
+    # The batch's first input of each of (up to) three verdicts, judged alone, against its row in the batch.
+    by_reason: dict[object, str] = {}
+    for value in BATCHES[kind]:
+        by_reason.setdefault(verdict(kind, value).reason, value)
+    assert len(by_reason) >= 2, by_reason
+    for value in list(by_reason.values())[:3]:
+        alone = _judge(spark, kind, [value])[value].asDict()
+        batched = verdict(kind, value).asDict()
+        assert {**alone, "line_number": None} == {**batched, "line_number": None}, value
