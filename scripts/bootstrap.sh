@@ -5,8 +5,7 @@
 # unpacks on every core at once, where pip works one package after another (a clean clone's bootstrap took
 # 333 s with pip; docs/benchmarks.md, "Test-suite time"), and byte-compiles the environment the same way.
 # The bytecode must be there ahead: our machines set PYTHONDONTWRITEBYTECODE=1, so Python never writes it at
-# import, and without it every Airflow task process compiles Airflow, Spark's and GX's modules anew (a
-# clean-clone run without it took the shared demo stack 13 minutes instead of about 5).
+# import, and without it every Airflow task process compiles Airflow's, Spark's and GX's modules anew.
 #
 # uv reads no pip configuration, so pip's own (`pip config list` and PIP_* variables: find-links, index URLs,
 # constraints, CA bundle) is handed to it by scripts/uv_install.py: torch is pinned to 2.13.0 in the lock,
