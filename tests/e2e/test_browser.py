@@ -50,7 +50,7 @@ def chromium_paths() -> tuple[Path, Path]:
         pytest.skip(f"{CHROMIUM} is missing and installing {' and '.join(PACKAGES)} needs root (or sudo)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = [*prefix, "apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
-    with machine_lock("apt"):  # another test worker may be installing podman or kubectl
+    with machine_lock("apt"):  # another test worker may be installing podman
         done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
         if done.returncode:  # stale package lists: refresh them once
             subprocess.run(

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from orchestration import k8s_contract as contract
-from tests.conftest import machine_lock
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
@@ -71,23 +70,38 @@ def infra_tools() -> InfraTools:
     return InfraTools(python=venv / "bin" / "python", checkov=venv / "bin" / "checkov")
 
 
+# The overlays use kustomize's `labels` field (kustomize 4.1, first bundled with kubectl 1.22; our machines
+# have 1.32). Debian 12's kubernetes-client is 1.20: its kustomize answers `json: unknown field "labels"` for
+# every overlay, so it is no fallback, and the fixture does not install it.
+KUBECTL_MINIMUM = (1, 22)
+
+
+def kubectl_version(path: str) -> tuple[int, int]:
+    """The client's (major, minor), from `kubectl version --client -o json`."""
+    command = [path, "version", "--client", "-o", "json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        pytest.fail(f"{path} version --client failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    client = json.loads(done.stdout)["clientVersion"]
+    return int(client["major"]), int(client["minor"].rstrip("+"))  # a vendor's build reads "32+"
+
+
 @pytest.fixture(scope="session")
 def kubectl() -> str:
+    """The machine's kubectl, whose `kubectl kustomize` renders the overlays: checked for its version first,
+    so an old client fails here with what to do rather than in every rendering test."""
     path = shutil.which("kubectl")
-    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        # A fresh machine may lack it: install Debian's client, as a developer would (one apt at a time:
-        # another test worker may be installing podman or chromium).
-        with machine_lock("apt"):
-            if shutil.which("kubectl") is None:
-                subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
-                subprocess.run(
-                    ["apt-get", "install", "-y", "-qq", "kubernetes-client"], capture_output=True, timeout=600
-                )
-        path = shutil.which("kubectl")
     if path is None:
         pytest.fail(
-            "kubectl is not on PATH; the overlays are rendered with `kubectl kustomize` "
-            "(Debian: apt-get install kubernetes-client)"
+            "kubectl is not on PATH; the overlays are rendered with `kubectl kustomize`: install kubectl "
+            f"{'.'.join(map(str, KUBECTL_MINIMUM))} or newer (https://kubernetes.io/docs/tasks/tools/)"
+        )
+    version = kubectl_version(path)
+    if version < KUBECTL_MINIMUM:
+        pytest.fail(
+            f"{path} is kubectl {'.'.join(map(str, version))}; the overlays need "
+            f"{'.'.join(map(str, KUBECTL_MINIMUM))} or newer (their kustomize `labels` field): install a "
+            "newer kubectl (Debian 12's kubernetes-client package is 1.20, too old)"
         )
     return path
 
