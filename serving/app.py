@@ -367,6 +367,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "batches": counters.batches,
             "largest_batch": counters.largest_batch,
             "shadow_failures": counters.shadow_failures,
+            "non_finite_scores": counters.non_finite_scores,
             "scoring_log_rows_written": service.scoring_log.written if service.scoring_log else None,
             "scoring_log_write_errors": service.scoring_log.errors if service.scoring_log else None,
             "live_state": service.settings.serving.live_state,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ class Counters:
     batches: int = 0
     largest_batch: int = 0
     shadow_failures: int = 0
+    non_finite_scores: int = 0  # declined: a score that is not a number is never an approval
 
 
 @dataclass
@@ -79,20 +81,30 @@ class Scorer:
         results, rows = [], []
         for i, txn in enumerate(txns):
             score = float(scores[i])
-            decision = DECLINE if score >= self.threshold else APPROVE
+            finite = math.isfinite(score)
+            # NaN compares false with everything: `score >= threshold` alone would approve it.
+            decision = DECLINE if not finite or score >= self.threshold else APPROVE
             latency_ms = (done - received[i]) * 1000.0
             features = assembled.features[i]
             missing = assembled.missing[i]
+            notes = [_missing_note(missing, txn)] if missing else []
+            if not finite:
+                self.counters.non_finite_scores += 1
+                notes.append(
+                    f"champion v{champion.version} gave no finite score ({score}): declined, not approved; "
+                    "counted in /status non_finite_scores"
+                )
+                log.error("v%s scored %s %s: declined", champion.version, txn["transaction_id"], score)
             results.append(
                 {
                     "transaction_id": txn["transaction_id"],
-                    "score": score,
+                    "score": score if finite else None,
                     "decision": decision,
                     "threshold": self.threshold,
                     "model": {"name": champion.name, "version": champion.version},
                     "features": features,
                     "missing_entities": missing,
-                    "notes": [_missing_note(missing, txn)] if missing else [],
+                    "notes": notes,
                 }
             )
             rows.append(

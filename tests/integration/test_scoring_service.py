@@ -43,28 +43,31 @@ def transaction(n: int, **overrides) -> dict:
     return {**item, **overrides}
 
 
-def _model(seed: int):
+def _model(seed: int, nan: bool = False):
     from training.model import FraudMLP
 
     torch.manual_seed(seed)
     model = FraudMLP()
     model.fit_normalization(make_split(2_000, seed=seed).x[:, : len(NUMERIC_FEATURES)])
+    if nan:  # a broken model, as a diverged training run leaves one: every score NaN
+        with torch.no_grad():
+            model.mlp[-1].bias.fill_(float("nan"))
     return model.eval()
 
 
-def _register(tracking_uri: str, artifacts: Path, seed: int, onnx: bool = True) -> str:
+def _register(tracking_uri: str, artifacts: Path, seed: int, onnx: bool = True, nan: bool = False) -> str:
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
     if mlflow.get_experiment_by_name("serving-test") is None:
         mlflow.create_experiment("serving-test", artifact_location=artifacts.as_uri())
     mlflow.set_experiment("serving-test")
-    model = _model(seed)
+    model = _model(seed, nan)
     with mlflow.start_run() as run:
         log_model(model, name="model", pip_requirements=[])
     version = ModelRegistry(tracking_uri).register(run.info.run_id)
     if onnx:
-        _export(tracking_uri, run.info.run_id, model, artifacts / f"onnx-{seed}")
+        _export(tracking_uri, run.info.run_id, model, artifacts / f"onnx-{seed}{'-nan' if nan else ''}")
     return version
 
 
@@ -321,3 +324,18 @@ def test_the_champion_moves_under_load_without_a_failed_request_and_the_challeng
     shadowed = [r for r in rows if r["model_version"] == champion and r["shadow_version"] == challenger]
     assert shadowed and all(r["shadow_score"] is not None for r in shadowed)
     assert all(r["latency_ms"] > 0 and r["date"] for r in rows)
+
+
+def test_a_score_that_is_not_a_number_is_declined_and_counted_never_approved(server, champion, registry_home):
+    tracking = _tracking(registry_home)
+    broken = _register(tracking, registry_home / "artifacts", seed=3, nan=True)
+    ModelRegistry(tracking).set_champion(broken)
+    wait_for(lambda: server.client.get("/status").json()["champion"] == broken, 30, "the broken champion")
+    before = server.client.get("/status").json().get("non_finite_scores")
+    answer = server.client.post("/score", json=[transaction(40), transaction(41)])
+    assert answer.status_code == 200, answer.text
+    for result in answer.json():
+        assert result["model"]["version"] == broken
+        assert result["decision"] == "decline" and result["score"] is None
+        assert any("no finite score" in note for note in result["notes"]), result["notes"]
+    assert server.client.get("/status").json()["non_finite_scores"] == before + 2
