@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -67,8 +68,19 @@ class ContractError(ValueError):
         super().__init__("; ".join(str(v) for v in violations[:5]) + (" ..." if len(violations) > 5 else ""))
 
 
+SHOWN_CHARACTERS = 80  # of a refused value echoed in the error: never the caller's whole payload
+_SHOWN = reprlib.Repr()  # Python 3.11's takes no arguments: its limits are attributes
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, SHOWN_CHARACTERS, SHOWN_CHARACTERS
+
+
 def _show(value: Any) -> Any:
-    return value if isinstance(value, str | int | float | bool) or value is None else repr(value)[:80]
+    """A refused value as the error echoes it: short, and safe for any JSON value (a list nested a thousand
+    deep included, which a plain repr answers with RecursionError)."""
+    if isinstance(value, bool | int | float) or value is None:  # JSON's numbers: 64 bits at most (orjson)
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= SHOWN_CHARACTERS else value[: SHOWN_CHARACTERS - 3] + "..."
+    return _SHOWN.repr(value)[:SHOWN_CHARACTERS]
 
 
 def _check_field(spec: FieldContract, value: Any, item: int | None) -> tuple[Any, list[Violation]]:
@@ -104,6 +116,8 @@ def _check_field(spec: FieldContract, value: Any, item: int | None) -> tuple[Any
             return datetime.fromisoformat(text).astimezone(UTC), []
         except ValueError:
             return bad("value: not a valid date and time")
+        except OverflowError:  # a valid local time whose UTC instant is before year 1 or after 9999
+            return bad("range: the instant in UTC must lie in years 0001-9999")
     if spec.kind == "decimal":
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             return bad("type: must be a number or a decimal string")

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import orjson
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -231,6 +232,23 @@ def test_bad_requests_are_refused_with_what_to_change(server, champion):
         ).status_code
         == 400
     )
+    # a local time whose UTC instant falls outside years 1-9999: refused, not a 500
+    for instant in ("0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00"):
+        edge = server.client.post("/score", json=transaction(9, event_timestamp=instant))
+        assert edge.status_code == 422, edge.text
+        [problem] = edge.json()["detail"]
+        assert problem["field"] == "event_timestamp" and problem["rule"].startswith("range"), problem
+    # what is echoed back is short, whatever was sent: a long string, a list nested 900 deep
+    deep = b"[" * 900 + b"]" * 900
+    body = orjson.dumps(transaction(12, customer_id="c" * 5000)).replace(
+        b'"country":"DE"', b'"country":' + deep
+    )
+    echoed = server.client.post("/score", content=body, headers={"content-type": "application/json"})
+    assert echoed.status_code == 422, echoed.text
+    shown = {p["field"]: p["value"] for p in echoed.json()["detail"]}
+    assert set(shown) == {"customer_id", "country"}
+    assert all(len(str(value)) <= 80 for value in shown.values()), shown
+
     oversized = server.client.post("/score", json=[transaction(i) for i in range(MAX_ITEMS + 1)])
     assert oversized.status_code == 413 and str(MAX_ITEMS) in oversized.json()["detail"]
     # nothing refused was scored: the counters saw only the good requests
