@@ -79,6 +79,7 @@ class Scorer:
         done = time.perf_counter()
         scored_at = datetime.now(UTC)
         results, rows = [], []
+        non_finite_before = self.counters.non_finite_scores
         for i, txn in enumerate(txns):
             score = float(scores[i])
             finite = math.isfinite(score)
@@ -94,7 +95,6 @@ class Scorer:
                     f"champion v{champion.version} gave no finite score ({score}): declined, not approved; "
                     "counted in /status non_finite_scores"
                 )
-                log.error("v%s scored %s %s: declined", champion.version, txn["transaction_id"], score)
             results.append(
                 {
                     "transaction_id": txn["transaction_id"],
@@ -132,6 +132,13 @@ class Scorer:
                     "missing_entities": ",".join(missing) or None,
                     "latency_ms": latency_ms,
                 }
+            )
+        if self.counters.non_finite_scores > non_finite_before:  # one line a batch, not one a transaction
+            log.error(
+                "champion v%s gave %d non-finite scores in a batch of %d: declined",
+                champion.version,
+                self.counters.non_finite_scores - non_finite_before,
+                len(txns),
             )
         if self.scoring_log is not None:
             self.scoring_log.append(rows)

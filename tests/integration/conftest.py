@@ -90,18 +90,18 @@ def kubectl_version(path: str) -> tuple[int, int]:
 def kubectl() -> str:
     """The machine's kubectl, whose `kubectl kustomize` renders the overlays: checked for its version first,
     so an old client fails here with what to do rather than in every rendering test."""
+    needed = "{}.{} or newer".format(*KUBECTL_MINIMUM)
     path = shutil.which("kubectl")
     if path is None:
         pytest.fail(
             "kubectl is not on PATH; the overlays are rendered with `kubectl kustomize`: install kubectl "
-            f"{'.'.join(map(str, KUBECTL_MINIMUM))} or newer (https://kubernetes.io/docs/tasks/tools/)"
+            f"{needed} (https://kubernetes.io/docs/tasks/tools/)"
         )
     version = kubectl_version(path)
     if version < KUBECTL_MINIMUM:
         pytest.fail(
-            f"{path} is kubectl {'.'.join(map(str, version))}; the overlays need "
-            f"{'.'.join(map(str, KUBECTL_MINIMUM))} or newer (their kustomize `labels` field): install a "
-            "newer kubectl (Debian 12's kubernetes-client package is 1.20, too old)"
+            f"{path} is kubectl {version[0]}.{version[1]}; the overlays need {needed} (their kustomize "
+            "`labels` field): install a newer kubectl (Debian 12's kubernetes-client is 1.20, too old)"
         )
     return path
 

@@ -350,7 +350,7 @@ def test_a_score_that_is_not_a_number_is_declined_and_counted_never_approved(ser
     broken = _register(tracking, registry_home / "artifacts", seed=3, nan=True)
     ModelRegistry(tracking).set_champion(broken)
     wait_for(lambda: server.client.get("/status").json()["champion"] == broken, 30, "the broken champion")
-    before = server.client.get("/status").json().get("non_finite_scores")
+    before = server.client.get("/status").json()["non_finite_scores"]
     answer = server.client.post("/score", json=[transaction(40), transaction(41)])
     assert answer.status_code == 200, answer.text
     for result in answer.json():
