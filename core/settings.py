@@ -217,6 +217,11 @@ class Settings(BaseSettings):
     # process.
     spark_remote: str | None = None
     spark_shuffle_partitions: int = Field(default=4, ge=1)
+    # More JVM options for Spark's driver (or Connect server) and executors, after the ones we set. On small
+    # data the JVM's CPU goes mostly to its JIT: "-XX:TieredStopAtLevel=1" (the client compiler only) cut a
+    # small feed's Spark CPU-seconds by 30% (docs/benchmarks.md, "Test-suite time"); the test suite sets it.
+    # On a day of production size the server compiler pays for itself, so the default adds nothing.
+    spark_java_options: str = Field(default="", description="extra JVM options for Spark's JVMs")
     # No setting for the GX suites: they are package data of `pipelines` (see pipelines/suites.py for why).
     # DVC operations (version_gold, training_set, promote's fetch) take turns on the repository; one waits
     # this long for the others, then fails with a retryable LockTimeoutError.

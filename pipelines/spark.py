@@ -26,6 +26,7 @@ HUGE_METHODS_COMPILED = "-XX:-DontCompileHugeMethods"
 def driver_conf(settings: Settings) -> dict[str, str]:
     """Static settings of a driver: fixed when its JVM starts (a Connect server gets them on its command
     line, scripts/up.sh)."""
+    java_options = " ".join(filter(None, (HUGE_METHODS_COMPILED, settings.spark_java_options.strip())))
     conf = {
         "spark.ui.enabled": "false",
         "spark.driver.memory": settings.spark_driver_memory,
@@ -34,8 +35,8 @@ def driver_conf(settings: Settings) -> dict[str, str]:
         # The code Spark generates for a stage of many expressions (ingestion's row rules) is one Java method
         # above HotSpot's 8000-byte limit for compiling it: left to the interpreter, such a stage ran several
         # times slower (measured: docs/benchmarks.md).
-        "spark.driver.extraJavaOptions": HUGE_METHODS_COMPILED,
-        "spark.executor.extraJavaOptions": HUGE_METHODS_COMPILED,
+        "spark.driver.extraJavaOptions": java_options,
+        "spark.executor.extraJavaOptions": java_options,
     }
     if settings.spark_master.startswith("spark://"):
         conf["spark.driver.host"] = settings.cluster.spark_driver_host

@@ -10,6 +10,11 @@ What the feed holds, in the order it arrives (`ReferenceLake.events` says it for
 - a date whose chargebacks file comes after the others (UNLABELLED), then arrives;
 - a date re-delivered at the end with its last rows withdrawn (REDELIVERED).
 
+Besides the end state, the cache keeps the installation as it stood at each of PHASES (its Parquet files
+linked, so a phase costs no copy of data): a check of the end state cannot see an arrival whose mistake a
+later rebuild covers, a check of a phase can. `events["records"]` holds every features run's record (its plan
+with the reason for each date, the dates rebuilt, the training rows built), in arrival order.
+
 A copy hard-links the Parquet files of the cache (the lake's writers only swap whole files and folders in,
 never write one in place: tests/integration/test_reference_lake.py holds that) and copies everything else
 (landing files, which tests rewrite; SQLite files, which their writers change in place).
@@ -51,6 +56,9 @@ LINKED_SUFFIXES = (".parquet",)
 # Copied files that may name the home's path (configuration and JSON records).
 TEXT_SUFFIXES = (".yaml", ".json", "config")
 EVENTS_FILE = "reference-lake.json"
+# The installation kept as it stood at these points of the build: "arrivals" is after every date's first
+# delivery, before the held chargebacks and the re-delivery.
+PHASES = ("arrivals",)
 
 
 @dataclass(frozen=True)
@@ -83,8 +91,18 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlops-tests"
 
 
-def _build(home: Path) -> dict:
-    """The feed through the real steps, arrival by arrival, as the ingest and features DAGs run them."""
+def _summary(record: dict) -> dict:
+    """What a features run's record says about the run (its timings left out)."""
+    return {
+        "plan": record["plan"],
+        "rebuilt": sorted(record["rebuilt"]),
+        "training_rows": record["training_rows"],
+    }
+
+
+def _build(home: Path, phases: Path) -> dict:
+    """The feed through the real steps, arrival by arrival, as the ingest and features DAGs run them; the
+    installation at each of PHASES linked under `phases`."""
     from core.settings import Settings
     from mlops import chain
     from pipelines.ingest import job as ingest
@@ -110,25 +128,34 @@ def _build(home: Path) -> dict:
     held.mkdir()
     for labels in (settings.landing / UNLABELLED.isoformat()).glob("labels-*"):
         shutil.move(labels, held / labels.name)
+    records: list[dict] = []
+
+    def features(day: date, kind: str) -> list[str]:
+        record = chain.features(settings, day)
+        records.append({"arrival": day.isoformat(), "kind": kind, **_summary(record)})
+        return record["plan"]["event_dates"]
+
     built: dict[str, list[str]] = {}
     for arrival in delivered:
         day = date.fromisoformat(arrival)
         ingest.ingest(settings, day, f"reference:{arrival}")
-        built[arrival] = chain.features(settings, day)["plan"]["event_dates"]
+        built[arrival] = features(day, "first")
+    _link_tree(home, phases / "arrivals", str(home), home)  # its paths kept: built_at
     for labels in held.iterdir():
         shutil.move(labels, settings.landing / UNLABELLED.isoformat() / labels.name)
     held.rmdir()
     ingest.ingest_labels(settings, UNLABELLED, "reference:labels")
-    labels_rebuilt = chain.features(settings, UNLABELLED)["plan"]["event_dates"]
+    labels_rebuilt = features(UNLABELLED, "labels")
     data = sorted((settings.landing / REDELIVERED.isoformat()).glob("transactions-*"))[-1]
     lines = data.read_text().splitlines(keepends=True)
     data.write_text("".join(lines[:-WITHDRAWN]))
     ingest.ingest(settings, REDELIVERED, "reference:redelivered")
-    redelivery_rebuilt = chain.features(settings, REDELIVERED)["plan"]["event_dates"]
+    redelivery_rebuilt = features(REDELIVERED, "redelivery")
     return {
         "spec": SPEC,
         "built_at": str(home),
         "delivered": delivered,
+        "records": records,
         "built": built,
         "labels_rebuilt": labels_rebuilt,
         "redelivery_rebuilt": redelivery_rebuilt,
@@ -153,20 +180,23 @@ def cached_lake() -> tuple[Path, dict]:
             for stale in root.glob("lake-*"):  # an older code's lake: never read again
                 shutil.rmtree(stale, ignore_errors=True)
             staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-            events = _build(staging / "home")
+            events = _build(staging / "home", staging / "phases")
             (staging / "home" / EVENTS_FILE).write_text(json.dumps(events, indent=1, default=str))
-            os.rename(staging / "home", done)
+            os.rename(staging / "phases", phases_of(done))
+            os.rename(staging / "home", done)  # last: the events file inside says the build is whole
             staging.rmdir()
     return done, json.loads((done / EVENTS_FILE).read_text())
 
 
-def copy_home(source: Path, target: Path, built_at: str) -> None:
-    """`source` copied to `target`: Parquet files hard-linked (reflinks are not needed: their writers
-    never write one in place), every other file copied. The home's own path, which the installation wrote
-    into its configuration (Feast's feature_store.yaml, DVC's remote) and records, is `built_at` in the
-    copied text files and becomes `target`; Feast's registry, a binary file, is applied again."""
-    from core.settings import Settings
-    from features import repo
+def phases_of(done: Path) -> Path:
+    """Where the installation at each of PHASES is kept, beside the cached home `done`."""
+    return done.with_name(f"{done.name}-phases")
+
+
+def _link_tree(source: Path, target: Path, built_at: str, new_home: Path) -> None:
+    """`source` copied to `target`: Parquet files hard-linked (reflinks are not needed: their writers never
+    write one in place), every other file copied, and `built_at` (the home's path, which the installation
+    wrote into its configuration and records) replaced by `new_home` in the copied text files."""
 
     def link_or_copy(src: str, dst: str) -> str:
         if src.endswith(LINKED_SUFFIXES):
@@ -176,21 +206,36 @@ def copy_home(source: Path, target: Path, built_at: str) -> None:
         if src.endswith(TEXT_SUFFIXES):
             text = Path(dst).read_text()
             if built_at in text:
-                Path(dst).write_text(text.replace(built_at, str(target)))
+                Path(dst).write_text(text.replace(built_at, str(new_home)))
         return done
 
     shutil.copytree(source, target, copy_function=link_or_copy, symlinks=True)
+
+
+def copy_home(source: Path, target: Path, built_at: str) -> None:
+    """The home `source` copied to `target` (`_link_tree`); Feast's registry, a binary file that names the
+    home's path, is applied again."""
+    from core.settings import Settings
+    from features import repo
+
+    _link_tree(source, target, built_at, target)
     # Feast's registry names the built home's files (the gold sources, the online store's SQLite file) in a
     # binary file: applied anew here, it names the copy's; the online tables and their rows are kept.
     (target / "feast" / "registry.db").unlink()
     repo.apply(Settings(home=target))
 
 
-def reference_lake(target: Path) -> ReferenceLake:
-    """A copy of the reference lake at `target` (its MLOPS_HOME)."""
+def reference_lake(target: Path, phase: str | None = None) -> ReferenceLake:
+    """A copy of the reference lake's installation at `target` (its MLOPS_HOME), as it stood at the end of
+    the build or at `phase` (one of PHASES)."""
     source, events = cached_lake()
-    copy_home(source, target, events["built_at"])
-    (target / EVENTS_FILE).unlink()
+    if phase is None:
+        copy_home(source, target, events["built_at"])
+        (target / EVENTS_FILE).unlink()
+    elif phase in PHASES:
+        copy_home(phases_of(source) / phase, target, events["built_at"])
+    else:
+        raise ValueError(f"no phase {phase!r} in the reference lake; its phases are {PHASES}")
     return ReferenceLake(home=target, events=events)
 
 

@@ -44,13 +44,19 @@ ENV PATH=/opt/venv/bin:$PATH \
 RUN python3.11 -m venv /opt/venv \
  && python -c "import sys; assert sys.prefix == '/opt/venv' and sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /opt/mlops
-COPY --chown=50000:0 pyproject.toml requirements.lock ./
+COPY --chown=50000:0 pyproject.toml requirements.lock scripts/uv_install.py ./
 # The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
 # of the code or the README does not reinstall Airflow and Spark: the project's metadata is built with its
 # package folders still empty (and a placeholder README), then uninstalled.
+# uv installs them (its version the lock's, removed after): it downloads and unpacks on every core, where pip
+# goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
+# find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
 RUN mkdir core pipelines features training serving monitoring orchestration mlops && touch README.md \
- && pip install --constraint requirements.lock ".[airflow,data,cluster]" \
- && pip uninstall --yes mlops-fraud
+ && pip install "$(grep -m1 '^uv==' requirements.lock)" \
+ && python uv_install.py /opt/venv/bin/uv --no-cache --compile-bytecode --python /opt/venv/bin/python \
+      --constraint requirements.lock ".[airflow,data,cluster]" \
+ && pip uninstall --yes mlops-fraud uv \
+ && rm uv_install.py
 COPY --chown=50000:0 README.md ./
 COPY --chown=50000:0 core ./core
 COPY --chown=50000:0 pipelines ./pipelines

@@ -21,15 +21,20 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python3.11 -m venv /opt/venv \
  && /opt/venv/bin/python -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /src
-COPY pyproject.toml requirements.lock ./
+COPY pyproject.toml requirements.lock scripts/uv_install.py ./
 # The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
 # of the code or the README does not reinstall them: the project's metadata is built with its package folders
 # still empty (and a placeholder README), then uninstalled. The lock is a constraints file: it pins what the
 # two extras pull in and installs nothing else, so torch (pinned there for the training image) stays out;
 # the check after the install fails the build if a dependency ever brings it (or Airflow, or Spark) in.
+# uv installs them (its version the lock's, removed after): it downloads and unpacks on every core, where pip
+# goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
+# find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
 RUN mkdir core pipelines features training serving monitoring orchestration mlops && touch README.md \
- && /opt/venv/bin/pip install --constraint requirements.lock ".[serving,cluster]" \
- && /opt/venv/bin/pip uninstall --yes mlops-fraud \
+ && /opt/venv/bin/pip install "$(grep -m1 '^uv==' requirements.lock)" \
+ && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv --no-cache --compile-bytecode \
+      --python /opt/venv/bin/python --constraint requirements.lock ".[serving,cluster]" \
+ && /opt/venv/bin/pip uninstall --yes mlops-fraud uv \
  && /opt/venv/bin/python -c "import importlib.util as u, sys; \
 found = [m for m in ('torch', 'airflow', 'pyspark') if u.find_spec(m)]; \
 sys.exit(f'the scoring image must not carry {found}' if found else 0)"

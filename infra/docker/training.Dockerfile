@@ -36,13 +36,18 @@ RUN --mount=type=bind,from=uv,source=/,target=/mnt/uv \
     fi \
  && /opt/venv/bin/python -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /src
-COPY pyproject.toml requirements.lock ./
+COPY pyproject.toml requirements.lock scripts/uv_install.py ./
 # The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
 # of the code or the README does not reinstall torch: the project's metadata is built with its package
 # folders still empty (and a placeholder README), then uninstalled.
+# uv installs them (its version the lock's, removed after): it downloads and unpacks on every core, where pip
+# goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
+# find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
 RUN mkdir core pipelines features training serving monitoring orchestration mlops && touch README.md \
- && /opt/venv/bin/pip install --constraint requirements.lock ".[training,cluster]" \
- && /opt/venv/bin/pip uninstall --yes mlops-fraud
+ && /opt/venv/bin/pip install "$(grep -m1 '^uv==' requirements.lock)" \
+ && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv --no-cache --compile-bytecode \
+      --python /opt/venv/bin/python --constraint requirements.lock ".[training,cluster]" \
+ && /opt/venv/bin/pip uninstall --yes mlops-fraud uv
 # Only what the wheel is built from; the packages list is pyproject.toml's [tool.hatch.build.targets.wheel].
 COPY README.md ./
 COPY core ./core

@@ -5,19 +5,25 @@ Per silver arrival date X, three small tables under $MLOPS_HOME/lake/state/featu
 - customer_daily: per customer and event date, count, USD sum and sum of squares, abroad count, last event ms;
 - merchant_daily: per merchant and event date, count and USD sum;
 - merchant_chargebacks: the fraud chargebacks that arrived on X, with the merchant of their transaction
-  (looked up once, in silver of X-32 .. X, instead of on every date of the next 30).
+  (looked up once, in silver of the arrivals X-32 .. X, instead of on every date of the next 30).
 
-Each arrival's totals are derived from its silver partitions only and recorded with a signature of those
-files (names, sizes, modification times): when silver of X is rewritten (a rerun of its ingestion), the next
-feature build finds the signature changed and derives X's totals again. Missing or stale arrivals are all
-derived in one Spark job, so the first build on an existing lake costs one pass over its history, and every
-later date only its own arrival.
+Each arrival's totals are derived from its silver partitions and recorded with a signature of those files
+(names, sizes, modification times) and, when chargebacks arrived with it, of the silver of every arrival
+in their reach: when silver of X is rewritten (a rerun of its ingestion), or an arrival of X's reach is
+delivered or rewritten after X (an out-of-order delivery or a re-delivery, which may hold the transaction a
+chargeback refers to), the next feature build finds the signature changed and derives X's totals again. A
+chargeback's merchant is looked up in its own reach whichever arrivals are derived together, so a date
+built arrival by arrival equals one built from scratch. Missing or stale arrivals are all derived in one
+Spark job, so the first build on an existing lake costs one pass over its history, and every later date
+only its own arrival (and those whose chargebacks may refer to it, when it came out of order).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -66,6 +72,21 @@ def _signature(tables: Tables, arrival: date) -> str:
     return digest.hexdigest()
 
 
+def _inputs_signature(
+    tables: Tables, arrival: date, with_silver: list[date], own: Callable[[date], str]
+) -> str:
+    """The signature of what an arrival's totals are derived from: its own silver and labels files, and,
+    when chargebacks arrived with it, the silver files of every arrival in their reach."""
+    if not Tables.partition(tables.silver_labels, arrival).is_dir():
+        return own(arrival)
+    first = arrival - timedelta(days=CHARGEBACK_REACH_DAYS)
+    digest = hashlib.sha256(own(arrival).encode())
+    for other in with_silver:
+        if first <= other < arrival:
+            digest.update(f"{other.isoformat()}:{own(other)}\n".encode())
+    return digest.hexdigest()
+
+
 def arrivals_with_silver(tables: Tables, first: date | None = None, last: date | None = None) -> list[date]:
     """Arrival dates with a silver partition, between `first` and `last` when given."""
     prefix = "arrival_date="
@@ -108,11 +129,14 @@ def ensure(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, 
     """Derive the totals of every arrival in `arrivals` that has none or stale ones; return each arrival's
     record (signature, event dates and their counts)."""
     tables = Tables(lake)
+    with_silver = arrivals_with_silver(tables)
+    own = functools.cache(functools.partial(_signature, tables))
     records: dict[date, dict] = {}
     stale: dict[date, str] = {}
     for arrival in arrivals:
         record = read_json(_signature_path(lake, arrival))
-        signature = _signature(tables, arrival)  # before any read: a later rewrite is seen next time
+        # before any read: a later rewrite is seen next time
+        signature = _inputs_signature(tables, arrival, with_silver, own)
         if record and record.get("signature") == signature:
             records[arrival] = record
         else:
@@ -140,13 +164,17 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
     }
     labels = read_partitions(spark, tables.silver_labels, arrivals)
     if labels is not None:
-        reach = arrivals_with_silver(
-            tables, min(arrivals) - timedelta(days=CHARGEBACK_REACH_DAYS), max(arrivals)
+        first = min(arrivals) - timedelta(days=CHARGEBACK_REACH_DAYS)
+        reach_silver = read_partitions(
+            spark, tables.silver, arrivals_with_silver(tables, first, max(arrivals))
         )
-        reach_silver = read_partitions(spark, tables.silver, reach)
         assert reach_silver is not None, "the reach includes `arrivals`, which have silver partitions"
-        merchants = reach_silver.select("transaction_id", "merchant_id")
-        written["merchant_chargebacks"] = transforms.attributed_chargebacks(labels, merchants)
+        merchants = reach_silver.select(
+            "transaction_id", "merchant_id", F.col("arrival_date").alias("transaction_arrival")
+        )
+        written["merchant_chargebacks"] = transforms.attributed_chargebacks(
+            labels, merchants, CHARGEBACK_REACH_DAYS
+        )
     for table in TABLES:
         target = root / table
         now_empty = tuple(Tables.partition(target, a) for a in arrivals)

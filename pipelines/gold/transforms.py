@@ -101,12 +101,19 @@ def merchant_daily(evts: DataFrame) -> DataFrame:
     )
 
 
-def attributed_chargebacks(labels: DataFrame, merchants: DataFrame) -> DataFrame:
+def attributed_chargebacks(labels: DataFrame, merchants: DataFrame, reach_days: int) -> DataFrame:
     """Fraud chargebacks with the merchant of their transaction: arrival_date (of the label), merchant_id,
-    label date and ms. `merchants`: transaction_id, merchant_id of the transactions they may refer to."""
+    label date and ms. `merchants`: transaction_id, merchant_id and transaction_arrival (the arrival date
+    of the transaction's silver row). A chargeback is matched only to transactions of the arrivals from
+    `reach_days` before its own to its own, so its merchant does not depend on which other arrivals are
+    derived in the same job."""
+    within = F.col("transaction_arrival").between(
+        F.date_sub("arrival_date", reach_days), F.col("arrival_date")
+    )
     return (
         labels.where(F.col("is_fraud") == 1)
         .join(merchants, "transaction_id")
+        .where(within)
         .select(
             "arrival_date",
             "merchant_id",

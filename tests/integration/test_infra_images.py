@@ -83,14 +83,12 @@ def installed_extras(dockerfile: Path) -> set[str]:
     runs = [
         args
         for op, args in instructions(dockerfile)
-        if op == "RUN" and re.search(r"pip install .*\"\.\[", args)
+        if op == "RUN" and re.search(r"(pip install|uv_install\.py) .*\"\.\[", args)
     ]
     assert runs, f"{dockerfile.name}: installs no project extras"
     extras = set()
     for run in runs:  # the dependencies' layer and the project's own: the same extras
-        match = re.search(
-            r"pip install (?:--no-deps )?--constraint requirements\.lock \"\.\[([a-z,]+)\]\"", run
-        )
+        match = re.search(r"--constraint requirements\.lock \"\.\[([a-z,]+)\]\"", run)
         assert match, f"{dockerfile.name}: the project must be installed with the lock as constraints: {run}"
         extras.add(match.group(1))
     (only,) = extras

@@ -69,6 +69,17 @@ def test_spark_runs_in_process_unless_a_connect_server_is_named(monkeypatch):
     assert not any(key.startswith("spark.sql.") for key in driver_conf(settings))
 
 
+def test_extra_jvm_options_reach_the_driver_and_the_executors_after_ours(monkeypatch):
+    from pipelines.spark import HUGE_METHODS_COMPILED, driver_conf
+
+    monkeypatch.setenv("MLOPS_SPARK_JAVA_OPTIONS", " -XX:TieredStopAtLevel=1 ")
+    conf = driver_conf(Settings())
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert conf[key] == f"{HUGE_METHODS_COMPILED} -XX:TieredStopAtLevel=1"
+    monkeypatch.setenv("MLOPS_SPARK_JAVA_OPTIONS", "")
+    assert driver_conf(Settings())["spark.driver.extraJavaOptions"] == HUGE_METHODS_COMPILED
+
+
 def test_landing_can_be_moved_out_of_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MLOPS_LANDING_DIR", str(tmp_path / "elsewhere"))
     assert Settings().landing == tmp_path / "elsewhere"
