@@ -217,10 +217,10 @@ class Settings(BaseSettings):
     # process.
     spark_remote: str | None = None
     spark_shuffle_partitions: int = Field(default=4, ge=1)
-    # More JVM options for Spark's driver (or Connect server) and executors, after the ones we set. On small
-    # data the JVM's CPU goes mostly to its JIT: "-XX:TieredStopAtLevel=1" (the client compiler only) cut a
-    # small feed's Spark CPU-seconds by 30% (docs/benchmarks.md, "Test-suite time"); the test suite sets it.
-    # On a day of production size the server compiler pays for itself, so the default adds nothing.
+    # More JVM options for Spark's driver (or Connect server) and executors, after the ones we set. On a small
+    # feed a JVM's CPU goes mostly to its JIT: "-XX:TieredStopAtLevel=1" (the client compiler only) cut a
+    # small feed's Spark CPU-seconds by 30% (docs/benchmarks.md, "Test-suite time"); the e2e tests' stacks
+    # set it. A long-lived driver or a day of production size repays the server compiler: no default.
     spark_java_options: str = Field(default="", description="extra JVM options for Spark's JVMs")
     # No setting for the GX suites: they are package data of `pipelines` (see pipelines/suites.py for why).
     # DVC operations (version_gold, training_set, promote's fetch) take turns on the repository; one waits

@@ -33,10 +33,6 @@ os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_SESSION_DIR / 'airflow' / 'airflow.db'}"
 os.environ["MLOPS_HOME"] = str(_SESSION_DIR / "mlops-home")
 os.environ.pop("MLOPS_PROFILE", None)
-# Every Spark JVM the tests start (their own driver, the stacks' Connect servers and executors, the `mlops`
-# commands of `dvc repro`) compiles with the client compiler only: on the tests' small data the server
-# compiler's work never pays back, and a small feed's Spark CPU-seconds fell by 30% (docs/benchmarks.md).
-os.environ.setdefault("MLOPS_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 # py4j logs "closing down" from finalizers after pytest has closed its streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 

@@ -50,6 +50,12 @@ SCHEMAS = {
     "merchant_chargebacks": "merchant_id string, label_date date, label_ms long",
 }
 TABLES = tuple(SCHEMAS)
+# Each table's rows in its files, in this order (every column but the totals).
+ORDER = {
+    "customer_daily": ("customer_id", "event_date"),
+    "merchant_daily": ("merchant_id", "event_date"),
+    "merchant_chargebacks": ("merchant_id", "label_date", "label_ms"),
+}
 CHARGEBACK_REACH_DAYS = 32  # chargebacks are reported up to 30 days after the day of their transaction
 
 
@@ -179,7 +185,9 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
         target = root / table
         now_empty = tuple(Tables.partition(target, a) for a in arrivals)
         if table in written:
-            frame = written[table].repartition("arrival_date")  # one file per arrival
+            # One file per arrival, its rows in key order: a date's gold sums these totals in the order it
+            # reads them, so an arrival derived alone or with others must give the same bytes.
+            frame = written[table].repartition("arrival_date").sortWithinPartitions(*ORDER[table])
             overwrite_partitions(frame, target, ["arrival_date"], now_empty=now_empty)
         else:  # no chargebacks arrived on these dates
             clear_partitions(target, now_empty)

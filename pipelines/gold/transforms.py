@@ -83,12 +83,19 @@ def events(silver: DataFrame) -> DataFrame:
 # --- daily totals (the state kept per arrival date) -------------------------------------------------------
 
 
+def _exact_sum(column: Column) -> Column:
+    """A sum that does not depend on the order Spark adds the rows in (a double sum does, in its last bits):
+    each value rounded to 1e-9 and added exactly as a decimal. An arrival's daily totals are then the same
+    bytes whichever other arrivals are derived in the same job and however its files are split."""
+    return F.sum(column.cast("decimal(38,9)")).cast("double")
+
+
 def customer_daily(evts: DataFrame) -> DataFrame:
     """Per arrival date, customer and event date: count, USD sum and sum of squares, abroad count, last ms."""
     return evts.groupBy("arrival_date", "customer_id", "event_date").agg(
         F.count("*").alias("n"),
-        F.sum("_usd").alias("usd_sum"),
-        F.sum(F.col("_usd") * F.col("_usd")).alias("usd_sumsq"),
+        _exact_sum(F.col("_usd")).alias("usd_sum"),
+        _exact_sum(F.col("_usd") * F.col("_usd")).alias("usd_sumsq"),
         F.sum("_foreign").alias("foreign_n"),
         F.max("_ms").alias("last_ms"),
     )
@@ -97,7 +104,7 @@ def customer_daily(evts: DataFrame) -> DataFrame:
 def merchant_daily(evts: DataFrame) -> DataFrame:
     """Per arrival date, merchant and event date: transaction count and USD sum."""
     return evts.groupBy("arrival_date", "merchant_id", "event_date").agg(
-        F.count("*").alias("n"), F.sum("_usd").alias("usd_sum")
+        F.count("*").alias("n"), _exact_sum(F.col("_usd")).alias("usd_sum")
     )
 
 
