@@ -85,9 +85,11 @@ def events(silver: DataFrame) -> DataFrame:
 
 def _exact_sum(column: Column) -> Column:
     """A sum that does not depend on the order Spark adds the rows in (a double sum does, in its last bits):
-    each value rounded to 1e-9 and added exactly as a decimal. An arrival's daily totals are then the same
-    bytes whichever other arrivals are derived in the same job and however its files are split."""
-    return F.sum(column.cast("decimal(38,9)")).cast("double")
+    each value carried to 1e-18 (finer than a double's own precision above 0.01) and added exactly as a
+    decimal (at most 1e20: ANSI mode fails a larger sum instead of wrapping it). An arrival's daily totals
+    are then the same bytes whichever other arrivals are derived in the same job and however its files are
+    split."""
+    return F.sum(column.cast("decimal(38,18)")).cast("double")
 
 
 def customer_daily(evts: DataFrame) -> DataFrame:
