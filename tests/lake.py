@@ -140,7 +140,7 @@ def _build(home: Path, phases: Path) -> dict:
         day = date.fromisoformat(arrival)
         ingest.ingest(settings, day, f"reference:{arrival}")
         built[arrival] = features(day, "first")
-    _link_tree(home, phases / "arrivals", str(home), home)  # its paths kept: built_at
+    _link_tree(home, phases / "arrivals")  # its paths kept: a copy replaces built_at
     for labels in held.iterdir():
         shutil.move(labels, settings.landing / UNLABELLED.isoformat() / labels.name)
     held.rmdir()
@@ -193,20 +193,20 @@ def phases_of(done: Path) -> Path:
     return done.with_name(f"{done.name}-phases")
 
 
-def _link_tree(source: Path, target: Path, built_at: str, new_home: Path) -> None:
+def _link_tree(source: Path, target: Path, built_at: str | None = None) -> None:
     """`source` copied to `target`: Parquet files hard-linked (reflinks are not needed: their writers never
     write one in place), every other file copied, and `built_at` (the home's path, which the installation
-    wrote into its configuration and records) replaced by `new_home` in the copied text files."""
+    wrote into its configuration and records), when given, replaced by `target` in the copied text files."""
 
     def link_or_copy(src: str, dst: str) -> str:
         if src.endswith(LINKED_SUFFIXES):
             os.link(src, dst)
             return dst
         done = shutil.copy2(src, dst)
-        if src.endswith(TEXT_SUFFIXES):
+        if built_at is not None and src.endswith(TEXT_SUFFIXES):
             text = Path(dst).read_text()
             if built_at in text:
-                Path(dst).write_text(text.replace(built_at, str(new_home)))
+                Path(dst).write_text(text.replace(built_at, str(target)))
         return done
 
     shutil.copytree(source, target, copy_function=link_or_copy, symlinks=True)
@@ -218,7 +218,7 @@ def copy_home(source: Path, target: Path, built_at: str) -> None:
     from core.settings import Settings
     from features import repo
 
-    _link_tree(source, target, built_at, target)
+    _link_tree(source, target, built_at)
     # Feast's registry names the built home's files (the gold sources, the online store's SQLite file) in a
     # binary file: applied anew here, it names the copy's; the online tables and their rows are kept.
     (target / "feast" / "registry.db").unlink()
