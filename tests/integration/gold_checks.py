@@ -40,16 +40,20 @@ def _digests(root: Path) -> dict[str, str]:
     }
 
 
+def gold_digests(settings: Settings) -> dict[str, dict[str, str]]:
+    """Each gold table's Parquet files as a reader sees them, by path: their contents' digests."""
+    return {t.name: _digests(t) for t in gold_tables(settings)}
+
+
 def assert_gold_is_a_rebuild_from_scratch(settings: Settings, scratch: Path) -> None:
     """Whatever order the arrivals came in, the gold kept must be byte for byte the gold that building every
     event date anew from the final silver gives."""
-    kept = {t.name: _digests(t) for t in gold_tables(settings)}
+    kept = gold_digests(settings)
     fresh = settings.model_copy(update={"home": scratch / "scratch-home"})
     shutil.copytree(settings.lake / "silver", fresh.lake / "silver")  # transactions and labels
     for event_date in sorted(silver_by_event_date(settings)):
         gold.build_gold(fresh, date.fromisoformat(event_date))
-    rebuilt = {t.name: _digests(t) for t in gold_tables(fresh)}
-    assert kept == rebuilt
+    assert kept == gold_digests(fresh)
 
 
 def assert_online_holds_latest_gold(settings: Settings) -> None:

@@ -1,38 +1,40 @@
-"""A working week (five days) of a real feed through the real features and retrain DAGs (dag.test: real
-Airflow, Spark, GX, DVC, Feast, MLflow, torch): events a day late, a date delivered after the next one, a
-date whose chargebacks come days later, and a date re-delivered with rows withdrawn. Every arrival
-reconciles, every features run succeeds, the retrain states which label dates it had, and at the end gold
-equals a rebuild from scratch and the online store holds each entity's latest gold row.
+"""A week of a real feed through the real features and retrain DAGs (dag.test: real Airflow, Spark, GX, DVC,
+Feast, MLflow, torch), from where the reference lake (tests/lake.py) stands after every date's first arrival:
+events a day late, a date delivered after the next one, quarantined rows, and a date whose chargebacks have
+not come yet. From there the DAGs run what the week has left: a retrain states which label date it lacks,
+the chargebacks arrive, and a date is re-delivered with rows withdrawn. Every features run succeeds, and at
+the end gold equals a rebuild from scratch, is byte for byte the gold the reference lake's build reached
+through the same steps run by `mlops` (the chain), and the online store holds each entity's latest gold row.
+
+The first arrivals' plans (a late date rebuilding the next one, late events rebuilding the date they touch)
+are the same `plan_gold` the DAG's first task runs: tests/integration/test_late_events.py holds them on the
+lake's record; tests/integration/test_features_dag.py holds a first arrival's run through the DAG.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
-from datetime import date, timedelta
+from datetime import date
 
 import pytest
 
 from core.settings import Settings, get_settings
 from pipelines.ingest import job as ingest
 from pipelines.lake import Tables, read_json
-from pipelines.synthetic.faults import parse_faults
-from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests import lake as reference
 from tests.integration.gold_checks import (
     assert_gold_is_a_rebuild_from_scratch,
     assert_online_holds_latest_gold,
     counts_by_event_date,
+    gold_digests,
     gold_tables,
     silver_by_event_date,
 )
 
-FIRST = date(2026, 3, 2)
-# Five days hold every case below (seed 5 delivers 03-03 before 03-02 and 03-05 before 03-04).
-DAYS = [FIRST + timedelta(days=i) for i in range(5)]
-UNLABELLED = DAYS[3]  # its chargebacks file comes after the week
-REDELIVERED = DAYS[1]  # delivered again at the end with its last rows withdrawn
-FAULTS = "late=0.03,duplicates=0.01,wrong_type=0.005,out_of_order=0.35"
+DAYS = reference.DAYS
+UNLABELLED = reference.UNLABELLED  # its chargebacks file comes after the other arrivals
+REDELIVERED = reference.REDELIVERED  # delivered again at the end with its last rows withdrawn
 
 
 def _states(dag_id: str, run_id: str) -> dict[tuple[str, str | None], str]:
@@ -82,49 +84,31 @@ def _assert_reconciled(settings: Settings, day: date) -> None:
 
 
 @pytest.fixture
-def week_settings(airflow_db, spark, monkeypatch):
+def week_settings(airflow_db, spark, monkeypatch, tmp_path):
+    """The reference lake after every date's first arrival, copied: the installation the DAGs run on."""
+    phase = reference.reference_lake(tmp_path / "home", phase="arrivals")
+    monkeypatch.setenv("MLOPS_HOME", str(phase.home))
     monkeypatch.setenv("MLOPS_TRAINING__EPOCHS", "2")
     monkeypatch.setenv("MLOPS_TRAINING__LABEL_MATURITY_DAYS", "1")
     monkeypatch.setenv("MLOPS_TRAINING__WINDOW_DAYS", str(len(DAYS)))
     get_settings.cache_clear()
-    return get_settings()
+    return get_settings(), phase.events
 
 
 def test_a_week_of_late_out_of_order_redelivered_and_partially_labelled_arrivals(week_settings, tmp_path):
     from airflow.dag_processing.dagbag import DagBag
 
-    settings = week_settings
-    manifests = generate_landing(
-        GenerateRequest(
-            start=FIRST,
-            days=len(DAYS),
-            rows_per_day=1200,
-            seed=5,
-            landing=settings.landing,
-            customers=150,
-            merchants=40,
-            faults=parse_faults(FAULTS),
-        )
-    )
-    delivered = [date.fromisoformat(m["arrival_date"]) for m in manifests]
-    assert delivered != sorted(delivered), "the seed must give an out-of-order delivery"
-    assert sum(m["faults"].get("late", 0) for m in manifests) > 0
-    held = tmp_path / "held-labels"
-    held.mkdir()
-    for labels in (settings.landing / UNLABELLED.isoformat()).glob("labels-*"):
-        shutil.move(labels, held / labels.name)
+    settings, events = week_settings
+    delivered = [date.fromisoformat(d) for d in events["delivered"]]
+    assert delivered != sorted(delivered), "the lake's feed must hold an out-of-order delivery"
+    assert events["late_rows"] > 0 and events["quarantined_rows"] > 0, events
+    for day in DAYS:
+        _assert_reconciled(settings, day)
+    held = settings.home / "held-labels"
+    assert any(held.iterdir()) and not any((settings.landing / UNLABELLED.isoformat()).glob("labels-*"))
 
     bag = DagBag(dag_folder="dags")
     features, retrain = bag.dags["build_features"], bag.dags["retrain_fraud_model"]
-    built: dict[date, list[str]] = {}
-    for day in delivered:
-        ingest.ingest(settings, day, f"week:{day}")
-        _assert_reconciled(settings, day)
-        built[day] = _features_run(features, day)
-    # The date delivered after the next one rebuilt that next date, which had read a lookback without it.
-    came_late = next(after for day, after in itertools.pairwise(delivered) if after < day)
-    assert {came_late.isoformat(), (came_late + timedelta(days=1)).isoformat()} <= set(built[came_late])
-
     # A retrain's training set now runs on the labels known so far, and says which date had none (the
     # training set and what it needs; train, the gate and the export: tests/integration/test_retrain_dag).
     subset = retrain.partial_subset(["training_set"], include_upstream=True, include_downstream=False)
@@ -136,14 +120,14 @@ def test_a_week_of_late_out_of_order_redelivered_and_partially_labelled_arrivals
     assert used["labels_reported_through"] == DAYS[-1].isoformat()
     assert used["label_arrivals_missing"] == [UNLABELLED.isoformat()]
 
-    # The chargebacks arrive; the producer re-delivers a date with its last 30 transactions withdrawn.
+    # The chargebacks arrive; the producer re-delivers a date with its last rows withdrawn.
     for labels in held.iterdir():
         shutil.move(labels, settings.landing / UNLABELLED.isoformat() / labels.name)
     ingest.ingest_labels(settings, UNLABELLED, "week:labels")
     assert _features_run(features, UNLABELLED), "late chargebacks change the merchants' gold"
     data = sorted((settings.landing / REDELIVERED.isoformat()).glob("transactions-*"))[-1]
     lines = data.read_text().splitlines(keepends=True)
-    data.write_text("".join(lines[:-30]))
+    data.write_text("".join(lines[: -reference.WITHDRAWN]))
     ingest.ingest(settings, REDELIVERED, "week:redelivered")
     _assert_reconciled(settings, REDELIVERED)
     rebuilt = _features_run(features, REDELIVERED)
@@ -153,4 +137,6 @@ def test_a_week_of_late_out_of_order_redelivered_and_partially_labelled_arrivals
     assert counts_by_event_date(gold_tables(settings)[0]) == silver
     assert counts_by_event_date(gold_tables(settings)[1]) == silver
     assert_gold_is_a_rebuild_from_scratch(settings, tmp_path)
+    # The same arrivals through the chain's steps (the reference lake's build) reached the same gold.
+    assert gold_digests(settings) == gold_digests(Settings(home=reference.cached_lake()[0]))
     assert_online_holds_latest_gold(settings)
