@@ -186,6 +186,12 @@ class ServingSettings(BaseModel):
     # Where the live state's history from the lake ends and scoring takes over: unset, the time the service
     # starts. Set it to replay a past day (the lake then holds that day's silver, which must not count twice).
     live_from: datetime | None = None
+    # The window of event and label times the service takes, around its own clock (serving/clock.py): a
+    # time further ahead than the skew or further back than the lateness is refused (422), never scored or
+    # kept. Lateness + skew within one ingest.late_event_days keeps every admitted transaction within
+    # the history the live state keeps (docs/serving.md, "Event time").
+    max_future_skew_s: float = Field(default=300.0, ge=0.0, le=86_400.0)
+    max_lateness_s: float = Field(default=86_100.0, ge=0.0)
 
 
 class MonitoringSettings(BaseModel):

@@ -55,7 +55,7 @@ import logging
 import math
 from array import array
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from itertools import accumulate
 from pathlib import Path
@@ -100,6 +100,10 @@ _TRIM_SHARE = 4
 _TRIM_MIN = 16
 
 Row = dict[str, Any]
+
+
+class LateTransactionError(ValueError):
+    """A transaction older than its entity's kept history can reach (see `LiveState.observe`)."""
 
 
 def _micros(when: datetime, what: str) -> int:
@@ -584,33 +588,33 @@ class LiveState:
         are exact, the later transactions' rows (as `state_before` and `rows_of` compute them) now include
         it, as gold's rebuild of those dates will; rows returned earlier are not re-issued. One more than
         `late_event_days` older than an entity's latest is refused (ValueError): its windows reach past
-        what is kept. Of two transactions of an entity in one millisecond, the first one's returned rows
-        lack the second (gold's include it); `rows_of` and `state_before` give the complete rows."""
+        what is kept (LateTransactionError). Of two transactions of an entity in one millisecond, the first
+        one's returned rows lack the second (gold's include it); `rows_of` and `state_before` give the
+        complete rows. The state's clock does not move: a transaction's time is its caller's, and only
+        `advance` (the service's own clock) forgets what has expired."""
         tid = txn["transaction_id"]
-        known = self._copies.get(tid)
+        us = _micros(txn["event_timestamp"], f"event_timestamp of transaction {tid}")
+        day = us // US_PER_MS // DAY_MS  # a live transaction arrives on its event date
+        known = self._resent(tid, day)
         rows = None if known is None else self._rows_of_copy(tid, known)
         if rows is not None:
             return rows
-        us = _micros(txn["event_timestamp"], f"event_timestamp of transaction {tid}")
         amount = usd(txn["amount"], txn["currency"])
         foreign = is_foreign(txn.get("country"), txn["currency"])
         customer = self.customers.get(txn["customer_id"])
         merchant = self.merchants.get(txn["merchant_id"])
         for entity in (customer, merchant):
             if entity is not None and entity.us and us < entity.us[-1] - self._lateness_us:
-                raise ValueError(
+                raise LateTransactionError(
                     f"transaction {tid} at {_datetime(us).isoformat()} is more than {self.late_event_days} "
                     f"day(s) older than the latest transaction of {entity.key} "
                     f"({_datetime(entity.us[-1]).isoformat()}); the live state keeps too little history "
                     "to compute its rows. Gold will take it when it arrives; restart the service "
                     "(LiveState.from_lake) to serve rows that include it."
                 )
-        self._advance(us // US_PER_MS)  # may forget idle entities: look them up again after it
-        customer = self.customers.get(txn["customer_id"])
         if customer is None:
             customer = self.customers[txn["customer_id"]] = _Customer(txn["customer_id"])
         merchant = self._merchant(txn["merchant_id"])
-        day = us // US_PER_MS // DAY_MS  # a live transaction arrives on its event date
         ci = customer.position(us, tid)
         customer.insert(ci, us, tid, amount, foreign, merchant.key, day)
         mi = merchant.position(us, tid)
@@ -621,6 +625,35 @@ class LiveState:
         self._trim(merchant)
         return new_rows
 
+    def refusal(self, txns: Sequence[Mapping[str, Any]]) -> tuple[int, str] | None:
+        """(index, why) of the first of `txns` that `observe`, called on each in order, would refuse as
+        older than its entities' kept history (LateTransactionError), or None; nothing is kept. A caller
+        checks a request with it first, so a refused request leaves no transaction of it behind."""
+        latest: dict[tuple[int, str], int] = {}
+        for index, txn in enumerate(txns):
+            tid = txn["transaction_id"]
+            us = _micros(txn["event_timestamp"], f"event_timestamp of transaction {tid}")
+            known = self._resent(tid, us // US_PER_MS // DAY_MS)
+            if known is not None and self._rows_of_copy(tid, known) is not None:
+                continue  # a resend: its first copy's rows come back
+            for kind, entities, key in (
+                (0, self.customers, txn["customer_id"]),
+                (1, self.merchants, txn["merchant_id"]),
+            ):
+                entity = entities.get(key)
+                kept = entity.us[-1] if entity is not None and entity.us else us
+                last = max(kept, latest.get((kind, key), us))
+                if us < last - self._lateness_us:
+                    return index, (
+                        f"transaction {tid} at {_datetime(us).isoformat()} is more than "
+                        f"{self.late_event_days} day(s) older than the latest transaction of {key} "
+                        f"({_datetime(last).isoformat()}): the live state keeps too little history to "
+                        "compute its features. Send it to the lake's landing instead: gold takes it when it "
+                        "arrives"
+                    )
+                latest[(kind, key)] = last
+        return None
+
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
         """A fraud chargeback reported at `label_time` (tz-aware): from then on it counts for the merchant
         of its transaction, for 30 days. Returns whether it was attributed now: False for a transaction
@@ -629,9 +662,9 @@ class LiveState:
         us = _micros(label_time, f"label_time of the chargeback of {transaction_id}")
         label_ms = us // US_PER_MS
         day = label_ms // DAY_MS
-        if transaction_id in self._reported:
+        reported = self._reported.get(transaction_id)
+        if reported is not None and day - self.dedup_lookback_days <= reported:
             return False
-        self._advance(label_ms)
         self._mark_reported(transaction_id, day)
         known = self._copies.get(transaction_id)
         if known is None:
@@ -711,6 +744,21 @@ class LiveState:
         drop = entity.expired(entity.ms[-1] - self._retain_ms)
         if drop:
             entity.cut(drop)
+
+    def _resent(self, tid: str, day: int) -> _Copy | list[_Copy] | None:
+        """The remembered copies of `tid` when a transaction of it arriving on `day` is a resend: one copy
+        arrived within `dedup_lookback_days` before (silver drops the resend), whether or not the clock
+        has moved far enough to forget the older ones."""
+        known = self._copies.get(tid)
+        if known is None:
+            return None
+        copies = [known] if isinstance(known, tuple) else known
+        return known if any(day - self.dedup_lookback_days <= c[3] for c in copies) else None
+
+    def advance(self, now: datetime) -> None:
+        """Move the state's clock to `now`, the service's own time (never a request's): on a new day,
+        what no later row can read is forgotten. A `now` earlier than the clock is ignored."""
+        self._advance(_micros(now, "now") // US_PER_MS)
 
     def _advance(self, ms: int) -> None:
         """Move the clock; on a new day, forget what no later row can read (once a day, O(entities))."""

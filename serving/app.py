@@ -3,7 +3,10 @@ that speak it, the chargeback feed that keeps merchant state current, health and
 
 Errors say what to change: 400 for a body that is not JSON, 413 for more transactions than
 `serving.max_request_items` (or a body too large to hold them), 422 naming each field and the contract
-rule it breaks, 503 with the reason while no champion is loaded (never a score from nothing).
+rule it breaks (an event or label time outside the window around the service's clock included:
+serving/clock.py), 503 with the reason while no champion is loaded (never a score from nothing). One
+request's failure is its own: the requests scored in the same batch are answered. Anything unexpected is a
+500 with a JSON body that names an incident id the log has the details under, never the internals.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +23,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
-from serving.contract import ContractError, validate_request
+from serving.clock import ServiceClock
+from serving.contract import ContractError, Violation, validate_request
 from serving.models import Models, ModelUnavailableError
-from serving.scorer import MicroBatcher, Scorer
+from serving.scorer import MicroBatcher, Scorer, TransactionRefusedError
 from training.registry import MODEL_NAME
 
 if TYPE_CHECKING:
@@ -107,7 +112,19 @@ class Service:
         self.settings = settings
         self.started = time.time()
         self.models = Models.from_settings(settings)
-        self.state = open_state(settings, live_from or settings.serving.live_from)
+        replay_from = live_from or settings.serving.live_from
+        self.clock = ServiceClock(
+            settings.serving.max_lateness_s, settings.serving.max_future_skew_s, replay_from
+        )
+        reach = settings.ingest.late_event_days * 86_400
+        if settings.serving.max_lateness_s + settings.serving.max_future_skew_s > reach:
+            log.warning(
+                "serving.max_lateness_s + serving.max_future_skew_s (%.0f s) exceed ingest.late_event_days "
+                "(%d s): a late transaction inside the window may be refused for its entity's kept history",
+                settings.serving.max_lateness_s + settings.serving.max_future_skew_s,
+                reach,
+            )
+        self.state = open_state(settings, replay_from or self.clock.now())
         self.scoring_log = (
             ScoringLog(
                 settings.scoring_log_dir,
@@ -117,7 +134,9 @@ class Service:
             if settings.serving.scoring_log
             else None
         )
-        self.scorer = Scorer(self.models, self.state, self.scoring_log, settings.serving.threshold)
+        self.scorer = Scorer(
+            self.models, self.state, self.scoring_log, settings.serving.threshold, clock=self.clock
+        )
         self.batcher = MicroBatcher(
             self.scorer, settings.serving.max_batch_size, settings.serving.max_wait_ms
         )
@@ -187,7 +206,13 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
     def service_of(request: Request) -> Service:
         return request.app.state.service
 
-    async def score_items(request: Request, items: list[dict[str, Any]], received: float):
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> ORJSONResponse:
+        incident = uuid.uuid4().hex[:12]
+        log.error("incident %s: %s %s failed", incident, request.method, request.url.path, exc_info=exc)
+        return _error(500, f"the service failed on this request (incident {incident} in its log); try again")
+
+    async def score_items(request: Request, items: list[dict[str, Any]], received: float, many: bool):
         service = service_of(request)
         if service.models.current.champion is None:
             return None, _error(503, f"no model to score with: {service.models.problem}")
@@ -195,6 +220,14 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             return await service.batcher.submit(items, received), None
         except ModelUnavailableError as exc:
             return None, _error(503, f"no model to score with: {exc}")
+        except TransactionRefusedError as exc:
+            violation = Violation(exc.index if many else None, exc.field, exc.rule)
+            return None, _error(422, [violation.as_dict()])
+
+    def outside_window(service: Service, items: list[dict[str, Any]], field: str, many: bool):
+        """422 naming each item whose `field` lies outside the service clock's window, or None."""
+        violations = service.clock.outside(items, field, many)
+        return _error(422, [v.as_dict() for v in violations]) if violations else None
 
     @app.post(
         "/score",
@@ -213,7 +246,10 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             items, many = validate_request(TRANSACTIONS_CONTRACT, body)
         except ContractError as exc:
             return _error(422, [v.as_dict() for v in exc.violations])
-        results, failed = await score_items(request, items, received)
+        refused = outside_window(service_of(request), items, "event_timestamp", many)
+        if refused:
+            return refused
+        results, failed = await score_items(request, items, received, many)
         if failed:
             return failed
         return results if many else results[0]
@@ -237,10 +273,13 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         if refused:
             return refused
         try:
-            items, _ = validate_request(LABELS_CONTRACT, body)
+            items, many = validate_request(LABELS_CONTRACT, body)
         except ContractError as exc:
             return _error(422, [v.as_dict() for v in exc.violations])
         service = service_of(request)
+        refused = outside_window(service, items, "label_timestamp", many)
+        if refused:
+            return refused
         reported = [i for i in items if i["is_fraud"] == 1]
         loop_result = await _in_scorer(service, reported)
         return {
@@ -328,7 +367,13 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             return ORJSONResponse(
                 {"error": str(exc), "detail": [v.as_dict() for v in exc.violations]}, status_code=422
             )
-        results, failed = await score_items(request, parsed, received)
+        violations = service_of(request).clock.outside(parsed, "event_timestamp", True)
+        if violations:
+            return ORJSONResponse(
+                {"error": str(ContractError(violations)), "detail": [v.as_dict() for v in violations]},
+                status_code=422,
+            )
+        results, failed = await score_items(request, parsed, received, True)
         if failed:
             return ORJSONResponse({"error": failed.body.decode()}, status_code=failed.status_code)
         champion_version = results[0]["model"]["version"] if results else None
@@ -357,6 +402,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         service = service_of(request)
         loaded = service.models.current
         counters = service.scorer.counters
+        window = service.clock.window()
         return {
             "champion": loaded.champion.version if loaded.champion else None,
             "champion_file": loaded.champion.file if loaded.champion else None,
@@ -371,6 +417,11 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "scoring_log_rows_written": service.scoring_log.written if service.scoring_log else None,
             "scoring_log_write_errors": service.scoring_log.errors if service.scoring_log else None,
             "live_state": service.settings.serving.live_state,
+            "clock": {
+                "mode": service.clock.mode,
+                "now": service.clock.now().isoformat(),
+                "window": [window.earliest.isoformat(), window.latest.isoformat()],
+            },
             "uptime_s": time.time() - service.started,
         }
 
@@ -383,6 +434,7 @@ async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bo
 
     def apply() -> list[bool]:
         with service.scorer._lock:
+            service.state.advance(service.clock.now())
             return [
                 service.state.observe_chargeback(r["transaction_id"], r["label_timestamp"]) for r in reports
             ]

@@ -74,14 +74,22 @@ class EntityState(Protocol):
         """Per transaction (in the order given, each seeing the ones before it): the customer's and the
         merchant's state before it, or None."""
 
+    def refusal(self, txns: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+        """(index, why) of the first transaction `rows` would refuse, checked before any is kept."""
+
+    def advance(self, now: datetime) -> None:
+        """The service's clock moved (what has expired may be forgotten)."""
+
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool: ...
 
     def close(self) -> None: ...
 
 
-def assemble(state: EntityState, txns: Sequence[dict[str, Any]]) -> Assembled:
-    """Model inputs of validated transactions (serving.contract), in order."""
-    rows = state.rows(txns)
+Rows = list[tuple[dict | None, dict | None]]
+
+
+def assemble(rows: Rows, txns: Sequence[dict[str, Any]]) -> Assembled:
+    """Model inputs of validated transactions (serving.contract), in order, from their entity state."""
     event_ms = np.array([int(t["event_timestamp"].timestamp() * MS) for t in txns], dtype="int64")
     own = transaction_inputs(
         np.array([t["amount"] for t in txns], dtype="float64"),
@@ -138,6 +146,12 @@ class LiveFeatures:
             self.store_writes.put(written)
         return out
 
+    def refusal(self, txns: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+        return self.live.refusal(txns)
+
+    def advance(self, now: datetime) -> None:
+        self.live.advance(now)
+
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
         return self.live.observe_chargeback(transaction_id, label_time)
 
@@ -183,6 +197,12 @@ class StoreFeatures:
                 pair.append({name: got[name][i] for name in names} if fresh else None)
             out.append((pair[0], pair[1]))
         return out
+
+    def refusal(self, txns: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+        return None  # reads only: any transaction can be given the store's rows
+
+    def advance(self, now: datetime) -> None:
+        pass
 
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
         return False  # the store's merchant state moves with the daily materialization only

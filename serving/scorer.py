@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from serving.features import EntityState, assemble
-from serving.models import Models, ModelUnavailableError
+import numpy as np
+
+from serving.clock import ServiceClock
+from serving.features import Assembled, EntityState, Rows, assemble
+from serving.models import Loaded, LoadedModel, Models, ModelUnavailableError
 from serving.scoring_log import ScoringLog
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,14 @@ def _missing_note(keys: list[str], txn: dict[str, Any]) -> str:
         f"no state for {who} (new, or no transaction within the view's TTL): scored with those features "
         "missing, as the model was trained to see them"
     )
+
+
+class TransactionRefusedError(Exception):
+    """One transaction of a request cannot be taken: the request fails alone, with 422 naming it."""
+
+    def __init__(self, index: int, field: str, rule: str) -> None:
+        self.index, self.field, self.rule = index, field, rule
+        super().__init__(f"item {index}: {field}: {rule}")
 
 
 @dataclass
@@ -53,29 +64,80 @@ class Scorer:
     state: EntityState
     scoring_log: ScoringLog | None
     threshold: float
+    clock: ServiceClock | None = None
     counters: Counters = field(default_factory=Counters)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def score(self, txns: Sequence[dict[str, Any]], received: Sequence[float]) -> list[dict[str, Any]]:
-        """One result per transaction (see the module docstring). Raises ModelUnavailableError when no
-        champion is loaded: nothing is scored and the entity state does not move."""
+    def score(
+        self, units: Sequence[Sequence[dict[str, Any]]], received: Sequence[float]
+    ) -> list[list[dict[str, Any]] | Exception]:
+        """Per unit (a request's transactions, received at `received[u]`): its results, or the exception
+        that failed it alone (TransactionRefusedError for a transaction the state cannot take, anything
+        unexpected as raised); the other units are scored. A refused unit leaves nothing in the state.
+        Raises ModelUnavailableError when no champion is loaded: nothing is scored and the entity state
+        does not move."""
         loaded = self.models.current
         champion = loaded.champion
         if champion is None:
             raise ModelUnavailableError(self.models.problem or "no champion loaded")
+        outcomes: list[list[dict[str, Any]] | Exception | None] = []
+        txns: list[dict[str, Any]] = []
+        arrived: list[float] = []
+        state_rows: Rows = []
         with self._lock:
-            assembled = assemble(self.state, txns)
-            scores = champion.score(assembled.x)
-            shadow_scores = None
-            if loaded.shadow is not None:
+            if self.clock is not None:
+                self.state.advance(self.clock.now())
+            for unit, when in zip(units, received, strict=True):
                 try:
-                    shadow_scores = loaded.shadow.score(assembled.x)
-                except Exception:  # a shadow's failure is logged, never the caller's problem
-                    self.counters.shadow_failures += 1
-                    log.exception("shadow v%s failed to score", loaded.shadow.version)
-            self.counters.transactions += len(txns)
-            self.counters.batches += 1
-            self.counters.largest_batch = max(self.counters.largest_batch, len(txns))
+                    refused = self.state.refusal(unit)
+                    if refused is not None:
+                        raise TransactionRefusedError(refused[0], "event_timestamp", f"late: {refused[1]}")
+                    state_rows += self.state.rows(unit)
+                except Exception as exc:  # this request's failure is its own
+                    if not isinstance(exc, TransactionRefusedError):
+                        log.exception("a request of %d transactions failed in the entity state", len(unit))
+                    outcomes.append(exc)
+                    continue
+                outcomes.append(None)
+                txns += unit
+                arrived += [when] * len(unit)
+            if txns:
+                assembled = assemble(state_rows, txns)
+                scores = champion.score(assembled.x)
+                shadow_scores = None
+                if loaded.shadow is not None:
+                    try:
+                        shadow_scores = loaded.shadow.score(assembled.x)
+                    except Exception:  # a shadow's failure is logged, never the caller's problem
+                        self.counters.shadow_failures += 1
+                        log.exception("shadow v%s failed to score", loaded.shadow.version)
+                self.counters.transactions += len(txns)
+                self.counters.batches += 1
+                self.counters.largest_batch = max(self.counters.largest_batch, len(txns))
+        if not txns:
+            return [o for o in outcomes if o is not None]
+        results = self._results(loaded, champion, txns, arrived, assembled, scores, shadow_scores)
+        done: list[list[dict[str, Any]] | Exception] = []
+        offset = 0
+        for unit, outcome in zip(units, outcomes, strict=True):
+            if outcome is None:
+                done.append(results[offset : offset + len(unit)])
+                offset += len(unit)
+            else:
+                done.append(outcome)
+        return done
+
+    def _results(
+        self,
+        loaded: Loaded,
+        champion: LoadedModel,
+        txns: list[dict[str, Any]],
+        received: list[float],
+        assembled: Assembled,
+        scores: np.ndarray,
+        shadow_scores: np.ndarray | None,
+    ) -> list[dict[str, Any]]:
+        """Each scored transaction's answer; their rows go to the scoring log."""
         done = time.perf_counter()
         scored_at = datetime.now(UTC)
         results, rows = [], []
@@ -201,17 +263,19 @@ class MicroBatcher:
                         break
                 units.append(unit)
                 size += len(unit.txns)
-            txns = [t for u in units for t in u.txns]
-            received = [u.received for u in units for _ in u.txns]
             try:
-                results = await loop.run_in_executor(self.executor, self.scorer.score, txns, received)
-            except Exception as exc:
+                outcomes = await loop.run_in_executor(
+                    self.executor, self.scorer.score, [u.txns for u in units], [u.received for u in units]
+                )
+            except Exception as exc:  # the whole batch: no champion, or the model call itself failed
                 for u in units:
                     if not u.future.done():
                         u.future.set_exception(exc)
                 continue
-            offset = 0
-            for u in units:
-                if not u.future.done():
-                    u.future.set_result(results[offset : offset + len(u.txns)])
-                offset += len(u.txns)
+            for u, outcome in zip(units, outcomes, strict=True):
+                if u.future.done():  # its caller went away
+                    continue
+                if isinstance(outcome, Exception):
+                    u.future.set_exception(outcome)
+                else:
+                    u.future.set_result(outcome)

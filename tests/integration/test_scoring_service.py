@@ -257,6 +257,119 @@ def test_bad_requests_are_refused_with_what_to_change(server, champion):
     assert server.client.get("/status").json()["transactions"] == scored_before
 
 
+def test_times_outside_the_services_window_are_refused_and_move_no_state(server, champion):
+    # The service replays 2026-01-10 (MLOPS_SERVING__LIVE_FROM): its window is that day, with up to a day
+    # less five minutes before it and five minutes after it (serving/clock.py).
+    known = {"customer_id": "c0700001", "merchant_id": "m070001"}
+    first = server.client.post(
+        "/score", json=transaction(2001, **known, event_timestamp="2026-01-10T14:00:00Z")
+    )
+    assert first.status_code == 200, first.text
+    ahead = server.client.post(
+        "/score",
+        json=transaction(
+            2002, customer_id="c0799999", merchant_id="m079999", event_timestamp="2099-01-01T00:00:00Z"
+        ),
+    )
+    assert ahead.status_code == 422, ahead.text
+    [problem] = ahead.json()["detail"]
+    assert problem["field"] == "event_timestamp" and problem["rule"].startswith("window:"), problem
+    assert "2026-01-11T00:05:00Z" in problem["rule"] and problem["value"] == "2099-01-01T00:00:00Z"
+    before = server.client.post("/score", json=transaction(2003, event_timestamp="2026-01-08T23:00:00Z"))
+    assert before.status_code == 422 and before.json()["detail"][0]["field"] == "event_timestamp"
+    report = {"transaction_id": transaction(2001)["transaction_id"], "is_fraud": 1}
+    dated_ahead = server.client.post(
+        "/chargebacks", json={**report, "label_timestamp": "2099-01-02T00:00:00Z"}
+    )
+    assert dated_ahead.status_code == 422, dated_ahead.text
+    assert dated_ahead.json()["detail"][0]["field"] == "label_timestamp"
+    # Nothing moved: the customer's and the merchant's state is there for their next transaction.
+    later = server.client.post(
+        "/score", json=transaction(2004, **known, event_timestamp="2026-01-10T14:30:00Z")
+    )
+    assert later.status_code == 200, later.text
+    assert later.json()["missing_entities"] == [] and later.json()["features"]["customer_txn_count_24h"] == 1
+    status = server.client.get("/status").json()["clock"]
+    assert status["mode"] == "replay" and status["window"][1].startswith("2026-01-11T00:05:00")
+
+
+def test_a_late_transaction_fails_only_its_own_request(server, champion):
+    """A transaction inside the window but more than a day older than its customer's latest: the live
+    state cannot compute its features. Its request is refused (422 naming it) and leaves nothing in the
+    state; requests scored beside it are answered."""
+    latest = transaction(
+        2101, customer_id="c0710001", merchant_id="m071001", event_timestamp="2026-01-10T20:00:00Z"
+    )
+    assert server.client.post("/score", json=latest).status_code == 200
+    late = transaction(
+        2102, customer_id="c0710001", merchant_id="m071002", event_timestamp="2026-01-09T18:00:00Z"
+    )
+    fresh = transaction(
+        2103, customer_id="c0710003", merchant_id="m071003", event_timestamp="2026-01-10T20:01:00Z"
+    )
+    refused = server.client.post("/score", json=[fresh, late])
+    assert refused.status_code == 422, refused.text
+    [problem] = refused.json()["detail"]
+    assert problem["loc"] == ["body", 1, "event_timestamp"] and problem["rule"].startswith("late:"), problem
+    assert "c0710001" in problem["rule"]
+    # The request's first item was not kept: its customer is still unknown to the next transaction.
+    after = transaction(
+        2104, customer_id="c0710003", merchant_id="m071004", event_timestamp="2026-01-10T20:02:00Z"
+    )
+    assert server.client.post("/score", json=after).json()["missing_entities"][0] == "customer_id"
+
+    # Concurrent requests, one of them late: each answered for itself, whichever batch it was scored in.
+    def burst(round_: int) -> tuple[list[int], int]:
+        barrier = threading.Barrier(8)
+        codes: list[int] = [0] * 8
+
+        def post(k: int) -> None:
+            n = 2200 + round_ * 10 + k
+            item = (
+                {**late, "transaction_id": transaction(n)["transaction_id"]}
+                if k == 0
+                else transaction(n, customer_id=f"c072{n:04d}", event_timestamp="2026-01-10T21:00:00Z")
+            )
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                barrier.wait()
+                codes[k] = client.post("/score", json=item).status_code
+
+        batches = server.client.get("/status").json()["batches"]
+        threads = [threading.Thread(target=post, args=(k,)) for k in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return codes, server.client.get("/status").json()["batches"] - batches
+
+    for round_ in range(5):
+        codes, batches = burst(round_)
+        assert codes == [422] + [200] * 7, codes
+        if batches < 7:  # the late request shared a batch with others (the scorer was busy meanwhile)
+            break
+    else:
+        pytest.fail("five bursts of eight concurrent requests were never batched together")
+
+
+def test_anything_unexpected_is_a_json_500_with_an_incident_and_no_internals(registry_home):
+    from fastapi.testclient import TestClient
+
+    from core.settings import Settings
+    from serving.app import create_app
+
+    app = create_app(Settings(home=registry_home))
+
+    @app.get("/broken")
+    async def broken():
+        raise RuntimeError("secret internals: /etc/passwd at line 42")
+
+    # Outside a `with` block the client does not run the lifespan: no model or state is needed here.
+    answer = TestClient(app, raise_server_exceptions=False).get("/broken")
+    assert answer.status_code == 500 and answer.headers["content-type"] == "application/json"
+    detail = answer.json()["detail"]
+    assert "incident" in detail and "secret" not in answer.text and "Traceback" not in answer.text
+
+
 def test_the_open_inference_protocol_scores_columns(server, champion):
     items = [transaction(20), transaction(21)]
     request = {
