@@ -104,9 +104,10 @@ def traffic(home: Path, day: date) -> list[dict]:
 # --- a small HTTP/1.1 load generator (keep-alive connections, raw bytes: the client must cost little) ------
 
 
-def _request(path: str, body: bytes) -> bytes:
+def _request(path: str, body: bytes, token: str | None = None) -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
@@ -282,7 +283,13 @@ def run(rows_per_day: int, rate: float, seconds: float, scratch: Path | None = N
     day = START + timedelta(days=1)
     items = traffic(home, day)
     count = int(rate * seconds)
-    score_requests = [_request("/score", json.dumps(i).encode()) for i in items]
+    # The scoring service's callers present a token (serving/auth.py): the local profile's generated file.
+    from core.settings import Settings
+    from serving.auth import open_callers, token_for
+
+    open_callers(Settings(home=home))
+    token = token_for(Settings(home=home), "score")
+    score_requests = [_request("/score", json.dumps(i).encode(), token) for i in items]
     results: dict = {"rows_per_day": rows_per_day, "traffic": len(items)}
 
     # end-to-end at a fixed rate, one transaction per request

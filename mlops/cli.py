@@ -372,9 +372,15 @@ def serve(
     start = None if live_from is None else live_from.replace(tzinfo=live_from.tzinfo or UTC)
     listen_host = host or settings.serving.host
     listen_port = port or settings.serving.port
-    err.print(f"scoring service on http://{listen_host}:{listen_port} (docs at /docs)")
+    from serving.auth import tokens_path
+
+    application = create_app(settings, start)  # generates the local profile's tokens file where missing
+    err.print(
+        f"scoring service on http://{listen_host}:{listen_port} (docs at /docs)"
+        + (f"; callers' tokens in {tokens_path(settings)}" if settings.serving.auth else "; no caller checks")
+    )
     uvicorn.run(
-        create_app(settings, start),
+        application,
         host=listen_host,
         port=listen_port,
         log_level="warning",

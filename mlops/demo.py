@@ -467,9 +467,9 @@ def score_day(settings: Settings, day: date, console: Console, drift: bool = Fal
     log = settings.home / "run" / f"serving-replay-{day.isoformat()}{'-drift' if drift else ''}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     events = day_events(settings.lake, day)
-    with replay_service(env, day, port, log) as url:
-        report = replay_day(url, settings.lake, day, events=drifted(events) if drift else events)
-        status = httpx.get(f"{url}/status", timeout=10).json()
+    with replay_service(env, day, port, log) as service:
+        report = replay_day(service, settings.lake, day, events=drifted(events) if drift else events)
+        status = httpx.get(f"{service.url}/status", headers=service.headers("read"), timeout=10).json()
     latency = report.percentiles()
     declined = sum(r["decision"] == "decline" for r in report.results)
     unknown = sum(bool(r["missing_entities"]) for r in report.results)

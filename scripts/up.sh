@@ -337,7 +337,8 @@ echo "Airflow:  $AIRFLOW_URL   (login: $login; password file $PASSWORD_FILE)"
 echo "MLflow:   $MLFLOW_URL$([ "$MANAGE_MLFLOW" = 1 ] || echo '   (not managed here: the profile points at it)')"
 echo "Spark:    $MLOPS_SPARK_REMOTE   (Spark Connect on $SPARK_MASTER$([ "$MANAGE_SPARK" = 1 ] || echo ', not managed here'); \
 MLOPS_SPARK_REMOTE=$MLOPS_SPARK_REMOTE sends 'mlops' commands to it too)"
+TOKENS_FILE=${MLOPS_SERVING__TOKENS_FILE:-$MLOPS_HOME/serving/tokens.json}
 echo "Scoring:  $SCORING_URL   (POST /score, /v2/models/<name>/infer, /docs; ready once a champion exists: \
-/v2/health/ready)"
+/v2/health/ready; callers send Authorization: Bearer <token>, tokens by role in $TOKENS_FILE)"
 echo "Logs:     $RUN/*.log      Stop: make down"
 echo "DAGs are paused when first parsed: unpause them in the UI or with '$BIN/airflow dags unpause <dag_id>'."

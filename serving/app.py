@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
+from serving.auth import Guard, open_callers
 from serving.clock import ServiceClock
 from serving.contract import ContractError, Violation, validate_request
 from serving.models import Models, ModelUnavailableError
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from core.settings import Settings
 
 log = logging.getLogger(__name__)
+# State-changing calls other than scoring (whose rows, caller included, are the scoring log): one JSON line
+# each on this logger, with the caller, the counts and the first AUDITED_IDS transaction ids.
+audit = logging.getLogger("serving.audit")
+AUDITED_IDS = 100
 
 # Generous per transaction (a full one is ~300 bytes of JSON): what lets a body be refused before parsing.
 BYTES_PER_ITEM = 4096
@@ -183,6 +188,13 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
 
     settings = settings or get_settings()
     limit = settings.serving.max_request_items
+    callers = open_callers(settings)  # before serving: a missing or broken tokens file stops the start
+    if not audit.handlers:  # the audit lines go to the service's output whatever else is configured
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s audit %(message)s"))
+        audit.addHandler(handler)
+        audit.setLevel(logging.INFO)
+        audit.propagate = False
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -203,8 +215,18 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         lifespan=lifespan,
     )
 
+    app.add_middleware(
+        Guard,
+        callers=callers,
+        public_read=settings.serving.public_read,
+        allowed_hosts=settings.serving.allowed_hosts,
+    )
+
     def service_of(request: Request) -> Service:
         return request.app.state.service
+
+    def caller_of(request: Request) -> str | None:
+        return request.scope.get("state", {}).get("caller")
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> ORJSONResponse:
@@ -217,7 +239,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         if service.models.current.champion is None:
             return None, _error(503, f"no model to score with: {service.models.problem}")
         try:
-            return await service.batcher.submit(items, received), None
+            return await service.batcher.submit(items, received, caller_of(request)), None
         except ModelUnavailableError as exc:
             return None, _error(503, f"no model to score with: {exc}")
         except TransactionRefusedError as exc:
@@ -282,7 +304,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             return refused
         reported = [i for i in items if i["is_fraud"] == 1]
         loop_result = await _in_scorer(service, reported)
-        return {
+        answer = {
             "received": len(items),
             "fraud_reports": len(reported),
             "attributed": loop_result.count(True),
@@ -290,6 +312,15 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
                 i["transaction_id"] for i, ok in zip(reported, loop_result, strict=True) if not ok
             ],
         }
+        record = {
+            "call": "chargebacks",
+            "caller": caller_of(request),
+            **{k: v for k, v in answer.items() if k != "unknown_transactions"},
+            "transaction_ids": [i["transaction_id"] for i in reported][:AUDITED_IDS],
+            "ids_left_out": max(0, len(reported) - AUDITED_IDS),
+        }
+        audit.info("%s", orjson.dumps(record).decode())
+        return answer
 
     @app.get("/v2/health/live", summary="The process is up")
     async def live():

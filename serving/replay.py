@@ -27,13 +27,43 @@ from pipelines.contracts import TRANSACTION_COLUMNS
 from pipelines.lake import Tables
 
 
+@dataclass(frozen=True)
+class Running:
+    """A scoring service started here: its base URL and a token per role from its tokens file."""
+
+    url: str
+    tokens: dict[str, str]
+
+    def headers(self, role: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.tokens[role]}"} if role in self.tokens else {}
+
+
+def _tokens(env: dict[str, str]) -> dict[str, str]:
+    """A plain-text token per role from the service's tokens file (serving/auth.py), {} without auth."""
+    import json
+
+    from serving.auth import ROLES
+
+    if env.get("MLOPS_SERVING__AUTH", "true").lower() in ("false", "0", "no"):
+        return {}
+    configured = env.get("MLOPS_SERVING__TOKENS_FILE")
+    path = Path(configured) if configured else Path(env["MLOPS_HOME"]) / "serving" / "tokens.json"
+    tokens: dict[str, str] = {}
+    for caller in json.loads(path.read_text())["callers"]:
+        if not caller["token"].startswith("sha256:"):  # a digest cannot be sent
+            for role in caller["roles"]:
+                tokens.setdefault(role, caller["token"])
+    return {role: tokens[role] for role in ROLES if role in tokens}
+
+
 @contextlib.contextmanager
 def replay_service(
     env: dict[str, str], day: date, port: int, log_path: Path, ready_timeout_s: float = 180.0
-) -> Iterator[str]:
+) -> Iterator[Running]:
     """`mlops serve` as a process with its live state taking over at the start of `day`, ready (a champion
-    loaded) before this yields its base URL; stopped with SIGTERM afterwards, which flushes its scoring
-    log. `env` is the process's whole environment (the settings as MLOPS_* variables)."""
+    loaded) before this yields its base URL and tokens (the tokens file of its MLOPS_HOME, which the local
+    profile generates on first start); stopped with SIGTERM afterwards, which flushes its scoring log.
+    `env` is the process's whole environment (the settings as MLOPS_* variables)."""
     import httpx
 
     args = [
@@ -63,7 +93,7 @@ def replay_service(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the scoring service was not ready in {ready_timeout_s:.0f} s: {reason}")
             time.sleep(0.3)
-        yield url
+        yield Running(url, _tokens(env))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -160,26 +190,28 @@ class ReplayReport:
 
 
 def replay_day(
-    base_url: str,
+    service: Running,
     lake: Path,
     day: date,
     timeout_s: float = 30.0,
     events: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> ReplayReport:
     """Post the day's events (or `events`) to the service one at a time, in order (see the module
-    docstring). Raises RuntimeError naming the transaction and the service's answer when one is refused."""
+    docstring), each with the token of its role. Raises RuntimeError naming the transaction and the
+    service's answer when one is refused."""
     import httpx
 
     report = ReplayReport()
     started = time.perf_counter()
-    with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
+    chargebacks, scoring = service.headers("chargebacks"), service.headers("score")
+    with httpx.Client(base_url=service.url, timeout=timeout_s) as client:
         for kind, item in day_events(lake, day) if events is None else events:
             if kind == "chargeback":
-                answer = client.post("/chargebacks", json=item)
+                answer = client.post("/chargebacks", json=item, headers=chargebacks)
                 report.chargebacks += 1
             else:
                 sent = time.perf_counter()
-                answer = client.post("/score", json=item)
+                answer = client.post("/score", json=item, headers=scoring)
                 report.latencies_ms.append((time.perf_counter() - sent) * 1000.0)
                 report.transactions += 1
             if answer.status_code != 200:

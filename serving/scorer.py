@@ -69,9 +69,13 @@ class Scorer:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def score(
-        self, units: Sequence[Sequence[dict[str, Any]]], received: Sequence[float]
+        self,
+        units: Sequence[Sequence[dict[str, Any]]],
+        received: Sequence[float],
+        callers: Sequence[str | None] | None = None,
     ) -> list[list[dict[str, Any]] | Exception]:
-        """Per unit (a request's transactions, received at `received[u]`): its results, or the exception
+        """Per unit (a request's transactions, received at `received[u]` from `callers[u]`, which the
+        scoring log keeps): its results, or the exception
         that failed it alone (TransactionRefusedError for a transaction the state cannot take, anything
         unexpected as raised); the other units are scored. A refused unit leaves nothing in the state.
         Raises ModelUnavailableError when no champion is loaded: nothing is scored and the entity state
@@ -83,11 +87,12 @@ class Scorer:
         outcomes: list[list[dict[str, Any]] | Exception | None] = []
         txns: list[dict[str, Any]] = []
         arrived: list[float] = []
+        sent_by: list[str | None] = []
         state_rows: Rows = []
         with self._lock:
             if self.clock is not None:
                 self.state.advance(self.clock.now())
-            for unit, when in zip(units, received, strict=True):
+            for unit, when, caller in zip(units, received, callers or [None] * len(units), strict=True):
                 try:
                     refused = self.state.refusal(unit)
                     if refused is not None:
@@ -101,6 +106,7 @@ class Scorer:
                 outcomes.append(None)
                 txns += unit
                 arrived += [when] * len(unit)
+                sent_by += [caller] * len(unit)
             if txns:
                 assembled = assemble(state_rows, txns)
                 scores = champion.score(assembled.x)
@@ -116,7 +122,7 @@ class Scorer:
                 self.counters.largest_batch = max(self.counters.largest_batch, len(txns))
         if not txns:
             return [o for o in outcomes if o is not None]
-        results = self._results(loaded, champion, txns, arrived, assembled, scores, shadow_scores)
+        results = self._results(loaded, champion, txns, arrived, sent_by, assembled, scores, shadow_scores)
         done: list[list[dict[str, Any]] | Exception] = []
         offset = 0
         for unit, outcome in zip(units, outcomes, strict=True):
@@ -133,6 +139,7 @@ class Scorer:
         champion: LoadedModel,
         txns: list[dict[str, Any]],
         received: list[float],
+        callers: list[str | None],
         assembled: Assembled,
         scores: np.ndarray,
         shadow_scores: np.ndarray | None,
@@ -193,6 +200,7 @@ class Scorer:
                     "shadow_score": float(shadow_scores[i]) if shadow_scores is not None else None,
                     "missing_entities": ",".join(missing) or None,
                     "latency_ms": latency_ms,
+                    "caller": callers[i],
                 }
             )
         if self.counters.non_finite_scores > non_finite_before:  # one line a batch, not one a transaction
@@ -211,6 +219,7 @@ class Scorer:
 class _Unit:
     txns: list[dict[str, Any]]
     received: float
+    caller: str | None
     future: asyncio.Future
 
 
@@ -237,10 +246,12 @@ class MicroBatcher:
                 await self._task
         self.executor.shutdown(wait=True)
 
-    async def submit(self, txns: list[dict[str, Any]], received: float) -> list[dict[str, Any]]:
+    async def submit(
+        self, txns: list[dict[str, Any]], received: float, caller: str | None = None
+    ) -> list[dict[str, Any]]:
         assert self._queue is not None, "start() the batcher on the serving loop first"
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Unit(txns, received, future))
+        await self._queue.put(_Unit(txns, received, caller, future))
         return await future
 
     async def _run(self) -> None:
@@ -265,7 +276,11 @@ class MicroBatcher:
                 size += len(unit.txns)
             try:
                 outcomes = await loop.run_in_executor(
-                    self.executor, self.scorer.score, [u.txns for u in units], [u.received for u in units]
+                    self.executor,
+                    self.scorer.score,
+                    [u.txns for u in units],
+                    [u.received for u in units],
+                    [u.caller for u in units],
                 )
             except Exception as exc:  # the whole batch: no champion, or the model call itself failed
                 for u in units:

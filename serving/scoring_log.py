@@ -7,8 +7,8 @@ background thread (a temporary name, then an atomic rename: a reader never sees 
 A row holds what the decision was made from and with: the transaction's identity and time, every model
 input as the service computed it (`training.dataset.NUMERIC_FEATURES` as float64, null where missing, and
 the raw categorical values), the champion's score and decision with its version, the shadow challenger's
-score and version (null where none), which entities the online store did not know, and the server-side
-latency.
+score and version (null where none), which entities the online store did not know, the server-side
+latency, and the caller whose token sent it (the audit of every scoring call).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def schema() -> pa.Schema:
             pa.field("shadow_score", pa.float64()),
             pa.field("missing_entities", pa.string()),  # comma-separated join keys not in the store
             pa.field("latency_ms", pa.float64(), nullable=False),
+            pa.field("caller", pa.string()),  # the token's caller (serving/auth.py); null without auth
         ]
     )
 

@@ -24,8 +24,8 @@ def replayed(demo_stack, tmp_path_factory):
     day: date = DEMO_DATES[-1]
     env = {**os.environ, **demo_stack.env}
     log = tmp_path_factory.mktemp("parity") / "serve.log"
-    with replay_service(env, day, free_port(), log) as url:
-        report = replay_day(url, demo_stack.home / "lake", day)
+    with replay_service(env, day, free_port(), log) as service:
+        report = replay_day(service, demo_stack.home / "lake", day)
     return day, report
 
 

@@ -212,6 +212,9 @@ CLUSTER_CHOICES = {
     "MLOPS_CLUSTER__SPARK_MASTER",
     "MLOPS_CLUSTER__MLFLOW_TRACKING_URI",
     "MLOPS_CLUSTER__SPARK_DRIVER_HOST",
+    # The scoring service's callers: the Secret's mount, and the Service's names as Host.
+    "MLOPS_SERVING__TOKENS_FILE",
+    "MLOPS_SERVING__ALLOWED_HOSTS",
 }
 # Variables read by libraries rather than by core.settings (each checked to exist in the library).
 MLFLOW_VARIABLES = {

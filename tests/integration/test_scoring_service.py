@@ -7,6 +7,8 @@ features is tests/e2e/test_scoring_parity.py."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +28,14 @@ from training.dataset import MODEL_INPUTS, NUMERIC_FEATURES
 from training.registry import CHAMPION_ALIAS, MODEL_NAME, ModelRegistry
 
 MAX_ITEMS = 20
+# The service's callers (serving/auth.py): this module's client has every role; one caller may only score,
+# and the chargeback feed's token is kept in the file as its digest.
+TOKENS = {
+    "test-all": "all-roles-token-0123456789abcdef",
+    "test-scorer": "scorer-only-token-0123456789abcdef",
+    "test-feed": "feed-only-token-0123456789abcdef",
+}
+BEARER = {"authorization": f"Bearer {TOKENS['test-all']}"}
 LOAD_ANSWERS = 50  # answers from each champion while the alias moves under load
 
 
@@ -88,6 +98,24 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = home / "serve.log"
+        tokens = home / "serving" / "tokens.json"
+        tokens.parent.mkdir(parents=True, exist_ok=True)
+        feed_digest = hashlib.sha256(TOKENS["test-feed"].encode()).hexdigest()
+        tokens.write_text(
+            json.dumps(
+                {
+                    "callers": [
+                        {
+                            "name": "test-all",
+                            "roles": ["score", "chargebacks", "read"],
+                            "token": TOKENS["test-all"],
+                        },
+                        {"name": "test-scorer", "roles": ["score"], "token": TOKENS["test-scorer"]},
+                        {"name": "test-feed", "roles": ["chargebacks"], "token": f"sha256:{feed_digest}"},
+                    ]
+                }
+            )
+        )
         env = {
             **os.environ,
             "MLOPS_HOME": str(home),
@@ -103,7 +131,7 @@ class Server:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+        self.client = httpx.Client(base_url=self.url, timeout=30, headers=BEARER)
 
     def live(self) -> bool:
         assert self.process.poll() is None, self.log.read_text()[-3000:]
@@ -330,7 +358,7 @@ def test_a_late_transaction_fails_only_its_own_request(server, champion):
                 if k == 0
                 else transaction(n, customer_id=f"c072{n:04d}", event_timestamp="2026-01-10T21:00:00Z")
             )
-            with httpx.Client(base_url=server.url, timeout=30) as client:
+            with httpx.Client(base_url=server.url, timeout=30, headers=BEARER) as client:
                 barrier.wait()
                 codes[k] = client.post("/score", json=item).status_code
 
@@ -351,13 +379,90 @@ def test_a_late_transaction_fails_only_its_own_request(server, champion):
         pytest.fail("five bursts of eight concurrent requests were never batched together")
 
 
+def test_callers_need_a_token_with_the_routes_role_a_json_body_and_a_served_host(
+    server, champion, registry_home
+):
+    item = transaction(
+        2301, customer_id="c0730001", merchant_id="m073001", event_timestamp="2026-01-10T15:00:00Z"
+    )
+    report = {
+        "transaction_id": item["transaction_id"],
+        "is_fraud": 1,
+        "label_timestamp": "2026-01-10T15:30:00Z",
+    }
+    scorer = {"authorization": f"Bearer {TOKENS['test-scorer']}"}
+    feed = {"authorization": f"Bearer {TOKENS['test-feed']}"}  # the file holds its digest only
+    with httpx.Client(base_url=server.url, timeout=30) as bare:
+        assert bare.get("/v2/health/live").status_code == 200  # the probes need no token
+        assert bare.get("/v2/health/ready").status_code == 200
+        missing = bare.post("/score", json=item)
+        assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
+        assert (
+            bare.post("/score", json=item, headers={"authorization": "Bearer not-a-token"}).status_code == 401
+        )
+        for path in ("/status", "/docs", "/openapi.json", "/v2/models/fraud-detector"):
+            assert bare.get(path).status_code == 401, path
+        # The chargeback feed has a role of its own: a scoring caller cannot report fraud or read the status.
+        assert bare.post("/chargebacks", json=report, headers=scorer).status_code == 403
+        assert bare.get("/status", headers=scorer).status_code == 403
+        assert bare.post("/score", json=item, headers=feed).status_code == 403
+        assert bare.post("/score", json=item, headers=scorer).status_code == 200
+        fed = bare.post("/chargebacks", json=report, headers=feed)
+        assert fed.status_code == 200 and fed.json()["attributed"] == 1, fed.text
+        # Only JSON bodies: a web page may send text/plain or a form anywhere without asking, never JSON.
+        text = bare.post(
+            "/score", content=orjson.dumps(item), headers={**scorer, "content-type": "text/plain"}
+        )
+        assert text.status_code == 415, text.text
+        form = bare.post("/chargebacks", data={"transaction_id": item["transaction_id"]}, headers=feed)
+        assert form.status_code == 415
+        # A Host this service does not serve: a page that rebound its own name to this machine.
+        rebound = bare.post("/score", json=item, headers={**scorer, "host": "attacker.example"})
+        assert rebound.status_code == 400 and "allowed_hosts" in rebound.json()["detail"]
+
+    # The audit: the scoring log names each transaction's caller; a chargeback call is a line of the log.
+    def logged() -> list[dict]:
+        rows = pq.read_table(registry_home / "scoring_log").to_pylist()
+        return [r for r in rows if r["transaction_id"] == item["transaction_id"]]
+
+    wait_for(lambda: bool(logged()), 30, "the scoring log to flush")
+    assert [r["caller"] for r in logged()] == ["test-scorer"]
+    audited = [
+        line for line in server.log.read_text().splitlines() if " audit " in line and "test-feed" in line
+    ]
+    assert audited and json.loads(audited[-1].split(" audit ", 1)[1])["transaction_ids"] == [
+        item["transaction_id"]
+    ]
+
+
+def test_a_tokens_file_the_service_cannot_use_stops_its_start_with_what_to_fix(tmp_path):
+    from core.settings import Settings
+    from serving.auth import TokensFileError, open_callers
+
+    mounted = Settings(home=tmp_path / "pod", serving={"tokens_file": tmp_path / "secret" / "tokens.json"})  # type: ignore[arg-type]
+    with pytest.raises(TokensFileError, match=r"no tokens file at .*serving\.tokens_file"):
+        open_callers(mounted)  # a named file (a Secret's mount) is never generated
+    local = Settings(home=tmp_path / "local")
+    assert len(open_callers(local)) == 2  # generated on first start, readable by its owner only
+    assert (tmp_path / "local" / "serving" / "tokens.json").stat().st_mode & 0o077 == 0
+    broken = tmp_path / "broken.json"
+    for text, says in (
+        ("{", "cannot be read as JSON"),
+        ('{"callers": [{"name": "x", "roles": ["admin"], "token": "0123456789abcdef0123456789"}]}', "roles"),
+        ('{"callers": [{"name": "x", "roles": ["score"], "token": "short"}]}', "24 characters"),
+    ):
+        broken.write_text(text)
+        with pytest.raises(TokensFileError, match=says):
+            open_callers(Settings(home=tmp_path / "local", serving={"tokens_file": broken}))  # type: ignore[arg-type]
+
+
 def test_anything_unexpected_is_a_json_500_with_an_incident_and_no_internals(registry_home):
     from fastapi.testclient import TestClient
 
     from core.settings import Settings
     from serving.app import create_app
 
-    app = create_app(Settings(home=registry_home))
+    app = create_app(Settings(home=registry_home, serving={"auth": False, "allowed_hosts": ["testserver"]}))  # type: ignore[arg-type]
 
     @app.get("/broken")
     async def broken():
@@ -407,7 +512,7 @@ def test_the_champion_moves_under_load_without_a_failed_request_and_the_challeng
     stop = threading.Event()
 
     def hammer() -> None:
-        with httpx.Client(base_url=server.url, timeout=30) as client:
+        with httpx.Client(base_url=server.url, timeout=30, headers=BEARER) as client:
             n = 100
             while not stop.is_set():
                 n += 1

@@ -1,0 +1,239 @@
+"""Who may call the scoring service, and what a request must look like before any handler reads it.
+
+`Guard` is a plain ASGI middleware in front of every route (docs/serving.md, "Callers"):
+
+- **Host.** A request whose `Host` is not one of `serving.allowed_hosts` is refused (400), so a web page that
+  rebinds its own name to this machine's address cannot reach the service. The health endpoints answer any
+  Host (Kubernetes probes use the pod's address).
+- **Credentials.** Every route but the health endpoints wants `Authorization: Bearer <token>`, a token of the
+  tokens file (`serving.tokens_file`), each of which names its caller and roles: `score` (POST /score and
+  the Open Inference Protocol's infer), `chargebacks` (POST /chargebacks: fraud reports move every customer's
+  merchant features, so the feed has a role of its own), `read` (GET /status, /docs, /openapi.json and the
+  protocol's metadata; open to all when `serving.public_read`). No token or an unknown one: 401; a token
+  without the route's role: 403. The file holds tokens as their SHA-256 digests or as plain text; the
+  service keeps only digests in memory.
+- **Content type.** A POST must say `Content-Type: application/json` (415 otherwise): a web page can send a
+  text/plain or form body to any address without asking, never an application/json one.
+
+The caller's name goes to the request's scope (`state["caller"]`), for the audit records and the scoring
+log. Unless `serving.tokens_file` names a file, the service generates $MLOPS_HOME/serving/tokens.json on
+first start, as Airflow's simple auth manager does its passwords (`make up` prints where); a file it names
+(in Kubernetes, a Secret mounted there) must exist, or the service does not start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+
+ROLES = ("score", "chargebacks", "read")
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+DIGEST_PREFIX = "sha256:"
+# What `mlops serve` generates for the local profile: one caller per role a local tool needs.
+LOCAL_CALLERS = {
+    "local-scorer": ("score", "read"),
+    "local-chargebacks": ("chargebacks", "read"),
+}
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class TokensFileError(ValueError):
+    """The tokens file is missing or not what the service can read; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    roles: frozenset[str]
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def tokens_path(settings: Settings) -> Path:
+    return settings.serving.tokens_file or settings.home / "serving" / "tokens.json"
+
+
+def route_role(method: str, path: str) -> str | None:
+    """The role a request needs; None for the open health endpoints."""
+    if path in OPEN_PATHS:
+        return None
+    if method == "POST":
+        return "chargebacks" if path == "/chargebacks" else "score"
+    return "read"
+
+
+class Callers:
+    """The callers of a tokens file, by their token's digest."""
+
+    def __init__(self, by_digest: dict[str, Caller]) -> None:
+        self._by_digest = by_digest
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def who(self, token: str) -> Caller | None:
+        return self._by_digest.get(_digest(token))
+
+    @classmethod
+    def load(cls, path: Path) -> Callers:
+        """Read `path`: {"callers": [{"name": ..., "roles": [...], "token": ...}, ...]}, a token given as text
+        or as "sha256:<hex digest>"."""
+        fix = f'write {path} as {{"callers": [{{"name": "...", "roles": [...], "token": "..."}}]}}'
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise TokensFileError(f"no tokens file at {path}: {fix} (serving.tokens_file)") from exc
+        except (OSError, ValueError) as exc:
+            raise TokensFileError(f"the tokens file {path} cannot be read as JSON ({exc}): {fix}") from exc
+        entries = data.get("callers") if isinstance(data, dict) else None
+        if not isinstance(entries, list) or not entries:
+            raise TokensFileError(f"the tokens file {path} names no callers: {fix}")
+        by_digest: dict[str, Caller] = {}
+        for index, entry in enumerate(entries):
+            where = f"{path}, caller {index}"
+            named = isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("name", "token"))
+            if not named:
+                raise TokensFileError(f"{where}: needs a text `name` and `token`")
+            roles = entry.get("roles")
+            if not isinstance(roles, list) or not roles or not set(roles) <= set(ROLES):
+                raise TokensFileError(
+                    f"{where} ({entry['name']}): `roles` must list some of {', '.join(ROLES)}"
+                )
+            token = entry["token"]
+            if token.startswith(DIGEST_PREFIX):
+                digest = token.removeprefix(DIGEST_PREFIX).lower()
+                if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                    raise TokensFileError(f"{where} ({entry['name']}): a digest is sha256: and 64 hex digits")
+            elif len(token) < 24:
+                raise TokensFileError(f"{where} ({entry['name']}): a token needs 24 characters or more")
+            else:
+                digest = _digest(token)
+            if digest in by_digest:
+                raise TokensFileError(
+                    f"{where} ({entry['name']}): the same token as {by_digest[digest].name}"
+                )
+            by_digest[digest] = Caller(entry["name"], frozenset(roles))
+        return cls(by_digest)
+
+
+def generate_local_tokens(path: Path) -> None:
+    """A tokens file for this machine's own tools (LOCAL_CALLERS), readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    callers = [
+        {"name": name, "roles": list(roles), "token": secrets.token_urlsafe(32)}
+        for name, roles in LOCAL_CALLERS.items()
+    ]
+    temp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"callers": callers}, out, indent=1)
+    os.replace(temp, path)
+
+
+def open_callers(settings: Settings) -> Callers | None:
+    """The callers the service admits (None when `serving.auth` is off). The default file
+    ($MLOPS_HOME/serving/tokens.json) is generated where it is missing; a file `serving.tokens_file` names
+    (a mounted Secret) must exist."""
+    if not settings.serving.auth:
+        return None
+    path = tokens_path(settings)
+    if settings.serving.tokens_file is None and not path.exists():
+        generate_local_tokens(path)
+    return Callers.load(path)
+
+
+def token_for(settings: Settings, role: str) -> str:
+    """A token with `role` from the tokens file, for this machine's own tools (replays, the demo, the
+    benchmarks); only plain-text tokens can be handed out."""
+    path = tokens_path(settings)
+    data = json.loads(path.read_text())
+    for entry in data.get("callers", []):
+        if role in entry.get("roles", ()) and not entry["token"].startswith(DIGEST_PREFIX):
+            return entry["token"]
+    raise TokensFileError(f"no caller with the role {role!r} and a plain-text token in {path}")
+
+
+def _host(value: bytes) -> str:
+    """The host of a Host header, without its port ([::1]:8000 -> ::1)."""
+    text = value.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1 : text.find("]")] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+def _media_type(value: bytes) -> str:
+    return value.decode("latin-1").split(";", 1)[0].strip().lower()
+
+
+class Guard:
+    """The checks of the module docstring, before the application sees the request."""
+
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        callers: Callers | None,
+        public_read: bool,
+        allowed_hosts: Iterable[str],
+    ) -> None:
+        self.app = app
+        self.callers = callers
+        self.public_read = public_read
+        hosts = {h.strip().lower().strip("[]") for h in allowed_hosts}
+        self.any_host = "*" in hosts
+        self.hosts = frozenset(hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        headers = dict(scope["headers"])
+        role = route_role(method, path)
+        if role is not None and not self.any_host:
+            host = _host(headers.get(b"host", b""))
+            if host not in self.hosts:
+                await _answer(send, 400, f"the Host {host!r} is not served here (serving.allowed_hosts)")
+                return
+        caller: Caller | None = None
+        if role is not None and self.callers is not None and not (role == "read" and self.public_read):
+            scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            caller = self.callers.who(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+            if caller is None:
+                await _answer(
+                    send,
+                    401,
+                    "a token is needed: send Authorization: Bearer <token> (serving.tokens_file)",
+                    [(b"www-authenticate", b'Bearer realm="fraud-scoring"')],
+                )
+                return
+            if role not in caller.roles:
+                await _answer(send, 403, f"the caller {caller.name} has no {role!r} role, which {path} needs")
+                return
+        if method == "POST" and _media_type(headers.get(b"content-type", b"")) != "application/json":
+            await _answer(send, 415, "send the body as JSON with Content-Type: application/json")
+            return
+        scope.setdefault("state", {})["caller"] = caller.name if caller else None
+        await self.app(scope, receive, send)
+
+
+async def _answer(
+    send: Send, status: int, detail: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
