@@ -135,6 +135,8 @@ class Service:
                 settings.scoring_log_dir,
                 settings.serving.log_flush_rows,
                 settings.serving.log_flush_interval_s,
+                settings.serving.log_max_pending_rows,
+                settings.serving.log_retention_days,
             )
             if settings.serving.scoring_log
             else None
@@ -332,6 +334,9 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         champion = service.models.current.champion
         if champion is None:
             return ORJSONResponse({"ready": False, "reason": service.models.problem}, status_code=503)
+        behind = service.scoring_log.problem if service.scoring_log is not None else None
+        if behind:  # decisions would go unrecorded: take no traffic until the log catches up
+            return ORJSONResponse({"ready": False, "reason": behind}, status_code=503)
         return {"ready": True, "model": champion.name, "version": champion.version}
 
     @app.get("/v2", summary="Open Inference Protocol: server metadata")
@@ -447,6 +452,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "non_finite_scores": counters.non_finite_scores,
             "scoring_log_rows_written": service.scoring_log.written if service.scoring_log else None,
             "scoring_log_write_errors": service.scoring_log.errors if service.scoring_log else None,
+            "scoring_log_pending_rows": service.scoring_log.pending if service.scoring_log else None,
+            "scoring_log_dropped_rows": service.scoring_log.dropped if service.scoring_log else None,
             "live_state": service.settings.serving.live_state,
             "clock": {
                 "mode": service.clock.mode,

@@ -146,7 +146,8 @@ class Scorer:
     ) -> list[dict[str, Any]]:
         """Each scored transaction's answer; their rows go to the scoring log."""
         done = time.perf_counter()
-        scored_at = datetime.now(UTC)
+        # The service's clock (a replay's is the replayed day's): what the scoring log is partitioned by.
+        scored_at = self.clock.now() if self.clock is not None else datetime.now(UTC)
         results, rows = [], []
         non_finite_before = self.counters.non_finite_scores
         for i, txn in enumerate(txns):

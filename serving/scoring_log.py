@@ -1,8 +1,19 @@
-"""The scoring log: every scored transaction, appended off the response path, as Parquet by event date.
+"""The scoring log: every scored transaction, appended off the response path, as Parquet by the date it was
+scored.
 
 Layout: `$MLOPS_HOME/scoring_log/date=YYYY-MM-DD/part-<first scored time>-<uuid>.parquet`, one folder per
-event date of the transactions (what monitoring and the label join read by), files written whole by a
-background thread (a temporary name, then an atomic rename: a reader never sees half a file).
+date of `scored_at`, the service's own clock (serving/clock.py: the machine's, or the replayed day's), never
+the caller's event time, so a caller cannot scatter rows over dates it chooses. Files are written whole by a
+background thread (a temporary name, then an atomic rename: a reader never sees half a file); temporary
+files a crash left are removed when the log opens. Readers ask for event dates (`read_scoring_log`): an event
+time lies within the service's window around its scoring time (`serving.max_lateness_s` at most 7 days
+before it, `serving.max_future_skew_s` at most a day after), so the dates that can hold an event date's rows
+are known.
+
+Bounded: the rows waiting for the disk are capped (`serving.log_max_pending_rows`); past the cap new rows
+are dropped and counted (`dropped`, in /status) and `problem` says so, which the readiness endpoint turns
+red until the writer catches up. Partitions scored more than `serving.log_retention_days` before the newest
+one written are deleted.
 
 A row holds what the decision was made from and with: the transaction's identity and time, every model
 input as the service computed it (`training.dataset.NUMERIC_FEATURES` as float64, null where missing, and
@@ -15,11 +26,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,62 +77,128 @@ def partition_dir(root: Path, day: date) -> Path:
     return root / f"{PARTITION}={day.isoformat()}"
 
 
+# How far a scoring date may lie from the event dates of its rows (the service's window, core.settings
+# ServingSettings: lateness at most 7 days, skew at most one).
+SCORED_BEFORE_EVENT_DAYS = 1
+SCORED_AFTER_EVENT_DAYS = 8
+
+
 def read_scoring_log(root: Path, first: date, last: date, columns: list[str] | None = None) -> pa.Table:
-    """The rows of event dates first .. last (an empty table with the schema where there are none)."""
+    """The rows of event dates first .. last (an empty table with the schema where there are none), read
+    from the scoring dates that can hold them."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    low = (first - timedelta(days=SCORED_BEFORE_EVENT_DAYS)).isoformat()
+    high = (last + timedelta(days=SCORED_AFTER_EVENT_DAYS)).isoformat()
     days = sorted(
         p
         for p in root.glob(f"{PARTITION}=*")
-        if p.is_dir() and first.isoformat() <= p.name.removeprefix(f"{PARTITION}=") <= last.isoformat()
+        if p.is_dir() and low <= p.name.removeprefix(f"{PARTITION}=") <= high
     )
     files = [f for d in days for f in sorted(d.glob("*.parquet"))]
     target = schema() if columns is None else pa.schema([schema().field(c) for c in columns])
     if not files:
         return target.empty_table()
-    return pa.concat_tables(
-        pq.read_table(f, columns=columns, schema=schema()).select(target.names) for f in files
-    )
+    start = datetime.combine(first, datetime.min.time(), tzinfo=UTC)
+    end = datetime.combine(last + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+    wanted = sorted({*target.names, "event_timestamp"})
+    tables = []
+    for f in files:
+        table = pq.read_table(f, columns=wanted, schema=schema())
+        stamp = table["event_timestamp"]
+        keep = pc.and_(
+            pc.greater_equal(stamp, pa.scalar(start, stamp.type)), pc.less(stamp, pa.scalar(end, stamp.type))
+        )
+        tables.append(table.filter(keep).select(target.names))
+    return pa.concat_tables(tables)
 
 
 class ScoringLog:
-    """Takes rows (dicts of the schema's columns) from the request path without blocking on disk: rows
-    go to an unbounded in-memory queue; a daemon thread writes what queued every `flush_interval_s`, or
-    as soon as `flush_rows` are waiting, one file per event date. `close()` writes what is left.
+    """Takes rows (dicts of the schema's columns) from the request path without blocking on disk: rows go
+    to an in-memory queue, at most `max_pending_rows` of them waiting at once (queued or kept after a failed
+    write; past that they are dropped and counted); a daemon thread writes what queued every
+    `flush_interval_s`, or as soon as `flush_rows` are waiting, one file per scoring date. `close()`
+    writes what is left.
 
-    A write that fails is logged with the folder and kept for the next flush (never dropped silently);
-    `errors` counts failures and `written` the rows on disk."""
+    A write that fails is logged with the folder and kept for the next flush while under the cap; `errors`
+    counts failures, `written` the rows on disk, `dropped` the rows never written."""
 
-    def __init__(self, root: Path, flush_rows: int = 5000, flush_interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        flush_rows: int = 5000,
+        flush_interval_s: float = 5.0,
+        max_pending_rows: int = 200_000,
+        retention_days: int | None = None,
+    ) -> None:
         self.root = root
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
+        self.max_pending_rows = max_pending_rows
+        self.retention_days = retention_days
         self.written = 0
         self.errors = 0
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.dropped = 0
+        self.removed_partitions = 0
+        self._held = 0  # rows appended and not yet on disk (queued or pending)
+        self._held_lock = threading.Lock()
+        self._newest: date | None = None
+        # rows, a flush's marker, or None to stop
+        self._queue: queue.Queue[list[dict[str, Any]] | threading.Event | None] = queue.Queue()
         self._pending: list[dict[str, Any]] = []
-        self._idle = threading.Event()
-        self._idle.set()
+        self._remove_leftovers()
         self._thread = threading.Thread(target=self._run, name="scoring-log", daemon=True)
         self._thread.start()
 
+    @property
+    def pending(self) -> int:
+        return self._held
+
+    @property
+    def problem(self) -> str | None:
+        """Why the log is not keeping up (rows dropped while it is full), or None."""
+        if self._held >= self.max_pending_rows:
+            return (
+                f"the scoring log under {self.root} holds {self._held} rows it could not write yet (the cap, "
+                f"serving.log_max_pending_rows); {self.dropped} dropped so far: see the service's log"
+            )
+        return None
+
     def append(self, rows: Iterable[dict[str, Any]]) -> None:
-        for row in rows:
-            self._idle.clear()
-            self._queue.put(row)
+        batch = list(rows)
+        if not batch:
+            return
+        with self._held_lock:
+            room = self.max_pending_rows - self._held
+            if room < len(batch):
+                kept = batch[: max(room, 0)]
+                self.dropped += len(batch) - len(kept)
+                if self.dropped == len(batch) - len(kept):  # the first drop is logged; /status counts on
+                    log.error(
+                        "scoring log under %s is full (%d rows waiting): dropping rows", self.root, self._held
+                    )
+                batch = kept
+            self._held += len(batch)
+        if batch:
+            self._queue.put(batch)
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Wait until every row appended so far is on disk (or its write failed)."""
-        self._queue.put({})  # a marker: wakes the writer to flush now
-        deadline = time.monotonic() + timeout
-        while not self._idle.wait(0.05):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the scoring log under {self.root} did not flush in {timeout} s")
+        """Wait until every row appended so far was written (or its write failed and is held)."""
+        done = threading.Event()
+        self._queue.put(done)  # a marker: the writer writes what it has, then sets it
+        if not done.wait(timeout):
+            raise TimeoutError(f"the scoring log under {self.root} did not flush in {timeout} s")
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=60)
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files a killed writer left (one service writes a log: none is being written now)."""
+        for leftover in self.root.glob(f"{PARTITION}=*/.part-*.tmp"):
+            leftover.unlink(missing_ok=True)
 
     def _run(self) -> None:
         last = time.monotonic()
@@ -129,14 +207,15 @@ class ScoringLog:
             try:
                 item = self._queue.get(timeout=wait)
             except queue.Empty:
-                item = {}
+                item = threading.Event()  # the interval passed: write what is pending
             if item is None:
                 self._write()
-                self._idle.set()
                 return
-            now_flush = not item
-            if item:
-                self._pending.append(item)
+            waiting: list[threading.Event] = []
+            if isinstance(item, threading.Event):
+                waiting.append(item)
+            else:
+                self._pending += item
             while len(self._pending) < self.flush_rows:  # take what else queued, without waiting
                 try:
                     more = self._queue.get_nowait()
@@ -144,21 +223,22 @@ class ScoringLog:
                     break
                 if more is None:
                     self._queue.put(None)
-                    now_flush = True
+                    waiting.append(threading.Event())
                     break
-                if not more:
-                    now_flush = True
+                if isinstance(more, threading.Event):
+                    waiting.append(more)
                     continue
-                self._pending.append(more)
+                self._pending += more
             if (
-                now_flush
+                waiting
                 or len(self._pending) >= self.flush_rows
                 or time.monotonic() - last >= self.flush_interval_s
             ):
                 self._write()
+                self._expire()
                 last = time.monotonic()
-                if self._queue.empty() and not self._pending:
-                    self._idle.set()
+            for event in waiting:
+                event.set()
 
     def _write(self) -> None:
         import pyarrow as pa
@@ -169,7 +249,7 @@ class ScoringLog:
         rows, self._pending = self._pending, []
         by_day: dict[date, list[dict[str, Any]]] = {}
         for row in rows:
-            by_day.setdefault(row["event_timestamp"].astimezone(UTC).date(), []).append(row)
+            by_day.setdefault(row["scored_at"].astimezone(UTC).date(), []).append(row)
         failed: list[dict[str, Any]] = []
         for day, day_rows in sorted(by_day.items()):
             folder = partition_dir(self.root, day)
@@ -179,10 +259,16 @@ class ScoringLog:
                 name = f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
                 table = pa.Table.from_pylist(day_rows, schema=schema())
                 scratch = folder / f".{name}.tmp"
-                pq.write_table(table, scratch)
-                scratch.rename(folder / name)
+                try:
+                    pq.write_table(table, scratch)
+                    scratch.rename(folder / name)
+                finally:
+                    scratch.unlink(missing_ok=True)  # a failed write leaves no temporary file
                 self.written += len(day_rows)
-            except Exception:  # disk full, permissions: keep the rows, say where
+                with self._held_lock:
+                    self._held -= len(day_rows)
+                self._newest = day if self._newest is None else max(self._newest, day)
+            except Exception:  # disk full, permissions: keep the rows (within the cap), say where
                 self.errors += 1
                 log.exception(
                     "scoring log: writing %d rows under %s failed; kept for the next flush",
@@ -191,3 +277,14 @@ class ScoringLog:
                 )
                 failed += day_rows
         self._pending = failed + self._pending
+
+    def _expire(self) -> None:
+        """Partitions scored more than retention_days before the newest one written are deleted."""
+        if self.retention_days is None or self._newest is None:
+            return
+        oldest = (self._newest - timedelta(days=self.retention_days)).isoformat()
+        for folder in self.root.glob(f"{PARTITION}=*"):
+            if folder.is_dir() and folder.name.removeprefix(f"{PARTITION}=") < oldest:
+                shutil.rmtree(folder, ignore_errors=True)
+                self.removed_partitions += 1
+                log.info("scoring log: removed %s (older than %d days)", folder, self.retention_days)

@@ -1,0 +1,94 @@
+"""The scoring log on disk (serving/scoring_log.py, real Parquet files): partitioned by the service's scoring
+time rather than the caller's event time, read back by event date, bounded while the disk refuses writes
+(rows dropped and counted, the problem named until it catches up), old scoring dates deleted, temporary
+files of a killed writer removed."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+from serving.scoring_log import ScoringLog, read_scoring_log
+from training.dataset import CATEGORICAL_FEATURES, NUMERIC_FEATURES
+
+D = date(2026, 3, 10)
+
+
+def row(n: int, event: datetime, scored: datetime) -> dict:
+    return {
+        "transaction_id": f"tx{n:016x}",
+        "customer_id": "c0000001",
+        "merchant_id": "m000001",
+        "event_timestamp": event,
+        "scored_at": scored,
+        "amount": 10.0,
+        "currency": "EUR",
+        **dict.fromkeys(CATEGORICAL_FEATURES, "x"),
+        **dict.fromkeys(NUMERIC_FEATURES, 1.0),
+        "model_name": "fraud-detector",
+        "model_version": "1",
+        "score": 0.1,
+        "decision": "approve",
+        "threshold": 0.5,
+        "shadow_version": None,
+        "shadow_score": None,
+        "missing_entities": None,
+        "latency_ms": 1.0,
+        "caller": "test",
+    }
+
+
+def at(day: date, hour: int) -> datetime:
+    return datetime(day.year, day.month, day.day, hour, tzinfo=UTC)
+
+
+def _written(log: ScoringLog, rows: list[dict]) -> None:
+    log.append(rows)
+    log.flush()
+
+
+def test_rows_go_by_the_date_they_were_scored_and_are_read_back_by_event_date(tmp_path):
+    log = ScoringLog(tmp_path / "log", flush_interval_s=60)
+    late = row(1, at(D, 23), at(D + timedelta(days=1), 0))  # scored after midnight
+    ahead = row(2, datetime(2099, 1, 1, tzinfo=UTC), at(D, 12))  # whatever time a caller's clock says
+    before = row(3, at(D - timedelta(days=1), 22), at(D, 1))
+    _written(log, [late, ahead, before])
+    log.close()
+    assert sorted(p.name for p in (tmp_path / "log").iterdir()) == ["date=2026-03-10", "date=2026-03-11"]
+    ids = read_scoring_log(tmp_path / "log", D, D, ["transaction_id"])["transaction_id"].to_pylist()
+    assert ids == [late["transaction_id"]]
+    earlier = read_scoring_log(tmp_path / "log", D - timedelta(days=1), D - timedelta(days=1))
+    assert earlier["transaction_id"].to_pylist() == [before["transaction_id"]]
+    assert read_scoring_log(tmp_path / "log", D + timedelta(days=5), D + timedelta(days=6)).num_rows == 0
+
+
+def test_while_the_disk_refuses_rows_are_held_up_to_the_cap_then_dropped_counted_and_named(tmp_path):
+    root = tmp_path / "log"
+    root.write_text("not a folder")  # every write fails until it is removed
+    log = ScoringLog(root, flush_rows=5, flush_interval_s=60, max_pending_rows=10)
+    _written(log, [row(n, at(D, 10), at(D, 10)) for n in range(8)])
+    assert log.errors >= 1 and log.pending == 8 and log.dropped == 0 and log.problem is None
+    _written(log, [row(n, at(D, 11), at(D, 11)) for n in range(8, 14)])
+    assert log.pending == 10 and log.dropped == 4
+    assert "10 rows" in log.problem and "log_max_pending_rows" in log.problem
+    root.unlink()  # the disk is back: the held rows are written at the next flush, the problem clears
+    log.flush()
+    assert log.pending == 0 and log.problem is None and log.written == 10
+    _written(log, [row(99, at(D, 12), at(D, 12))])  # taken again
+    log.close()
+    assert log.written == 11 and log.dropped == 4
+    assert read_scoring_log(root, D, D).num_rows == 11
+
+
+def test_scoring_dates_older_than_the_retention_are_deleted_and_leftover_temporary_files_removed(tmp_path):
+    root = tmp_path / "log"
+    stale = root / "date=2026-03-10" / ".part-20260310T000000000000-deadbeef.parquet.tmp"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half a file")
+    log = ScoringLog(root, flush_interval_s=60, retention_days=90)
+    assert not stale.exists()
+    old, recent = D - timedelta(days=120), D - timedelta(days=30)
+    _written(log, [row(1, at(old, 9), at(old, 9)), row(2, at(recent, 9), at(recent, 9))])
+    _written(log, [row(3, at(D, 9), at(D, 9))])
+    log.close()
+    assert sorted(p.name for p in root.iterdir()) == [f"date={recent}", f"date={D}"]
+    assert log.removed_partitions == 1
