@@ -172,6 +172,10 @@ class ServingSettings(BaseModel):
     max_wait_ms: float = Field(default=1.0, ge=0.0, le=1000.0)
     # A request with more transactions than this is refused with 413.
     max_request_items: int = Field(default=1000, ge=1)
+    # Admission: requests handled at once, and scoring requests waiting for the scorer; past either, a
+    # request is answered 503 with Retry-After at once (serving/auth.py, serving/scorer.py).
+    max_in_flight: int = Field(default=512, ge=1)
+    max_queued_requests: int = Field(default=256, ge=1)
     # How often the champion and challenger aliases are read; a moved alias loads the new model beside the
     # old one, then swaps (no request fails or waits on the load).
     reload_interval_s: float = Field(default=5.0, gt=0.0)

@@ -306,12 +306,23 @@ class _Merchant(_Timeline):
             self.ids.append(tid)
             self.usd.append(amount)
             self.cum.append(self.cum[-1] + amount)
-        else:
+        else:  # a late transaction: the running totals from it on, summed again in C (no Python loop)
+            import numpy as np
+
             self.us.insert(i, us)
             self.ms.insert(i, us // US_PER_MS)
             self.ids.insert(i, tid)
             self.usd.insert(i, amount)
-            self.cum = array("d", accumulate(self.usd, initial=0.0))
+            # cum[i] + usd[i] + usd[i+1] + ... left to right (cumsum is sequential): the same bits as the
+            # totals of a history observed in order.
+            tail = np.empty(len(self.usd) - i + 1)
+            tail[0] = self.cum[i]
+            tail[1:] = np.frombuffer(self.usd, dtype=np.float64, offset=i * self.usd.itemsize)
+            np.cumsum(tail, out=tail)
+            self.cum.append(0.0)
+            view = np.frombuffer(self.cum, dtype=np.float64)
+            view[i:] = tail
+            del view  # an array may grow again only once no view of it is left
 
     def cut(self, drop: int) -> None:
         for column in (self.us, self.ms, self.ids, self.usd):

@@ -27,7 +27,7 @@ from serving.auth import Guard, open_callers
 from serving.clock import ServiceClock
 from serving.contract import ContractError, Violation, validate_request
 from serving.models import Models, ModelUnavailableError
-from serving.scorer import MicroBatcher, Scorer, TransactionRefusedError
+from serving.scorer import MicroBatcher, OverloadedError, Scorer, TransactionRefusedError
 from training.registry import MODEL_NAME
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 audit = logging.getLogger("serving.audit")
 AUDITED_IDS = 100
 
+RETRY_AFTER = {"retry-after": "1"}
 # Generous per transaction (a full one is ~300 bytes of JSON): what lets a body be refused before parsing.
 BYTES_PER_ITEM = 4096
 SERVER_NAME = "mlops-fraud-scoring"
@@ -145,11 +146,15 @@ class Service:
             self.models, self.state, self.scoring_log, settings.serving.threshold, clock=self.clock
         )
         self.batcher = MicroBatcher(
-            self.scorer, settings.serving.max_batch_size, settings.serving.max_wait_ms
+            self.scorer,
+            settings.serving.max_batch_size,
+            settings.serving.max_wait_ms,
+            settings.serving.max_queued_requests,
         )
 
     def close(self) -> None:
         self.models.stop()
+        self.scorer.close()  # the shadow's backlog reaches the scoring log first
         if self.scoring_log is not None:
             self.scoring_log.close()
         self.state.close()
@@ -162,18 +167,24 @@ def _error(status: int, detail: Any) -> ORJSONResponse:
 def _too_large(size: int, limit: int) -> ORJSONResponse:
     return _error(
         413,
-        f"the body ({size} bytes) is larger than {limit} transactions can be; send at most {limit} per "
-        "request (serving.max_request_items)",
+        f"the body ({size} bytes or more) is larger than {limit} transactions can be; send at most {limit} "
+        "per request (serving.max_request_items)",
     )
 
 
 async def _read_items(request: Request, limit: int) -> tuple[Any, ORJSONResponse | None]:
+    most = limit * BYTES_PER_ITEM
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit * BYTES_PER_ITEM:
+    if length is not None and length.isdigit() and int(length) > most:
         return None, _too_large(int(length), limit)
-    raw = await request.body()
-    if len(raw) > limit * BYTES_PER_ITEM:
-        return None, _too_large(len(raw), limit)
+    # Read as it comes, and stop at the limit: a chunked body (no length) is never held whole first.
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > most:
+            return None, _too_large(size, limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -222,6 +233,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         callers=callers,
         public_read=settings.serving.public_read,
         allowed_hosts=settings.serving.allowed_hosts,
+        max_in_flight=settings.serving.max_in_flight,
     )
 
     def service_of(request: Request) -> Service:
@@ -244,6 +256,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             return await service.batcher.submit(items, received, caller_of(request)), None
         except ModelUnavailableError as exc:
             return None, _error(503, f"no model to score with: {exc}")
+        except OverloadedError as exc:
+            return None, ORJSONResponse({"detail": str(exc)}, status_code=503, headers=RETRY_AFTER)
         except TransactionRefusedError as exc:
             violation = Violation(exc.index if many else None, exc.field, exc.rule)
             return None, _error(422, [violation.as_dict()])
@@ -449,6 +463,9 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "batches": counters.batches,
             "largest_batch": counters.largest_batch,
             "shadow_failures": counters.shadow_failures,
+            "shadow_skipped": counters.shadow_skipped,
+            "overloaded": service.batcher.refused,
+            "store_writes_dropped": getattr(service.state, "store_writes_dropped", None),
             "non_finite_scores": counters.non_finite_scores,
             "scoring_log_rows_written": service.scoring_log.written if service.scoring_log else None,
             "scoring_log_write_errors": service.scoring_log.errors if service.scoring_log else None,

@@ -14,6 +14,8 @@
   service keeps only digests in memory.
 - **Content type.** A POST must say `Content-Type: application/json` (415 otherwise): a web page can send a
   text/plain or form body to any address without asking, never an application/json one.
+- **Admission.** At most `serving.max_in_flight` requests (health aside) are handled at once; past it a
+  request is answered 503 with Retry-After at once instead of queueing without bound.
 
 The caller's name goes to the request's scope (`state["caller"]`), for the audit records and the scoring
 log. Unless `serving.tokens_file` names a file, the service generates $MLOPS_HOME/serving/tokens.json on
@@ -188,10 +190,13 @@ class Guard:
         callers: Callers | None,
         public_read: bool,
         allowed_hosts: Iterable[str],
+        max_in_flight: int | None = None,
     ) -> None:
         self.app = app
         self.callers = callers
         self.public_read = public_read
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0  # requests past these checks and not yet answered (one event loop: no lock)
         hosts = {h.strip().lower().strip("[]") for h in allowed_hosts}
         self.any_host = "*" in hosts
         self.hosts = frozenset(hosts)
@@ -227,7 +232,22 @@ class Guard:
             await _answer(send, 415, "send the body as JSON with Content-Type: application/json")
             return
         scope.setdefault("state", {})["caller"] = caller.name if caller else None
-        await self.app(scope, receive, send)
+        if role is None or self.max_in_flight is None:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            await _answer(
+                send,
+                503,
+                f"{self.in_flight} requests in progress (serving.max_in_flight): try again shortly",
+                [(b"retry-after", b"1")],
+            )
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
 
 async def _answer(

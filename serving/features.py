@@ -146,6 +146,10 @@ class LiveFeatures:
             self.store_writes.put(written)
         return out
 
+    @property
+    def store_writes_dropped(self) -> int | None:
+        return None if self.store_writes is None else self.store_writes.dropped
+
     def refusal(self, txns: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
         return self.live.refusal(txns)
 
@@ -214,18 +218,27 @@ class StoreFeatures:
 class StoreWrites:
     """Writes the live state's new rows through to the online store from a background thread, in batches,
     keeping only each entity's newest row of a batch. A failed write is logged and counted; the rows
-    stay served from memory and the next materialization rewrites the store."""
+    stay served from memory and the next materialization rewrites the store. At most `max_backlog`
+    batches wait for the thread: past that a batch's rows are dropped and counted (`dropped`), for the
+    same reason: the store is a copy of what memory serves."""
 
-    def __init__(self, settings: Settings, flush_interval_s: float = 0.2, retry_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        flush_interval_s: float = 0.2,
+        retry_s: float = 60.0,
+        max_backlog: int = 1024,
+    ) -> None:
         self.settings = settings
         self.flush_interval_s = flush_interval_s
         self.retry_s = retry_s
         self.writers: dict[str, tuple[Any, str, tuple[str, ...]]] = {}
         self.written = 0
         self.errors = 0
+        self.dropped = 0
         self.problem: str | None = None
         self._next_try = 0.0
-        self._queue: queue.Queue[list[tuple[dict, dict]] | None] = queue.Queue()
+        self._queue: queue.Queue[list[tuple[dict, dict]] | None] = queue.Queue(maxsize=max_backlog)
         self._thread = threading.Thread(target=self._run, name="online-writes", daemon=True)
         self._thread.start()
 
@@ -257,7 +270,12 @@ class StoreWrites:
             return False
 
     def put(self, rows: list[tuple[dict, dict]]) -> None:
-        self._queue.put(rows)
+        try:
+            self._queue.put_nowait(rows)
+        except queue.Full:
+            if not self.dropped:
+                log.error("online store writes are %d batches behind: dropping rows", self._queue.qsize())
+            self.dropped += len(rows)
 
     def close(self) -> None:
         self._queue.put(None)

@@ -31,6 +31,7 @@ from serving.scoring_log import ScoringLog
 log = logging.getLogger(__name__)
 
 APPROVE, DECLINE = "approve", "decline"
+MAX_SHADOW_BACKLOG = 8  # batches waiting for the shadow model
 
 
 def _missing_note(keys: list[str], txn: dict[str, Any]) -> str:
@@ -39,6 +40,10 @@ def _missing_note(keys: list[str], txn: dict[str, Any]) -> str:
         f"no state for {who} (new, or no transaction within the view's TTL): scored with those features "
         "missing, as the model was trained to see them"
     )
+
+
+class OverloadedError(Exception):
+    """The scorer's queue is full: the request is refused (503, Retry-After) rather than left to wait."""
 
 
 class TransactionRefusedError(Exception):
@@ -55,6 +60,7 @@ class Counters:
     batches: int = 0
     largest_batch: int = 0
     shadow_failures: int = 0
+    shadow_skipped: int = 0  # batches not shadowed: the shadow was still busy with MAX_SHADOW_BACKLOG
     non_finite_scores: int = 0  # declined: a score that is not a number is never an approval
 
 
@@ -67,6 +73,14 @@ class Scorer:
     clock: ServiceClock | None = None
     counters: Counters = field(default_factory=Counters)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # The shadow challenger scores on a thread of its own, after the answers are out: its cost is never a
+    # request's. At most MAX_SHADOW_BACKLOG batches wait for it; past that a batch goes unshadowed (counted).
+    _shadow: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadow")
+    )
+    _shadow_backlog: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(MAX_SHADOW_BACKLOG)
+    )
 
     def score(
         self,
@@ -110,19 +124,12 @@ class Scorer:
             if txns:
                 assembled = assemble(state_rows, txns)
                 scores = champion.score(assembled.x)
-                shadow_scores = None
-                if loaded.shadow is not None:
-                    try:
-                        shadow_scores = loaded.shadow.score(assembled.x)
-                    except Exception:  # a shadow's failure is logged, never the caller's problem
-                        self.counters.shadow_failures += 1
-                        log.exception("shadow v%s failed to score", loaded.shadow.version)
                 self.counters.transactions += len(txns)
                 self.counters.batches += 1
                 self.counters.largest_batch = max(self.counters.largest_batch, len(txns))
         if not txns:
             return [o for o in outcomes if o is not None]
-        results = self._results(loaded, champion, txns, arrived, sent_by, assembled, scores, shadow_scores)
+        results = self._results(loaded, champion, txns, arrived, sent_by, assembled, scores)
         done: list[list[dict[str, Any]] | Exception] = []
         offset = 0
         for unit, outcome in zip(units, outcomes, strict=True):
@@ -142,9 +149,9 @@ class Scorer:
         callers: list[str | None],
         assembled: Assembled,
         scores: np.ndarray,
-        shadow_scores: np.ndarray | None,
     ) -> list[dict[str, Any]]:
-        """Each scored transaction's answer; their rows go to the scoring log."""
+        """Each scored transaction's answer; their rows go to the scoring log (through the shadow, which
+        adds its scores, when one is loaded)."""
         done = time.perf_counter()
         # The service's clock (a replay's is the replayed day's): what the scoring log is partitioned by.
         scored_at = self.clock.now() if self.clock is not None else datetime.now(UTC)
@@ -195,10 +202,8 @@ class Scorer:
                     "score": score,
                     "decision": decision,
                     "threshold": self.threshold,
-                    "shadow_version": loaded.shadow.version
-                    if shadow_scores is not None and loaded.shadow
-                    else None,
-                    "shadow_score": float(shadow_scores[i]) if shadow_scores is not None else None,
+                    "shadow_version": None,
+                    "shadow_score": None,
                     "missing_entities": ",".join(missing) or None,
                     "latency_ms": latency_ms,
                     "caller": callers[i],
@@ -211,9 +216,32 @@ class Scorer:
                 self.counters.non_finite_scores - non_finite_before,
                 len(txns),
             )
-        if self.scoring_log is not None:
-            self.scoring_log.append(rows)
+        if loaded.shadow is not None and self._shadow_backlog.acquire(blocking=False):
+            self._shadow.submit(self._shadowed, loaded.shadow, assembled.x, rows)
+        else:
+            if loaded.shadow is not None:
+                self.counters.shadow_skipped += 1
+            if self.scoring_log is not None:
+                self.scoring_log.append(rows)
         return results
+
+    def _shadowed(self, shadow: LoadedModel, x: np.ndarray, rows: list[dict[str, Any]]) -> None:
+        """The shadow's scores of a batch, added to its log rows, which are then logged."""
+        try:
+            scores = shadow.score(x)
+            for row, score in zip(rows, scores, strict=True):
+                row["shadow_version"], row["shadow_score"] = shadow.version, float(score)
+        except Exception:  # a shadow's failure is logged, never the caller's problem
+            self.counters.shadow_failures += 1
+            log.exception("shadow v%s failed to score", shadow.version)
+        finally:
+            self._shadow_backlog.release()
+            if self.scoring_log is not None:
+                self.scoring_log.append(rows)
+
+    def close(self) -> None:
+        """Wait for the shadow's backlog (its rows reach the scoring log)."""
+        self._shadow.shutdown(wait=True)
 
 
 @dataclass
@@ -228,16 +256,20 @@ class MicroBatcher:
     """Dynamic micro-batching on the event loop (see the module docstring). `max_batch_size=1` scores each
     request alone, through the same thread."""
 
-    def __init__(self, scorer: Scorer, max_batch_size: int, max_wait_ms: float) -> None:
+    def __init__(
+        self, scorer: Scorer, max_batch_size: int, max_wait_ms: float, max_queued: int = 256
+    ) -> None:
         self.scorer = scorer
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queued = max_queued
+        self.refused = 0  # requests refused with 503: the queue was full
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer")
         self._queue: asyncio.Queue[_Unit] | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._queue = asyncio.Queue(maxsize=self.max_queued)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
 
     async def stop(self) -> None:
@@ -252,7 +284,14 @@ class MicroBatcher:
     ) -> list[dict[str, Any]]:
         assert self._queue is not None, "start() the batcher on the serving loop first"
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Unit(txns, received, caller, future))
+        try:
+            self._queue.put_nowait(_Unit(txns, received, caller, future))
+        except asyncio.QueueFull:
+            self.refused += 1
+            raise OverloadedError(
+                f"the scorer has {self.max_queued} requests waiting (serving.max_queued_requests): try again "
+                "shortly"
+            ) from None
         return await future
 
     async def _run(self) -> None:

@@ -93,7 +93,7 @@ def _export(tracking_uri: str, run_id: str, model, folder: Path) -> None:
 
 
 class Server:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, **settings: str) -> None:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -123,6 +123,7 @@ class Server:
             "MLOPS_SERVING__MAX_REQUEST_ITEMS": str(MAX_ITEMS),
             "MLOPS_SERVING__LOG_FLUSH_INTERVAL_S": "0.2",
             "MLOPS_SERVING__LIVE_FROM": "2026-01-10T00:00:00Z",
+            **settings,
         }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mlops.cli", "serve", "--port", str(self.port)],
@@ -454,6 +455,72 @@ def test_a_tokens_file_the_service_cannot_use_stops_its_start_with_what_to_fix(t
         broken.write_text(text)
         with pytest.raises(TokensFileError, match=says):
             open_callers(Settings(home=tmp_path / "local", serving={"tokens_file": broken}))  # type: ignore[arg-type]
+
+
+def test_a_body_past_the_limit_is_refused_while_it_arrives(server, champion):
+    """A chunked body announces no length: the service counts what arrives and answers 413 once it passes
+    the limit, without waiting for (or holding) the rest."""
+    import socket
+
+    limit = MAX_ITEMS * 4096  # serving.app.BYTES_PER_ITEM a transaction
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as raw:
+        raw.sendall(
+            f"POST /score HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {BEARER['authorization']}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        chunk = b"[" + b" " * 16_383
+        for _ in range(limit // len(chunk) + 2):  # past the limit, and the body never ends
+            raw.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        answer = raw.recv(4096).decode(errors="replace")
+    assert answer.startswith("HTTP/1.1 413"), answer[:200]
+
+
+def test_past_its_admission_limits_the_service_answers_503_with_retry_after(
+    champion, registry_home, tmp_path
+):
+    home = tmp_path / "tight"
+    home.mkdir()
+    (home / "mlflow").symlink_to(registry_home / "mlflow")  # the same registry and champion
+    tight = Server(home, MLOPS_SERVING__MAX_IN_FLIGHT="2", MLOPS_SERVING__MAX_QUEUED_REQUESTS="1")
+    try:
+        wait_for(
+            lambda: tight.live() and tight.client.get("/v2/health/ready").status_code == 200, 120, "ready"
+        )
+
+        def burst(round_: int) -> list[httpx.Response]:
+            barrier = threading.Barrier(16)
+            answers: list[httpx.Response] = []
+
+            def post(k: int) -> None:
+                n = 2400 + round_ * 20 + k
+                item = transaction(n, customer_id=f"c074{n:04d}", event_timestamp="2026-01-10T16:00:00Z")
+                with httpx.Client(base_url=tight.url, timeout=30, headers=BEARER) as client:
+                    barrier.wait()
+                    answers.append(client.post("/score", json=[item] * 1))
+
+            threads = [threading.Thread(target=post, args=(k,)) for k in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return answers
+
+        for round_ in range(5):
+            answers = burst(round_)
+            assert {a.status_code for a in answers} <= {200, 503}, [
+                a.text for a in answers if a.status_code >= 400
+            ]
+            refused = [a for a in answers if a.status_code == 503]
+            assert all(a.headers.get("retry-after") == "1" for a in refused)
+            if refused and len(refused) < len(answers):
+                break
+        else:
+            pytest.fail("five bursts of sixteen requests never passed the limits of two in flight")
+        # Refused at once, not queued: the service answers the next request as usual.
+        again = tight.client.post("/score", json=transaction(2499, event_timestamp="2026-01-10T16:05:00Z"))
+        assert again.status_code == 200, again.text
+    finally:
+        tight.stop()
 
 
 def test_anything_unexpected_is_a_json_500_with_an_incident_and_no_internals(registry_home):
