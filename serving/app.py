@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -32,6 +33,7 @@ from training.registry import MODEL_NAME
 
 if TYPE_CHECKING:
     from core.settings import Settings
+    from serving.features import EntityState
 
 log = logging.getLogger(__name__)
 # State-changing calls other than scoring (whose rows, caller included, are the scoring log): one JSON line
@@ -109,18 +111,20 @@ class ORJSONResponse(Response):
 
 
 class Service:
-    """What the endpoints share, built at startup."""
+    """What the endpoints share. The live state loads on a thread of its own after start
+    (`start_loading`): the process answers /v2/health/live at once, and /v2/health/ready and the scoring
+    routes answer 503 with the reason until it is loaded."""
 
     def __init__(self, settings: Settings, live_from: datetime | None) -> None:
-        from serving.features import open_state
+        from serving.features import PendingState
         from serving.scoring_log import ScoringLog
 
         self.settings = settings
         self.started = time.time()
         self.models = Models.from_settings(settings)
-        replay_from = live_from or settings.serving.live_from
+        self.replay_from = live_from or settings.serving.live_from
         self.clock = ServiceClock(
-            settings.serving.max_lateness_s, settings.serving.max_future_skew_s, replay_from
+            settings.serving.max_lateness_s, settings.serving.max_future_skew_s, self.replay_from
         )
         reach = settings.ingest.late_event_days * 86_400
         if settings.serving.max_lateness_s + settings.serving.max_future_skew_s > reach:
@@ -130,7 +134,9 @@ class Service:
                 settings.serving.max_lateness_s + settings.serving.max_future_skew_s,
                 reach,
             )
-        self.state = open_state(settings, replay_from or self.clock.now())
+        self.state: EntityState = PendingState()
+        self.loading: str | None = "the live state is loading from the lake"
+        self.restored: dict[str, int] = {}
         self.scoring_log = (
             ScoringLog(
                 settings.scoring_log_dir,
@@ -151,12 +157,35 @@ class Service:
             settings.serving.max_wait_ms,
             settings.serving.max_queued_requests,
         )
+        self._loader = threading.Thread(target=self._load, name="live-state-load", daemon=True)
+
+    def start_loading(self) -> None:
+        self._loader.start()
+
+    def _load(self) -> None:
+        from serving.features import open_state
+
+        try:
+            # Serving live, the transactions scored since the last landing come back from the scoring log
+            # (a restart loses none); a replay starts from the lake at its day, as it always did.
+            state, self.restored = open_state(
+                self.settings, self.replay_from or self.clock.now(), restore=self.replay_from is None
+            )
+        except Exception as exc:
+            log.exception("the live state could not be loaded")
+            self.loading = f"the live state could not be loaded ({exc}); see the service's log"
+            return
+        with self.scorer._lock:
+            self.scorer.state = self.state = state
+        self.loading = None
 
     def close(self) -> None:
         self.models.stop()
         self.scorer.close()  # the shadow's backlog reaches the scoring log first
         if self.scoring_log is not None:
             self.scoring_log.close()
+        if self._loader.is_alive():
+            self._loader.join(timeout=60)
         self.state.close()
 
 
@@ -214,6 +243,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         service = Service(settings, live_from)
         service.models.start()
         service.batcher.start()
+        service.start_loading()
         app.state.service = service
         try:
             yield
@@ -250,6 +280,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
 
     async def score_items(request: Request, items: list[dict[str, Any]], received: float, many: bool):
         service = service_of(request)
+        if service.loading:
+            return None, ORJSONResponse({"detail": service.loading}, status_code=503, headers=RETRY_AFTER)
         if service.models.current.champion is None:
             return None, _error(503, f"no model to score with: {service.models.problem}")
         try:
@@ -315,6 +347,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         except ContractError as exc:
             return _error(422, [v.as_dict() for v in exc.violations])
         service = service_of(request)
+        if service.loading:
+            return ORJSONResponse({"detail": service.loading}, status_code=503, headers=RETRY_AFTER)
         refused = outside_window(service, items, "label_timestamp", many)
         if refused:
             return refused
@@ -345,6 +379,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
     @app.get("/v2/health/ready", summary="A champion is loaded (503 with the reason otherwise)")
     async def ready(request: Request):
         service = service_of(request)
+        if service.loading:
+            return ORJSONResponse({"ready": False, "reason": service.loading}, status_code=503)
         champion = service.models.current.champion
         if champion is None:
             return ORJSONResponse({"ready": False, "reason": service.models.problem}, status_code=503)
@@ -472,6 +508,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "scoring_log_pending_rows": service.scoring_log.pending if service.scoring_log else None,
             "scoring_log_dropped_rows": service.scoring_log.dropped if service.scoring_log else None,
             "live_state": service.settings.serving.live_state,
+            "live_state_loading": service.loading,
+            "restored_from_scoring_log": service.restored,
             "clock": {
                 "mode": service.clock.mode,
                 "now": service.clock.now().isoformat(),

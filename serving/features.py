@@ -338,12 +338,77 @@ class StoreWrites:
                 log.exception("writing %d live %s rows to the online store failed", table.num_rows, view)
 
 
-def open_state(settings: Settings, live_from: datetime | None = None) -> EntityState:
-    """The entity state source the settings ask for (see the module docstring)."""
+class PendingState:
+    """The entity state while the real one loads: the service answers 503 before reaching it."""
+
+    def rows(self, txns: Sequence[dict[str, Any]]) -> list[tuple[dict | None, dict | None]]:
+        raise RuntimeError("the live state is still loading")
+
+    def refusal(self, txns: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+        raise RuntimeError("the live state is still loading")
+
+    def advance(self, now: datetime) -> None:
+        pass
+
+    def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
+        raise RuntimeError("the live state is still loading")
+
+    def close(self) -> None:
+        pass
+
+
+def restore_scored(live: LiveState, settings: Settings, now: datetime) -> dict[str, int]:
+    """The transactions scored since the last landing, from the scoring log, observed into `live`
+    (bootstrapped from the lake): those with an event date after the last arrival in silver (which the
+    lake does not hold yet), in event-time order. One the lake already holds is a resend and changes
+    nothing; one older than its entities' kept history is skipped and counted. Chargebacks posted since
+    the last landing are not kept by the service: the next arrival's labels file brings them."""
+    from datetime import timedelta
+
+    from features.live import CHARGEBACK_REACH_DAYS, _arrivals
+    from pipelines.lake import Tables
+    from serving.scoring_log import read_scoring_log
+
+    today = now.astimezone(UTC).date()
+    arrivals = _arrivals(Tables(settings.lake).silver)
+    first = max(
+        arrivals[-1] + timedelta(days=1) if arrivals else today - timedelta(days=CHARGEBACK_REACH_DAYS),
+        today - timedelta(days=CHARGEBACK_REACH_DAYS),
+    )
+    if first > today + timedelta(days=1):
+        return {"rows": 0, "observed": 0, "skipped": 0}
+    columns = [
+        "transaction_id", "customer_id", "merchant_id", "event_timestamp", "amount", "currency", "country",
+    ]  # fmt: skip
+    table = read_scoring_log(settings.scoring_log_dir, first, today + timedelta(days=1), columns)
+    rows = sorted(table.to_pylist(), key=lambda r: (r["event_timestamp"], r["transaction_id"]))
+    observed = skipped = 0
+    for row in rows:
+        if live.refusal([row]) is not None:
+            skipped += 1
+            continue
+        live.observe(row)
+        observed += 1
+    if rows:
+        log.info(
+            "live state: %d transactions scored since %s restored from the scoring log (%d too old to take)",
+            observed,
+            first,
+            skipped,
+        )
+    return {"rows": len(rows), "observed": observed, "skipped": skipped}
+
+
+def open_state(
+    settings: Settings, start: datetime | None = None, restore: bool = False
+) -> tuple[EntityState, dict[str, int]]:
+    """The entity state source the settings ask for (see the module docstring), with what `restore` brought
+    back from the scoring log (`restore_scored`)."""
     if not settings.serving.live_state:
-        return StoreFeatures(settings)
+        return StoreFeatures(settings), {}
     from features.live import LiveState
 
-    start = live_from or datetime.now(UTC)
+    start = start or datetime.now(UTC)
     live = LiveState.from_lake(settings, start)
-    return LiveFeatures(live, StoreWrites(settings))
+    restored = restore_scored(live, settings, start) if restore else {}
+    return LiveFeatures(live, StoreWrites(settings)), restored

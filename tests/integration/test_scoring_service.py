@@ -93,7 +93,7 @@ def _export(tracking_uri: str, run_id: str, model, folder: Path) -> None:
 
 
 class Server:
-    def __init__(self, home: Path, **settings: str) -> None:
+    def __init__(self, home: Path, live_from: str | None = "2026-01-10T00:00:00Z", **settings: str) -> None:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -122,7 +122,7 @@ class Server:
             "MLOPS_SERVING__RELOAD_INTERVAL_S": "0.2",
             "MLOPS_SERVING__MAX_REQUEST_ITEMS": str(MAX_ITEMS),
             "MLOPS_SERVING__LOG_FLUSH_INTERVAL_S": "0.2",
-            "MLOPS_SERVING__LIVE_FROM": "2026-01-10T00:00:00Z",
+            **({"MLOPS_SERVING__LIVE_FROM": live_from} if live_from else {}),
             **settings,
         }
         self.process = subprocess.Popen(
@@ -521,6 +521,50 @@ def test_past_its_admission_limits_the_service_answers_503_with_retry_after(
         assert again.status_code == 200, again.text
     finally:
         tight.stop()
+
+
+def test_a_restart_serving_live_restores_what_was_scored_since_the_last_landing(
+    champion, registry_home, tmp_path
+):
+    """Serving live (the machine's clock, no replayed day): the transactions scored since the last landing
+    are in the scoring log, not the lake; a restarted service takes them back into its state."""
+    from datetime import UTC, datetime, timedelta
+
+    home = tmp_path / "live"
+    home.mkdir()
+    (home / "mlflow").symlink_to(registry_home / "mlflow")
+    now = datetime.now(UTC).replace(microsecond=0)
+    known = {"customer_id": "c0750001", "merchant_id": "m075001"}
+
+    def at(minutes_ago: int) -> str:
+        return (now - timedelta(minutes=minutes_ago)).isoformat().replace("+00:00", "Z")
+
+    def ready(server: Server) -> bool:
+        return server.live() and server.client.get("/v2/health/ready").status_code == 200
+
+    first = Server(home, live_from=None)
+    try:
+        wait_for(lambda: ready(first), 120, "the live service to be ready")
+        for n, ago in ((2501, 30), (2502, 20), (2503, 10)):
+            answer = first.client.post("/score", json=transaction(n, **known, event_timestamp=at(ago)))
+            assert answer.status_code == 200, answer.text
+    finally:
+        first.stop()  # SIGTERM: the scoring log is written out
+    second = Server(home, live_from=None)
+    try:
+        wait_for(lambda: ready(second), 120, "the restarted service to be ready")
+        answer = second.client.post("/score", json=transaction(2504, **known, event_timestamp=at(5)))
+        assert answer.status_code == 200, answer.text
+        assert (
+            answer.json()["missing_entities"] == []
+            and answer.json()["features"]["customer_txn_count_1h"] == 3
+        )
+        status = second.client.get("/status").json()
+        assert status["clock"]["mode"] == "wall" and status["restored_from_scoring_log"]["observed"] == 3, (
+            status
+        )
+    finally:
+        second.stop()
 
 
 def test_anything_unexpected_is_a_json_500_with_an_incident_and_no_internals(registry_home):
