@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from model_contract.inputs import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 from monitoring.drift import DriftReport, InputDrift, compare_inputs, drift_report, numeric_drift
 from monitoring.performance import LivePerformance, VersionPerformance, live_performance
 from monitoring.reference import SCORE, categories_as_the_model_sees_them, model_matrix
-from training.dataset import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -156,7 +156,8 @@ def lake_inputs(settings: Settings, day: date, scorer: Scorer | None) -> Current
     """The window's arrived transactions with the model inputs the training set gives them, scored by the
     champion offline. Raises NothingToTrainError when none arrived."""
     from features import offline
-    from training.dataset import FEATURE_LAG, SERVICE_FEATURES, labeled_transactions, transaction_columns
+    from model_contract.inputs import FEATURE_LAG, SERVICE_FEATURES
+    from training.dataset import labeled_transactions, transaction_columns
 
     first, last = drift_window(settings, day)
     transactions = labeled_transactions(settings, day, settings.monitoring.window_days)

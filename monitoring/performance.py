@@ -79,14 +79,15 @@ def known_frauds(settings: Settings, transaction_ids: pa.Array, first: date, day
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from model_contract.inputs import cutoff, utc
     from pipelines.lake import Tables
-    from training.dataset import _read_partitions, _utc, cutoff
+    from training.dataset import read_partitions
 
     labels_root = Tables(settings.lake).silver_labels
     if not labels_root.is_dir():  # no chargeback ingested yet: nothing is known to be fraud
         return np.zeros(len(transaction_ids), dtype=bool)
-    labels = _utc(
-        _read_partitions(labels_root, first, day, ["transaction_id", "is_fraud", "label_timestamp"]),
+    labels = utc(
+        read_partitions(labels_root, first, day, ["transaction_id", "is_fraud", "label_timestamp"]),
         "label_timestamp",
     )
     known = pc.and_(

@@ -34,14 +34,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import PipelineError
-from training.dataset import (
-    CATEGORICAL_VOCAB,
-    LABEL,
-    MODEL_INPUTS,
-    NUMERIC_FEATURES,
-    WEIGHT,
-    read_training_set,
-)
+from model_contract.inputs import CATEGORICAL_VOCAB, MODEL_INPUTS, NUMERIC_FEATURES
+from training.dataset import LABEL, WEIGHT, read_training_set
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -23,13 +23,13 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from model_contract.onnx import MODEL_NAME
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
 from serving.auth import Guard, open_callers
 from serving.clock import ServiceClock
 from serving.contract import ContractError, Violation, validate_request
 from serving.models import Models, ModelUnavailableError
 from serving.scorer import MicroBatcher, OverloadedError, Scorer, TransactionRefusedError
-from training.registry import MODEL_NAME
 
 if TYPE_CHECKING:
     from core.settings import Settings

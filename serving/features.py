@@ -41,8 +41,7 @@ from features.definitions import (
     MERCHANT_TTL,
     MERCHANT_VIEW,
 )
-from pipelines.gold.contract import CREATED_TIMESTAMP, CUSTOMER_FEATURES, EVENT_TIMESTAMP, MERCHANT_FEATURES
-from training.dataset import (
+from model_contract.inputs import (
     CATEGORICAL_VOCAB,
     FEATURE_LAG,
     MODEL_INPUTS,
@@ -50,6 +49,7 @@ from training.dataset import (
     SERVICE_FEATURES,
     transaction_inputs,
 )
+from pipelines.gold.contract import CREATED_TIMESTAMP, CUSTOMER_FEATURES, EVENT_TIMESTAMP, MERCHANT_FEATURES
 
 if TYPE_CHECKING:
     from core.settings import Settings

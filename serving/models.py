@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from training.export import INPUT_NAME, SERVING_FILE_TAG
-from training.registry import CHAMPION_ALIAS, MODEL_NAME
+from model_contract.onnx import CHAMPION_ALIAS, INPUT_NAME, MODEL_NAME, SERVING_FILE_TAG
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -93,7 +92,7 @@ class ModelSource:
         and what is missing."""
         from mlflow.exceptions import MlflowException
 
-        from training.export import session
+        from model_contract.onnx import session
 
         try:
             model_version = self.client.get_model_version(self.name, version)

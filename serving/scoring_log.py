@@ -16,7 +16,7 @@ red until the writer catches up. Partitions scored more than `serving.log_retent
 one written are deleted.
 
 A row holds what the decision was made from and with: the transaction's identity and time, every model
-input as the service computed it (`training.dataset.NUMERIC_FEATURES` as float64, null where missing, and
+input as the service computed it (`model_contract.inputs.NUMERIC_FEATURES` as float64, null where missing, and
 the raw categorical values), the champion's score and decision with its version, the shadow challenger's
 score and version (null where none), which entities the online store did not know, the server-side
 latency, and the caller whose token sent it (the audit of every scoring call).
@@ -35,7 +35,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.dataset import CATEGORICAL_FEATURES, NUMERIC_FEATURES
+from model_contract.inputs import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 if TYPE_CHECKING:
     import pyarrow as pa

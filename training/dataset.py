@@ -22,25 +22,33 @@ calibrated probabilities of the population.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import PipelineError
-from pipelines.contracts import (
-    CHANNELS,
-    COUNTRIES,
-    CURRENCY_PER_USD,
-    HOME_COUNTRIES,
-    MERCHANT_CATEGORIES,
-    TRANSACTION_COLUMNS,
+
+# The model's input contract is model_contract.inputs (below training, serving and monitoring); its names
+# are also this module's, for the training code and tests that read them from the training set's module.
+from model_contract.inputs import (
+    CATEGORICAL_FEATURES,
+    CATEGORICAL_VOCAB,
+    FEATURE_LAG,
+    MODEL_INPUTS,
+    SERVICE_FEATURES,
+    TRANSACTION_NUMERIC,
+    cutoff,
+    transaction_inputs,
+    unit_hash,
+    utc,
 )
-from pipelines.gold.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
+from model_contract.inputs import NUMERIC_FEATURES as NUMERIC_FEATURES
+from model_contract.inputs import amount_as_float as amount_as_float
+from pipelines.contracts import TRANSACTION_COLUMNS
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -62,22 +70,6 @@ WEIGHT = "weight"  # how many transactions of the window a row stands for (1 / s
 SPLITS = ("train", "validation", "holdout")
 DATASET_FILE = "training_set.parquet"
 METADATA_FILE = "training_set.json"  # as-of date and window, versioned with the data
-# State just before the transaction: gold rows include the transaction itself.
-FEATURE_LAG = timedelta(milliseconds=1)
-
-# The transaction's own columns the model sees, next to the feature service's.
-TRANSACTION_NUMERIC = ("log_amount_usd", "hour_sin", "hour_cos", "is_weekend", "is_foreign")
-# Categorical columns and their fixed vocabularies (from the feed contract; index 0 = unknown).
-CATEGORICAL_VOCAB: dict[str, tuple[str, ...]] = {
-    "channel": CHANNELS,
-    "merchant_category": MERCHANT_CATEGORIES,
-    "country": COUNTRIES,
-}
-SERVICE_FEATURES: tuple[str, ...] = (*CUSTOMER_FEATURES, *MERCHANT_FEATURES)
-NUMERIC_FEATURES: tuple[str, ...] = (*TRANSACTION_NUMERIC, *SERVICE_FEATURES)
-CATEGORICAL_FEATURES: tuple[str, ...] = tuple(CATEGORICAL_VOCAB)
-# The model's input, in order: numeric features, then categorical codes (as float32, one matrix).
-MODEL_INPUTS: tuple[str, ...] = (*NUMERIC_FEATURES, *(f"{c}_code" for c in CATEGORICAL_FEATURES))
 
 
 class TrainingSetError(PipelineError):
@@ -99,12 +91,7 @@ class SplitFractions:
             raise ValueError(f"split fractions must leave room for a holdout: {self}")
 
 
-def cutoff(day: date) -> datetime:
-    """The end of `day` (UTC): what the training set as of `day` may know."""
-    return datetime.combine(day + timedelta(days=1), time.min, tzinfo=UTC)
-
-
-def _read_partitions(root: Path, first: date, last: date, columns: list[str]) -> pa.Table:
+def read_partitions(root: Path, first: date, last: date, columns: list[str]) -> pa.Table:
     import pyarrow.dataset as ds
 
     if not root.is_dir():
@@ -115,19 +102,6 @@ def _read_partitions(root: Path, first: date, last: date, columns: list[str]) ->
     arrival = ds.field("arrival_date").cast("string")
     return dataset.to_table(
         columns=columns, filter=(arrival >= first.isoformat()) & (arrival <= last.isoformat())
-    )
-
-
-def _utc(table: pa.Table, column: str) -> pa.Table:
-    """`column` as microsecond UTC timestamps, however the writer stored it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    values = table[column]
-    if values.type.tz is None:  # a writer without a zone: the contract's times are UTC
-        values = pc.assume_timezone(values, "UTC")
-    return table.set_column(
-        table.schema.get_field_index(column), column, values.cast(pa.timestamp("us", tz="UTC"))
     )
 
 
@@ -161,13 +135,13 @@ def _labeled_table(settings: Settings, day: date, window_days: int, label_maturi
             f"no silver transactions yet (no table at {tables.silver}); run `mlops ingest --date {day}` "
             "(and the dates before it) first"
         )
-    transactions = _read_partitions(tables.silver, first, day, list(TRANSACTION_COLUMNS))
+    transactions = read_partitions(tables.silver, first, day, list(TRANSACTION_COLUMNS))
     if transactions.num_rows == 0:
         raise NothingToTrainError(
             f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
             f"run `mlops ingest --date {day}` first or widen --window-days"
         )
-    transactions = _utc(transactions, "event_timestamp")
+    transactions = utc(transactions, "event_timestamp")
     fraud = _known_fraud(tables, first, day)
     label = pc.cast(pc.is_in(transactions["transaction_id"], value_set=fraud), pa.int8())
     stamp = pa.timestamp("us", tz="UTC")
@@ -191,8 +165,8 @@ def _known_fraud(tables: Tables, first: date, day: date) -> pa.Array:
 
     if not any(tables.silver_labels.glob("arrival_date=*/*.parquet")):
         return pa.array([], pa.string())  # no chargeback reported yet (the first days of a feed)
-    labels = _utc(
-        _read_partitions(
+    labels = utc(
+        read_partitions(
             tables.silver_labels,
             first - timedelta(days=60),
             day,
@@ -205,129 +179,6 @@ def _known_fraud(tables: Tables, first: date, day: date) -> pa.Array:
         pc.cast(labels["is_fraud"], pa.bool_()),
     )
     return pc.unique(labels["transaction_id"].filter(known))
-
-
-MS_PER_HOUR = 3_600_000
-MS_PER_DAY = 86_400_000
-_CODES = {
-    column: {value: index + 1 for index, value in enumerate(vocab)}
-    for column, vocab in CATEGORICAL_VOCAB.items()
-}
-
-
-def _per_value(values: Values, function: Callable[[str | None], float]) -> np.ndarray:
-    """`function` of each value as float64. A list goes value by value (the scoring service's few rows); an
-    Arrow array (a day's million rows, a handful of distinct values) is dictionary-encoded and `function` is
-    called once per distinct value, nulls as None: the same function, so the same numbers."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not isinstance(values, pa.Array | pa.ChunkedArray):
-        return np.array([function(v) for v in values], dtype="float64")
-    encoded = pc.dictionary_encode(values)
-    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
-    out = []
-    for chunk in chunks:
-        table = np.array([function(v) for v in chunk.dictionary.to_pylist()] + [function(None)], "float64")
-        indices = chunk.indices.fill_null(len(chunk.dictionary)).to_numpy(zero_copy_only=False)
-        out.append(table[indices])
-    return np.concatenate(out) if out else np.zeros(0)
-
-
-def _per_pair(
-    first: Values, second: Values, function: Callable[[str | None, str | None], float]
-) -> np.ndarray:
-    """`function` of each pair of values, as `_per_value` (Arrow arrays: once per distinct pair)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not isinstance(first, pa.Array | pa.ChunkedArray):
-        return np.array([function(a, b) for a, b in zip(first, second, strict=True)], dtype="float64")
-    assert isinstance(second, pa.Array | pa.ChunkedArray), "both lists or both Arrow arrays"
-    codes, names = [], []
-    for values in (first, second):
-        encoded = pc.dictionary_encode(values)
-        encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
-        names.append([*encoded.dictionary.to_pylist(), None])
-        codes.append(encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False))
-    pair = codes[0].astype(np.int64) * len(names[1]) + codes[1]
-    distinct, inverse = np.unique(pair, return_inverse=True)
-    table = np.array(
-        [function(names[0][p // len(names[1])], names[1][p % len(names[1])]) for p in distinct], "float64"
-    )
-    return table[inverse]
-
-
-def transaction_inputs(
-    amount: np.ndarray,
-    currency: Values,
-    country: Values,
-    event_ms: np.ndarray,
-    categoricals: dict[str, Values],
-) -> dict[str, np.ndarray]:
-    """The transaction's own model inputs (TRANSACTION_NUMERIC, then each `<categorical>_code`) from its
-    values: billing amount (float64) and currency, merchant country, event time as UTC epoch milliseconds
-    (int64), and the categorical columns (channel, merchant_category, country), as lists or Arrow arrays.
-    The one definition the training set (`transaction_columns`, the feature rows) and the scoring service
-    all call.
-
-    Hour of day counts whole minutes (hour + minute / 60); weekend is Saturday or Sunday in UTC; abroad means
-    the merchant's country does not use the card's currency (an unknown country counts as abroad, as in
-    gold); an unknown or missing category is code 0."""
-    import numpy as np
-
-    rate = _per_value(currency, lambda c: CURRENCY_PER_USD.get(c, np.nan))  # type: ignore[arg-type]
-    out: dict[str, np.ndarray] = {"log_amount_usd": np.log1p(np.asarray(amount, dtype="float64") / rate)}
-    ms = np.asarray(event_ms, dtype="int64")
-    hour = (ms // MS_PER_HOUR) % 24 + ((ms // 60_000) % 60) / 60.0
-    out["hour_sin"] = np.sin(2 * np.pi * hour / 24.0)
-    out["hour_cos"] = np.cos(2 * np.pi * hour / 24.0)
-    out["is_weekend"] = (((ms // MS_PER_DAY) + 3) % 7 >= 5).astype("float64")  # 1970-01-01 was a Thursday
-    out["is_foreign"] = _per_pair(
-        country, currency, lambda k, c: float((HOME_COUNTRIES.get(k) if k else None) != c)
-    )
-    for column, codes in _CODES.items():
-        out[f"{column}_code"] = _per_value(categoricals[column], functools.partial(_code, codes))
-    return out
-
-
-def _code(codes: dict[str, int], value: str | None) -> float:
-    return codes.get(value, 0) if value else 0
-
-
-def amount_as_float(amount: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Amounts as float64, each the nearest double to its decimal value, as float(Decimal) gives it: a
-    decimal's unscaled integer divided by 10**scale is one correctly rounded division."""
-    import decimal
-
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not pa.types.is_decimal(amount.type):
-        return np.asarray(amount.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype="float64")
-    scale = amount.type.scale
-    factor = pa.scalar(decimal.Decimal(10**scale), pa.decimal128(scale + 1, 0))
-    unscaled = pc.cast(pc.multiply(amount, factor), pa.int64()).to_numpy(zero_copy_only=False)
-    return unscaled / float(10**scale)
-
-
-def transaction_inputs_of_table(table: pa.Table) -> dict[str, np.ndarray]:
-    """`transaction_inputs` of a table of silver transactions (amount, currency, country, event_timestamp,
-    and the categorical columns), computed on Arrow without a Python object per row."""
-    import pyarrow as pa
-
-    stamps = _utc(table.select(["event_timestamp"]), "event_timestamp")["event_timestamp"]
-    event_ms = stamps.cast(pa.int64()).to_numpy() // 1000  # microseconds, floored to milliseconds
-    return transaction_inputs(
-        amount_as_float(table["amount"]),
-        table["currency"],
-        table["country"],
-        event_ms,
-        {column: table[column] for column in CATEGORICAL_VOCAB},
-    )
 
 
 def transaction_columns(frame: pd.DataFrame) -> pd.DataFrame:
@@ -379,45 +230,6 @@ def _splits_of_ranks(ranks: np.ndarray, fractions: SplitFractions) -> np.ndarray
 
     train_rows, fit_rows = _split_sizes(len(ranks), fractions)
     return np.where(ranks <= train_rows, "train", np.where(ranks <= fit_rows, "validation", "holdout"))
-
-
-def unit_hash(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A number in [0, 1) per string, from its bytes alone (vectorised; the same on every machine): a
-    polynomial hash of the UTF-8 bytes, mixed by splitmix64's finaliser."""
-    import numpy as np
-    import pyarrow as pa
-
-    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
-    out = []
-    powers = np.cumprod(np.full(256, 0x100000001B3, dtype=np.uint64), dtype=np.uint64)  # wraps mod 2**64
-    for chunk in chunks:
-        chunk = chunk.cast(pa.large_string())
-        for start in range(0, len(chunk), 1_000_000):
-            part = chunk.slice(start, 1_000_000)
-            if part.null_count:
-                raise TrainingSetError("transaction_id has nulls; silver should never hold them")
-            offsets = np.frombuffer(part.buffers()[1], dtype=np.int64)[
-                part.offset : part.offset + len(part) + 1
-            ]
-            data = np.frombuffer(part.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-            starts, lengths = offsets[:-1] - offsets[0], np.diff(offsets)
-            if lengths.max(initial=0) > len(powers):
-                powers = np.cumprod(
-                    np.full(int(lengths.max()), 0x100000001B3, dtype=np.uint64), dtype=np.uint64
-                )
-            position = np.arange(len(data)) - np.repeat(starts, lengths)
-            with np.errstate(over="ignore"):
-                terms = (data.astype(np.uint64) + np.uint64(1)) * powers[position]
-                sums = np.zeros(len(part), dtype=np.uint64)
-                filled = lengths > 0
-                sums[filled] = np.add.reduceat(terms, starts[filled]) if filled.any() else sums[filled]
-                x = sums ^ (sums >> np.uint64(30))
-                x = x * np.uint64(0xBF58476D1CE4E5B9)
-                x = x ^ (x >> np.uint64(27))
-                x = x * np.uint64(0x94D049BB133111EB)
-                x = x ^ (x >> np.uint64(31))
-            out.append((x >> np.uint64(11)).astype(np.float64) / float(1 << 53))
-    return np.concatenate(out) if out else np.zeros(0)
 
 
 def _first_rows(times: np.ndarray, ids: pa.ChunkedArray, count: int) -> np.ndarray:

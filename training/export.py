@@ -21,6 +21,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+# The names training writes and serving reads (model_contract.onnx), also this module's.
+from model_contract.onnx import INPUT_NAME as INPUT_NAME
+from model_contract.onnx import ONNX_DIR as ONNX_DIR
+from model_contract.onnx import SERVING_FILE_TAG as SERVING_FILE_TAG
+from model_contract.onnx import session as session
 from training.metrics import average_precision
 
 if TYPE_CHECKING:
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from core.settings import Settings
     from training.model import FraudMLP
 
-INPUT_NAME = "features"
+
 OUTPUT_NAME = "fraud_probability"
 PARITY_TOLERANCE = 1e-4  # fp32 ONNX against torch eager, max absolute score difference
 INT8_MAX_AUC_PR_DROP = 0.005  # the default of compression.max_auc_pr_drop, which the export uses
@@ -37,7 +42,6 @@ INT8_MAX_AUC_PR_DROP = 0.005  # the default of compression.max_auc_pr_drop, whic
 INT8_MIN_SPEEDUP = 1.10
 
 FP32, INT8, PRUNED, STUDENT = "fp32", "int8", "pruned", "student"
-ONNX_DIR = "onnx"  # the run's artifact folder of the export
 VARIANT_FILES = {
     FP32: "model.onnx",
     INT8: "model.int8.onnx",
@@ -45,7 +49,6 @@ VARIANT_FILES = {
     STUDENT: "model.student.onnx",
 }
 # The model-version tag naming the file of ONNX_DIR to serve (serving/models.py reads it).
-SERVING_FILE_TAG = f"{ONNX_DIR}.serving_file"
 TABLE_FILE = f"{ONNX_DIR}/compression.json"
 TABLE_COLUMNS = (
     "variant", "file", "hidden", "bytes", "p50_us_batch1", "p50_us_batch256", "auc_pr", "auc_pr_drop",
@@ -75,15 +78,6 @@ def to_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path) -> Path:
         dynamo=False,
     )
     return path
-
-
-def session(path: Path, threads: int = 1):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def onnx_scores(sess, x: np.ndarray, batch: int = 8192) -> np.ndarray:

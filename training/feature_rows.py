@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # part of every signature: rows written by another layout are rebuilt, not misread
-ID_HASH = "id_hash"  # training.dataset.unit_hash of the transaction id: the sampling draws on it
+ID_HASH = "id_hash"  # model_contract.inputs.unit_hash of the transaction id: the sampling draws on it
 ARRIVAL = "arrival_date"
 KEY_COLUMNS = ("transaction_id", "customer_id", "merchant_id", EVENT_TIMESTAMP)
 ROWS_FILE = "part-00000.parquet"
@@ -253,8 +253,8 @@ def _silver_of(settings: Settings, day: date) -> pa.Table:
     import pyarrow as pa
     import pyarrow.dataset as ds
 
+    from model_contract.inputs import utc
     from pipelines.contracts import TRANSACTION_COLUMNS
-    from training.dataset import _utc
 
     silver = Tables(settings.lake).silver
     last = day + timedelta(days=settings.ingest.late_event_days)
@@ -272,7 +272,7 @@ def _silver_of(settings: Settings, day: date) -> pa.Table:
         dataset = ds.dataset(partition, format="parquet")
         part = dataset.to_table(columns=columns, filter=ds.field("event_date") == pa.scalar(day))
         tables.append(part.append_column(ARRIVAL, pa.array([arrival] * part.num_rows, pa.string())))
-    return _utc(pa.concat_tables(tables), EVENT_TIMESTAMP)
+    return utc(pa.concat_tables(tables), EVENT_TIMESTAMP)
 
 
 def build_date(
@@ -284,7 +284,7 @@ def build_date(
     import pyarrow as pa
 
     from features.offline import match_latest
-    from training.dataset import FEATURE_LAG, transaction_inputs_of_table, unit_hash
+    from model_contract.inputs import FEATURE_LAG, transaction_inputs_of_table, unit_hash
 
     lake = settings.lake
     signatures = signatures or _Signatures(lake)

@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from core.errors import PipelineError
+
+# The names training writes and serving reads (model_contract.onnx), also this module's.
+from model_contract.onnx import CHAMPION_ALIAS as CHAMPION_ALIAS
+from model_contract.onnx import MODEL_NAME as MODEL_NAME
 from training.ledger import Decision, Ledger, champion_stack
 from training.metrics import PRIMARY_METRIC, evaluate
 
@@ -30,9 +34,6 @@ if TYPE_CHECKING:
     import torch
 
     from training.model import ModelConfig
-
-MODEL_NAME = "fraud-detector"
-CHAMPION_ALIAS = "champion"
 
 
 class PromotionError(PipelineError):

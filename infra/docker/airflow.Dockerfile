@@ -61,6 +61,7 @@ COPY --chown=50000:0 README.md ./
 COPY --chown=50000:0 core ./core
 COPY --chown=50000:0 pipelines ./pipelines
 COPY --chown=50000:0 features ./features
+COPY --chown=50000:0 model_contract ./model_contract
 COPY --chown=50000:0 training ./training
 COPY --chown=50000:0 orchestration ./orchestration
 COPY --chown=50000:0 mlops ./mlops

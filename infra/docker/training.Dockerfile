@@ -53,6 +53,7 @@ COPY README.md ./
 COPY core ./core
 COPY pipelines ./pipelines
 COPY features ./features
+COPY model_contract ./model_contract
 COPY training ./training
 COPY serving ./serving
 COPY monitoring ./monitoring

@@ -17,6 +17,7 @@ LAYERS = (
     "core",
     "pipelines",
     "features",
+    "model_contract",
     "training",
     "serving",
     "monitoring",
@@ -74,3 +75,30 @@ def test_the_check_sees_an_upward_import_wherever_it_is(tmp_path, package, state
     (tmp_path / package).mkdir()
     (tmp_path / package / "module.py").write_text(statement + "\n")
     assert bool(upward_imports(tmp_path)) is upward
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, absolutely, at any depth of its code."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from training import x`
+    return found
+
+
+def test_serving_imports_nothing_from_training_and_the_input_contract_stands_alone():
+    """The scoring service reads the model's input contract and names from model_contract, never from the
+    training code; the training set and the feature rows no longer import each other."""
+    serving = {
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in sorted((REPO / "serving").rglob("*.py"))
+        for module in _imports(path)
+        if module == "training" or module.startswith("training.")
+    }
+    assert serving == set()
+    contract = {m for path in (REPO / "model_contract").rglob("*.py") for m in _imports(path)}
+    assert not {m for m in contract if m.split(".")[0] in {"training", "serving", "monitoring"}}, contract
+    assert "training.dataset" not in _imports(REPO / "training" / "feature_rows.py")
