@@ -191,6 +191,9 @@ class ServingSettings(BaseModel):
     log_retention_days: int = Field(default=90, ge=1)
     # Keep each entity's state current as transactions are scored (written through to the online store).
     live_state: bool = Field(default=True, description="update entity state as transactions are scored")
+    # The memory the live state may take: at start, the history it would load is sized (rows x bytes per
+    # transaction) and the service refuses to turn ready past this, saying why (3 GiB of the pod's 4).
+    max_state_bytes: int = Field(default=3 * 1024**3, ge=1)
     # Where the live state's history from the lake ends and scoring takes over: unset, the time the service
     # starts. Set it to replay a past day (the lake then holds that day's silver, which must not count twice).
     live_from: datetime | None = None

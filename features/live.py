@@ -102,6 +102,16 @@ _TRIM_MIN = 16
 Row = dict[str, Any]
 
 
+# Memory per retained transaction, both entities' columns, its id and its entry in the map of ids (measured:
+# the module docstring): what the sizing check at start multiplies the history's rows by.
+BYTES_PER_TRANSACTION = 600
+
+
+class StateTooLargeError(RuntimeError):
+    """The history the live state would hold does not fit the memory it may use; the message says what to
+    do."""
+
+
 class LateTransactionError(ValueError):
     """A transaction older than its entity's kept history can reach (see `LiveState.observe`)."""
 
@@ -411,7 +421,7 @@ class LiveState:
     # --- bootstrap ----------------------------------------------------------------------------------------
 
     @classmethod
-    def from_lake(cls, settings: Settings, start: datetime) -> LiveState:
+    def from_lake(cls, settings: Settings, start: datetime, max_bytes: int | None = None) -> LiveState:
         """The state as of `start` from the lake's silver tables: every transaction with event time before
         `start` in the arrivals gold reads for dates from `start` on (and for the rows of each entity's
         last earlier transaction, still served within its TTL), and the fraud chargebacks reported before
@@ -438,6 +448,17 @@ class LiveState:
             "event_timestamp",
             "arrival_date",
         ]
+        if max_bytes is not None:
+            rows = _count(tables.silver, first, before=("event_timestamp", start))
+            if rows * BYTES_PER_TRANSACTION > max_bytes:
+                size = rows * BYTES_PER_TRANSACTION / 2**30
+                raise StateTooLargeError(
+                    f"the live state would hold {rows:,} transactions of {tables.silver} (about {size:.1f} "
+                    f"GiB at {BYTES_PER_TRANSACTION} bytes each), over serving.max_state_bytes "
+                    f"({max_bytes / 2**30:.1f} GiB): give the service more memory and raise the setting with "
+                    "it, or serve with serving.live_state=false (the online store's state, without same-day "
+                    "activity)"
+                )
         transactions = _read(tables.silver, columns, first, before=("event_timestamp", start))
         state._load_transactions(transactions)
         state._load_chargebacks(tables, set(arrivals), start_day, start)
@@ -833,6 +854,23 @@ def _read(
     if where is not None:
         condition &= where
     return dataset.to_table(columns=columns, filter=condition)
+
+
+def _count(root: Path, first: date, before: tuple[str, datetime]) -> int:
+    """The rows `_read` would read from the arrivals on or after `first`, counted from the files' metadata
+    and the filter (no column is materialised)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    if not root.is_dir():
+        return 0
+    partitioning = ds.partitioning(pa.schema([("arrival_date", pa.date32())]), flavor="hive")
+    dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
+    column, when = before
+    condition = (ds.field("arrival_date") >= pa.scalar(first, pa.date32())) & (
+        ds.field(column) < pa.scalar(when, pa.timestamp("us", tz="UTC"))
+    )
+    return dataset.count_rows(filter=condition)
 
 
 def _shared_strings(column: pa.ChunkedArray) -> tuple[list[str], pa.Array]:

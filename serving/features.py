@@ -409,6 +409,6 @@ def open_state(
     from features.live import LiveState
 
     start = start or datetime.now(UTC)
-    live = LiveState.from_lake(settings, start)
+    live = LiveState.from_lake(settings, start, max_bytes=settings.serving.max_state_bytes)
     restored = restore_scored(live, settings, start) if restore else {}
     return LiveFeatures(live, StoreWrites(settings)), restored

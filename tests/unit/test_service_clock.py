@@ -129,3 +129,36 @@ def test_a_resend_is_one_within_the_dedup_lookback_whatever_the_clock():
     customer, _ = live.observe(again)
     assert customer["event_timestamp"] == T + timedelta(days=31)
     assert len(live.customers["c0000001"].us) == 2
+
+
+def test_a_history_larger_than_the_state_may_hold_is_refused_at_start_with_what_to_do(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.settings import Settings
+    from features.live import BYTES_PER_TRANSACTION, StateTooLargeError
+
+    settings = Settings(home=tmp_path / "home")
+    rows = 50
+    folder = settings.lake / "silver" / "transactions" / "arrival_date=2026-03-09"
+    folder.mkdir(parents=True)
+    pq.write_table(
+        pa.table(
+            {
+                "transaction_id": [f"tx{n:016x}" for n in range(rows)],
+                "customer_id": [f"c{n % 7:07d}" for n in range(rows)],
+                "merchant_id": [f"m{n % 3:06d}" for n in range(rows)],
+                "amount": pa.array([10.5] * rows, pa.float64()),
+                "currency": ["EUR"] * rows,
+                "country": ["DE"] * rows,
+                "event_timestamp": pa.array(
+                    [T - timedelta(days=1, minutes=n) for n in range(rows)], pa.timestamp("us", tz="UTC")
+                ),
+            }
+        ),
+        folder / "part-0.parquet",
+    )
+    with pytest.raises(StateTooLargeError, match=r"50 transactions .* over serving\.max_state_bytes"):
+        LiveState.from_lake(settings, T, max_bytes=rows * BYTES_PER_TRANSACTION - 1)
+    live = LiveState.from_lake(settings, T, max_bytes=rows * BYTES_PER_TRANSACTION)
+    assert sum(len(c.us) for c in live.customers.values()) == rows
