@@ -526,8 +526,18 @@ async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bo
     import asyncio
 
     def apply() -> list[bool]:
+        from serving.scoring_log import journal_chargebacks
+
         with service.scorer._lock:
-            service.state.advance(service.clock.now())
+            now = service.clock.now()
+            service.state.advance(now)
+            if reports and service.scoring_log is not None:
+                try:  # kept before it counts, so a restart before the next landing loses none
+                    journal_chargebacks(service.scoring_log.root, reports, now)
+                except OSError:
+                    log.exception(
+                        "the chargeback journal under %s cannot be written", service.scoring_log.root
+                    )
             return [
                 service.state.observe_chargeback(r["transaction_id"], r["label_timestamp"]) for r in reports
             ]

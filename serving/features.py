@@ -361,13 +361,13 @@ def restore_scored(live: LiveState, settings: Settings, now: datetime) -> dict[s
     """The transactions scored since the last landing, from the scoring log, observed into `live`
     (bootstrapped from the lake): those with an event date after the last arrival in silver (which the
     lake does not hold yet), in event-time order. One the lake already holds is a resend and changes
-    nothing; one older than its entities' kept history is skipped and counted. Chargebacks posted since
-    the last landing are not kept by the service: the next arrival's labels file brings them."""
+    nothing; one older than its entities' kept history is skipped and counted. Then the chargebacks posted
+    since, from the scoring log's chargeback journal (serving.scoring_log.journal_chargebacks)."""
     from datetime import timedelta
 
     from features.live import CHARGEBACK_REACH_DAYS, _arrivals
     from pipelines.lake import Tables
-    from serving.scoring_log import read_scoring_log
+    from serving.scoring_log import read_journal, read_scoring_log
 
     today = now.astimezone(UTC).date()
     arrivals = _arrivals(Tables(settings.lake).silver)
@@ -376,7 +376,7 @@ def restore_scored(live: LiveState, settings: Settings, now: datetime) -> dict[s
         today - timedelta(days=CHARGEBACK_REACH_DAYS),
     )
     if first > today + timedelta(days=1):
-        return {"rows": 0, "observed": 0, "skipped": 0}
+        return {"rows": 0, "observed": 0, "skipped": 0, "chargebacks": 0, "chargebacks_attributed": 0}
     columns = [
         "transaction_id", "customer_id", "merchant_id", "event_timestamp", "amount", "currency", "country",
     ]  # fmt: skip
@@ -389,14 +389,28 @@ def restore_scored(live: LiveState, settings: Settings, now: datetime) -> dict[s
             continue
         live.observe(row)
         observed += 1
-    if rows:
+    # Then the chargebacks posted since (after the transactions they report): one the lake's labels already
+    # hold is a resend of it and changes nothing.
+    reports, torn = read_journal(settings.scoring_log_dir, first, today + timedelta(days=1))
+    attributed = sum(live.observe_chargeback(tid, label_time) for tid, label_time in reports)
+    if rows or reports:
         log.info(
-            "live state: %d transactions scored since %s restored from the scoring log (%d too old to take)",
+            "live state: %d transactions scored since %s restored from the scoring log (%d too old to take), "
+            "%d chargebacks (%d attributed, %d torn lines skipped)",
             observed,
             first,
             skipped,
+            len(reports),
+            attributed,
+            torn,
         )
-    return {"rows": len(rows), "observed": observed, "skipped": skipped}
+    return {
+        "rows": len(rows),
+        "observed": observed,
+        "skipped": skipped,
+        "chargebacks": len(reports),
+        "chargebacks_attributed": attributed,
+    }
 
 
 def open_state(

@@ -288,3 +288,62 @@ class ScoringLog:
                 shutil.rmtree(folder, ignore_errors=True)
                 self.removed_partitions += 1
                 log.info("scoring log: removed %s (older than %d days)", folder, self.retention_days)
+
+
+# --- the chargeback journal ---------------------------------------------------------------------------------
+#
+# Chargebacks posted to the service move merchant state at once; the lake learns them only when the next
+# labels file lands. So that a restart in between loses none, each accepted report is appended (and synced)
+# to `date=<scoring date>/_chargebacks-<pid>.jsonl` beside the scoring log's files: the leading underscore
+# keeps Parquet readers of the log from ever listing it, and the log's retention deletes it with its date.
+
+CHARGEBACK_PREFIX = "_chargebacks-"
+
+
+def journal_chargebacks(root: Path, reports: list[dict[str, Any]], received: datetime) -> None:
+    """Append `reports` (transaction_id, label_timestamp) received at `received` (the service's clock)."""
+    import json
+    import os
+
+    folder = partition_dir(root, received.astimezone(UTC).date())
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(
+        json.dumps(
+            {
+                "transaction_id": r["transaction_id"],
+                "label_timestamp": r["label_timestamp"].astimezone(UTC).isoformat(),
+                "received_at": received.astimezone(UTC).isoformat(),
+            }
+        )
+        + "\n"
+        for r in reports
+    )
+    with (folder / f"{CHARGEBACK_PREFIX}{os.getpid()}.jsonl").open("a") as out:
+        out.write(lines)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def read_journal(root: Path, first: date, last: date) -> tuple[list[tuple[str, datetime]], int]:
+    """(transaction_id, label time) of the chargebacks received on scoring dates first .. last, in label-time
+    order, and how many lines could not be read (a line torn by a crash mid-write is skipped)."""
+    import json
+
+    reports, torn = [], 0
+    for folder in sorted(root.glob(f"{PARTITION}=*")):
+        if not (
+            folder.is_dir()
+            and first.isoformat() <= folder.name.removeprefix(f"{PARTITION}=") <= last.isoformat()
+        ):
+            continue
+        for path in sorted(folder.glob(f"{CHARGEBACK_PREFIX}*.jsonl")):
+            for line in path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                    reports.append(
+                        (record["transaction_id"], datetime.fromisoformat(record["label_timestamp"]))
+                    )
+                except (ValueError, KeyError, TypeError):
+                    torn += 1
+    reports.sort(key=lambda r: (r[1], r[0]))
+    return reports, torn

@@ -526,8 +526,9 @@ def test_past_its_admission_limits_the_service_answers_503_with_retry_after(
 def test_a_restart_serving_live_restores_what_was_scored_since_the_last_landing(
     champion, registry_home, tmp_path
 ):
-    """Serving live (the machine's clock, no replayed day): the transactions scored since the last landing
-    are in the scoring log, not the lake; a restarted service takes them back into its state."""
+    """Serving live (the machine's clock, no replayed day): the transactions scored and the chargebacks
+    posted since the last landing are in the scoring log and its journal, not the lake; a restarted service
+    takes them back into its state."""
     from datetime import UTC, datetime, timedelta
 
     home = tmp_path / "live"
@@ -548,6 +549,12 @@ def test_a_restart_serving_live_restores_what_was_scored_since_the_last_landing(
         for n, ago in ((2501, 30), (2502, 20), (2503, 10)):
             answer = first.client.post("/score", json=transaction(n, **known, event_timestamp=at(ago)))
             assert answer.status_code == 200, answer.text
+        report = {
+            "transaction_id": transaction(2502)["transaction_id"],
+            "is_fraud": 1,
+            "label_timestamp": at(15),
+        }
+        assert first.client.post("/chargebacks", json=report).json()["attributed"] == 1
     finally:
         first.stop()  # SIGTERM: the scoring log is written out
     second = Server(home, live_from=None)
@@ -559,6 +566,8 @@ def test_a_restart_serving_live_restores_what_was_scored_since_the_last_landing(
             answer.json()["missing_entities"] == []
             and answer.json()["features"]["customer_txn_count_1h"] == 3
         )
+        # The chargeback posted before the restart still counts for the merchant (the journal).
+        assert answer.json()["features"]["merchant_chargebacks_30d"] == 1
         status = second.client.get("/status").json()
         assert status["clock"]["mode"] == "wall" and status["restored_from_scoring_log"]["observed"] == 3, (
             status
