@@ -51,7 +51,7 @@ COPY --chown=50000:0 pyproject.toml requirements.lock scripts/uv_install.py ./
 # uv installs them (its version the lock's, removed after): it downloads and unpacks on every core, where pip
 # goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
 # find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
-RUN mkdir core pipelines features training serving monitoring orchestration mlops && touch README.md \
+RUN mkdir core pipelines features model_contract training serving monitoring orchestration mlops && touch README.md \
  && pip install "$(grep -m1 '^uv==' requirements.lock)" \
  && python uv_install.py /opt/venv/bin/uv --no-cache --compile-bytecode --python /opt/venv/bin/python \
       --constraint requirements.lock ".[airflow,data,cluster]" \
