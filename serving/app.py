@@ -134,7 +134,6 @@ class Service:
                 settings.serving.max_lateness_s + settings.serving.max_future_skew_s,
                 reach,
             )
-        self.state: EntityState = PendingState()
         self.loading: str | None = "the live state is loading from the lake"
         self.restored: dict[str, int] = {}
         self.scoring_log = (
@@ -149,7 +148,7 @@ class Service:
             else None
         )
         self.scorer = Scorer(
-            self.models, self.state, self.scoring_log, settings.serving.threshold, clock=self.clock
+            self.models, PendingState(), self.scoring_log, settings.serving.threshold, clock=self.clock
         )
         self.batcher = MicroBatcher(
             self.scorer,
@@ -158,6 +157,11 @@ class Service:
             settings.serving.max_queued_requests,
         )
         self._loader = threading.Thread(target=self._load, name="live-state-load", daemon=True)
+
+    @property
+    def state(self) -> EntityState:
+        """The entity state in use: the scorer's (a placeholder until it has loaded)."""
+        return self.scorer.state
 
     def start_loading(self) -> None:
         self._loader.start()
@@ -176,7 +180,7 @@ class Service:
             self.loading = f"the live state could not be loaded ({exc}); see the service's log"
             return
         with self.scorer._lock:
-            self.scorer.state = self.state = state
+            self.scorer.state = state
         self.loading = None
 
     def close(self) -> None:

@@ -158,15 +158,24 @@ def open_callers(settings: Settings) -> Callers | None:
     return Callers.load(path)
 
 
+def plain_tokens(path: Path) -> dict[str, str]:
+    """A plain-text token per role of the tokens file at `path` (the first caller with it), for this
+    machine's own tools (replays, the demo, the benchmarks); a digest cannot be sent, so it is skipped."""
+    tokens: dict[str, str] = {}
+    for entry in json.loads(path.read_text()).get("callers", []):
+        if not entry["token"].startswith(DIGEST_PREFIX):
+            for role in entry.get("roles", ()):
+                tokens.setdefault(role, entry["token"])
+    return tokens
+
+
 def token_for(settings: Settings, role: str) -> str:
-    """A token with `role` from the tokens file, for this machine's own tools (replays, the demo, the
-    benchmarks); only plain-text tokens can be handed out."""
+    """A plain-text token with `role` from the service's tokens file (`plain_tokens`)."""
     path = tokens_path(settings)
-    data = json.loads(path.read_text())
-    for entry in data.get("callers", []):
-        if role in entry.get("roles", ()) and not entry["token"].startswith(DIGEST_PREFIX):
-            return entry["token"]
-    raise TokensFileError(f"no caller with the role {role!r} and a plain-text token in {path}")
+    token = plain_tokens(path).get(role)
+    if token is None:
+        raise TokensFileError(f"no caller with the role {role!r} and a plain-text token in {path}")
+    return token
 
 
 def _host(value: bytes) -> str:

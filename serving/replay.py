@@ -40,20 +40,14 @@ class Running:
 
 def _tokens(env: dict[str, str]) -> dict[str, str]:
     """A plain-text token per role from the service's tokens file (serving/auth.py), {} without auth."""
-    import json
-
-    from serving.auth import ROLES
+    from serving.auth import plain_tokens
 
     if env.get("MLOPS_SERVING__AUTH", "true").lower() in ("false", "0", "no"):
         return {}
     configured = env.get("MLOPS_SERVING__TOKENS_FILE")
-    path = Path(configured) if configured else Path(env["MLOPS_HOME"]) / "serving" / "tokens.json"
-    tokens: dict[str, str] = {}
-    for caller in json.loads(path.read_text())["callers"]:
-        if not caller["token"].startswith("sha256:"):  # a digest cannot be sent
-            for role in caller["roles"]:
-                tokens.setdefault(role, caller["token"])
-    return {role: tokens[role] for role in ROLES if role in tokens}
+    return plain_tokens(
+        Path(configured) if configured else Path(env["MLOPS_HOME"]) / "serving" / "tokens.json"
+    )
 
 
 @contextlib.contextmanager
