@@ -89,23 +89,6 @@ def group_of(nodeid: str) -> str:
     return _written_groups().get(nodeid) or nodeid.split("::", 1)[0]
 
 
-def _lane(item: pytest.Item) -> int:
-    """Where a test runs in a one-process run. Set-ups started beside the tests (tests/background.py) get
-    time to finish before the tests that wait for them: the fast tiers first, then the podman image tests
-    (their builds started at collection's end), then the tests on the shared demo stack (its demo started
-    then too), then the e2e tests with stacks of their own, then the rest in file order (among them the
-    users of the reference lake and `dvc repro`, both started at collection's end as well)."""
-    fixtures = set(getattr(item, "fixturenames", ()))
-    tier = tier_of(item.nodeid)
-    if tier in ("dags", "data"):
-        return 0
-    if fixtures & {"airflow_image", "training_image"}:
-        return 1
-    if tier == "e2e":
-        return 2 if "demo_stack" in fixtures else 3
-    return 4
-
-
 def _assign_groups(items: list[pytest.Item]) -> None:
     """Every item's group, the items ordered longest group first (file order within one); written for the
     scheduler where this process is an xdist worker."""
@@ -123,8 +106,7 @@ def _assign_groups(items: list[pytest.Item]) -> None:
         if groups[item.nodeid] in SETUP_TIMEOUTS:
             item.add_marker(pytest.mark.timeout(SETUP_TIMEOUTS[groups[item.nodeid]]))
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=_lane)  # in one process: file order within each lane
-        return
+        return  # in one process, file order: the e2e stacks never overlap (tests/e2e/conftest.py)
     costs = _group_costs()
     first_seen: dict[str, int] = {}
     for group in groups.values():
@@ -193,49 +175,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             PARSE_TIMES[report.nodeid.split("[", 1)[-1].split("]", 1)[0]] = float(value)
 
 
-def _background_setups(items: list[pytest.Item]) -> list:
-    """The set-ups the selected tests need that can start beside them: (name, starter of a folder)."""
-    from tests import lake
-    from tests.integration import podman
-
-    fixtures = {name for item in items for name in getattr(item, "fixturenames", ())}
-    wanted = []
-    if "demo_stack" in fixtures:
-        from tests.e2e.conftest import start_demo
-
-        wanted.append(("the shared demo stack", start_demo))
-    if images := fixtures & set(podman.PROJECT_IMAGES):
-        wanted.append(("the podman images", lambda _folder: podman.start_builds(images)))
-    if "reproduction" in fixtures:
-        from tests.integration.test_dvc_pipeline import start_reproduction
-
-        wanted.append(("dvc repro", start_reproduction))
-    if any(lake.uses_lake(item) for item in items):
-        wanted.append(("the reference lake", lake.start_build))
-    return wanted
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the set-ups a selected test needs beside the tests (tests/background.py). One that cannot
-    start is left to its fixture, which starts it in the foreground and fails with the reason."""
-    from tests import background
-
-    if not session.items or session.config.option.collectonly or not background.enabled():
-        return
-    root = session.config._tmp_path_factory.mktemp("background")
-    for number, (name, start) in enumerate(_background_setups(session.items)):
-        try:
-            start(root / str(number))
-        except Exception as exc:
-            print(f"\n{name} could not start beside the tests ({exc!r}); its first test starts it")
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from tests import background
-
-    for name in background.stop_unclaimed():
-        print(f"\nstopped the set-up {name}, started beside the tests and never used")
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -167,55 +166,18 @@ def _build(home: Path, phases: Path) -> dict:
     }
 
 
-BACKGROUND = "reference-lake"
-BUILD_TIMEOUT = 1800  # seconds, the machine lock's own timeout too
-
-
-def uses_lake(item) -> bool:
-    """Whether a collected test's module reads the reference lake (imports this module)."""
-    module = getattr(item, "module", None)
-    return module is not None and any(value is sys.modules[__name__] for value in vars(module).values())
-
-
-def start_build(folder: Path) -> None:
-    """Build the lake in a process of its own, beside the tests (tests/background.py), unless the cache
-    holds it already; `cached_lake` waits for that process."""
-    from tests import background
-
-    if (cache_root() / f"lake-{code_key()}" / EVENTS_FILE).is_file():
-        return
-    # tests.conftest, imported for its lock, makes a session folder of its own: removed at the end
-    build = (
-        "import shutil, tests.conftest, tests.lake\n"
-        "tests.lake.cached_lake()\n"
-        "shutil.rmtree(tests.conftest._SESSION_DIR)"
-    )
-    env = dict(os.environ)
-    background.launch(BACKGROUND, [sys.executable, "-c", build], folder=folder, cwd=REPO, env=env)
-
-
 def cached_lake() -> tuple[Path, dict]:
     """The reference lake's home in the cache, built first where it is missing; one builder at a time
-    across processes (parallel test workers, or the build started beside the tests, are waited for)."""
-    from tests import background
+    across processes (parallel test workers wait for the first one's build)."""
     from tests.conftest import machine_lock
 
-    if (beside := background.claim(BACKGROUND)) is not None:
-        built = beside.wait(BUILD_TIMEOUT)
-        if built.returncode != 0:
-            raise RuntimeError(
-                f"the reference lake's build beside the tests failed (exit {built.returncode}); its output "
-                f"is in {beside.err}:\n{built.stderr[-6000:]}"
-            )
     key = code_key()
     root = cache_root()
     done = root / f"lake-{key}"
     with machine_lock(f"reference-lake-{key}"):
         if not (done / EVENTS_FILE).is_file():
             root.mkdir(parents=True, exist_ok=True)
-            # an older code's lake (never read again), a build that was stopped midway (this lock's holder
-            # is the only builder)
-            for stale in [*root.glob("lake-*"), *root.glob(".building-*")]:
+            for stale in root.glob("lake-*"):  # an older code's lake: never read again
                 shutil.rmtree(stale, ignore_errors=True)
             staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
             events = _build(staging / "home", staging / "phases")

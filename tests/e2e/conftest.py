@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -20,7 +21,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests import background
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,13 +47,16 @@ def _uses_stack(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The first test to use `demo_stack` waits for the demo in its setup: give those tests the time.
+    """The first test to use `demo_stack` pays for the demo in its setup: give those tests the time.
 
-    The shared stack's demo starts beside the tests at the end of collection (tests/background.py); the
-    tests on it run after the podman image tests, and the e2e tests that start stacks of their own (the
-    cluster profile, up/down) after them (the order: tests/conftest.py, `_lane`). The stack is
-    package-scoped: it is stopped after the last e2e test, so the idle stack does not run beside the later
-    tiers."""
+    The e2e tests that start stacks of their own (the cluster profile, up/down) run before the ones on the
+    shared stack, which is package-scoped: it is started after them and stopped after the last e2e test,
+    so no two stacks share the 2 cores and the idle stack does not run beside the later tiers."""
+    here = Path(__file__).parent
+    slots = [k for k, item in enumerate(items) if here in Path(item.fspath).parents]
+    ordered = sorted((items[k] for k in slots), key=_uses_stack)  # stable: file order kept otherwise
+    for k, item in zip(slots, ordered, strict=True):
+        items[k] = item
     for item in items:
         if _uses_stack(item):
             item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT + 600))
@@ -138,10 +141,9 @@ def artifacts_dir() -> Path:
     return folder
 
 
-def start_demo(folder: Path) -> background.Started:
-    """`mlops demo` on a fresh home under `folder`, started now (tests/background.py); `demo_stack` claims
-    it. Never claimed, its stack is stopped at the session's end."""
-    home = folder / "home"
+@pytest.fixture(scope="package")
+def demo_stack(tmp_path_factory) -> DemoStack:
+    home = tmp_path_factory.mktemp("demo-stack") / "home"
     env = stack_env(
         home,
         MLOPS_AIRFLOW_PORT=str(free_port()),
@@ -156,25 +158,18 @@ def start_demo(folder: Path) -> background.Started:
         MLOPS_TUNING__EPOCHS="2",
     )
     mlops = str(Path(sys.executable).with_name("mlops"))
-    return background.launch(
-        "demo-stack",
-        [mlops, "demo", *DEMO_ARGS, "--timeout", str(DEMO_TIMEOUT - 300), "--json"],
-        folder=folder,
-        env=env,
-        on_abandon=lambda: run_script("down.sh", env, timeout=180),
-        context={"home": home, "env": env},
-    )
-
-
-@pytest.fixture(scope="package")
-def demo_stack(tmp_path_factory) -> DemoStack:
-    started = background.claim("demo-stack") or start_demo(tmp_path_factory.mktemp("demo-stack"))
-    home, env = started.context["home"], started.context["env"]
     groups: set[int] = set()
     try:
-        done = started.wait(DEMO_TIMEOUT)
-        seconds = started.seconds
-        print(f"\nmlops demo {' '.join(DEMO_ARGS)} through Airflow: {seconds:.0f}s from its start")
+        started = time.monotonic()
+        done = subprocess.run(
+            [mlops, "demo", *DEMO_ARGS, "--timeout", str(DEMO_TIMEOUT - 300), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEMO_TIMEOUT,
+        )
+        seconds = time.monotonic() - started
+        print(f"\nmlops demo {' '.join(DEMO_ARGS)} through Airflow: {seconds:.0f}s")
         groups = {int(p.read_text()) for p in (home / "run").glob("*.pid")}
         assert done.returncode == 0, f"{done.stderr[-6000:]}\n{logs(home)}"
         summary = json.loads(done.stdout.strip().splitlines()[-1])

@@ -21,8 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
@@ -194,51 +192,36 @@ PROJECT_IMAGES = {
     ),
 }
 _builds: dict[str, Future] = {}
-_base: list[Future] = []  # the base image and the pip configuration, once for every build
-_lock = threading.Lock()
-_pool = ThreadPoolExecutor(max_workers=len(PROJECT_IMAGES) + 1, thread_name_prefix="podman-build")
-
-
-def _prepare() -> str:
-    base = base_image()  # once, here: the builds must not both debootstrap it
-    build_volumes()  # its pip.conf is written before the builds that mount it start
-    return base
-
-
-def _build_on_base(name: str) -> str:
-    base = _base[0].result()
-    dockerfile, ref, base_args = PROJECT_IMAGES[name]
-    return build_image(dockerfile, ref, {**dict.fromkeys(base_args, base), "GIT_COMMIT": checkout_commit()})
-
-
-def start_builds(names: Iterable[str]) -> None:
-    """Start, on threads beside the tests, podman's install where it is missing, the base image and the
-    build of each image of `names` (keys of PROJECT_IMAGES) not started yet. The builds run beside each
-    other: a build is mostly one core of pip unpacking and compiling wheels, so two at once take little more
-    than the longer one (a full run used to spend 311 + 274 s on them one after the other). The session
-    starts them at collection's end (tests/background.py); a fixture that finds them started waits."""
-    with _lock:
-        if not _base:
-            _base.append(_pool.submit(_prepare))
-        for name in sorted(set(names) - set(_builds)):
-            _builds[name] = _pool.submit(_build_on_base, name)
+_pool = ThreadPoolExecutor(max_workers=len(PROJECT_IMAGES), thread_name_prefix="podman-build")
 
 
 def project_image(fixture: str, session) -> tuple[str, str]:
     """The image of fixture `fixture` (a key of PROJECT_IMAGES), built on the local base with this
     checkout's commit as GIT_COMMIT; returns the image and the commit. Fails the test, with the reason,
-    where podman cannot be had. Starts the builds of every project image a test of this session asks for,
-    where the session has not started them."""
+    where podman cannot be had.
+
+    The first request starts, beside it, the build of every other project image a test of this session
+    asks for: a build is mostly one core of pip unpacking and compiling wheels, so two at once take little
+    more than the longer one (a full run used to spend 311 + 274 s on them one after the other)."""
     import pytest
 
-    wanted = {fixture} | {
-        name for item in session.items for name in getattr(item, "fixturenames", ()) if name in PROJECT_IMAGES
-    }
-    start_builds(wanted)
-    try:
-        return _builds[fixture].result(), checkout_commit()
-    except PodmanUnavailableError as exc:
-        pytest.fail(f"podman is needed for this test: {exc}")
+    if fixture not in _builds:
+        try:
+            base = base_image()  # once, here: the builds below must not both debootstrap it
+        except PodmanUnavailableError as exc:
+            pytest.fail(f"podman is needed for this test: {exc}")
+        build_volumes()  # its pip.conf is written before the builds that mount it start
+        wanted = {fixture} | {
+            name
+            for item in session.items
+            for name in getattr(item, "fixturenames", ())
+            if name in PROJECT_IMAGES and name not in _builds
+        }
+        for name in sorted(wanted):
+            dockerfile, ref, base_args = PROJECT_IMAGES[name]
+            args = {**dict.fromkeys(base_args, base), "GIT_COMMIT": checkout_commit()}
+            _builds[name] = _pool.submit(build_image, dockerfile, ref, args)
+    return _builds[fixture].result(), checkout_commit()
 
 
 @cache

@@ -16,15 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests import background
-
 REPO = Path(__file__).resolve().parents[2]
 DVC = str(Path(sys.executable).with_name("dvc"))
 # Outputs whose bytes depend only on the parameters and the code. The lake's other layers do not: Spark names
 # their files after a random job id and the ingest records carry run ids.
 REPRODUCIBLE = ("data/landing", "data/lake/gold")
 EMPTY_FOLDER_MD5 = "d751713988987e9331980363e24189ce.dir"
-TIMEOUT = 900  # seconds for one dvc command, counted from its start
 
 
 def _env() -> dict[str, str]:
@@ -32,7 +29,7 @@ def _env() -> dict[str, str]:
 
 
 def _run(args: list[str], cwd: Path) -> str:
-    done = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    done = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 
@@ -66,23 +63,12 @@ def _workspace(root: Path) -> Path:
     return root
 
 
-def start_reproduction(folder: Path) -> background.Started:
-    """`dvc repro` from nothing in a fresh workspace under `folder`, started now (tests/background.py)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    workspace = _workspace(folder / "workspace")
-    started = background.launch("dvc-repro", [DVC, "repro"], folder=folder, cwd=workspace, env=_env())
-    started.context["workspace"] = workspace
-    return started
-
-
 @pytest.fixture(scope="module")
 def reproduction(tmp_path_factory) -> Path:
-    """A fresh workspace reproduced with `dvc repro` from nothing (started beside the tests where the
-    session did, else here)."""
-    started = background.claim("dvc-repro") or start_reproduction(tmp_path_factory.mktemp("dvc-repro"))
-    done = started.wait(TIMEOUT)
-    assert done.returncode == 0, f"dvc repro failed:\n{done.stdout}\n{done.stderr}"
-    return started.context["workspace"]
+    """A fresh workspace reproduced with `dvc repro` from nothing."""
+    workspace = _workspace(tmp_path_factory.mktemp("dvc-repro") / "workspace")
+    _run([DVC, "repro"], workspace)
+    return workspace
 
 
 def test_dvc_repro_reproduces_the_committed_landing_and_then_skips(reproduction):
