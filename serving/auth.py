@@ -65,8 +65,11 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+TOKENS_FILE = Path("serving", "tokens.json")  # under MLOPS_HOME, unless serving.tokens_file names one
+
+
 def tokens_path(settings: Settings) -> Path:
-    return settings.serving.tokens_file or settings.home / "serving" / "tokens.json"
+    return settings.serving.tokens_file or settings.home / TOKENS_FILE
 
 
 def route_role(method: str, path: str) -> str | None:

@@ -40,14 +40,15 @@ class Running:
 
 def _tokens(env: dict[str, str]) -> dict[str, str]:
     """A plain-text token per role from the service's tokens file (serving/auth.py), {} without auth."""
-    from serving.auth import plain_tokens
+    from pydantic import TypeAdapter
 
-    if env.get("MLOPS_SERVING__AUTH", "true").lower() in ("false", "0", "no"):
+    from serving.auth import TOKENS_FILE, plain_tokens
+
+    # read as the service's settings read it (pydantic's bool: "off", "0", "false", ...)
+    if not TypeAdapter(bool).validate_python(env.get("MLOPS_SERVING__AUTH", "true")):
         return {}
     configured = env.get("MLOPS_SERVING__TOKENS_FILE")
-    return plain_tokens(
-        Path(configured) if configured else Path(env["MLOPS_HOME"]) / "serving" / "tokens.json"
-    )
+    return plain_tokens(Path(configured) if configured else Path(env["MLOPS_HOME"]) / TOKENS_FILE)
 
 
 @contextlib.contextmanager
