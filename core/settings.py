@@ -167,9 +167,11 @@ class ServingSettings(BaseModel):
     # A score at or above the threshold is declined ("decline"), below it approved ("approve").
     threshold: float = Field(default=0.5, gt=0.0, lt=1.0, description="decision threshold on the score")
     # Dynamic micro-batching: concurrent transactions are scored together, up to this many per model call,
-    # waiting at most this long for company after the first one arrives (0: no waiting, batch what queued).
+    # waiting at most this long for company after the first one arrives. 0: no waiting; what queued while
+    # the scorer was busy goes in the next batch, so batches grow with the load by themselves, and a lone
+    # request pays no wait (a 1 ms wait was most of its median at 500 requests/s: docs/benchmarks.md).
     max_batch_size: int = Field(default=64, ge=1, le=4096)
-    max_wait_ms: float = Field(default=1.0, ge=0.0, le=1000.0)
+    max_wait_ms: float = Field(default=0.0, ge=0.0, le=1000.0)
     # A request with more transactions than this is refused with 413.
     max_request_items: int = Field(default=1000, ge=1)
     # Admission: requests handled at once, and scoring requests waiting for the scorer; past either, a

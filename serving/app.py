@@ -12,16 +12,19 @@ request's failure is its own: the requests scored in the same batch are answered
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_contract.onnx import MODEL_NAME
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
@@ -179,6 +182,11 @@ class Service:
             log.exception("the live state could not be loaded")
             self.loading = f"the live state could not be loaded ({exc}); see the service's log"
             return
+        # What loading built (the state's columns, the models, the imports) lives as long as the process:
+        # frozen out of the cyclic collector, whose full passes would otherwise walk all of it and stall
+        # requests for as long (docs/benchmarks.md, "Scoring service").
+        gc.collect()
+        gc.freeze()
         with self.scorer._lock:
             self.scorer.state = state
         self.loading = None
@@ -262,14 +270,6 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         lifespan=lifespan,
     )
 
-    app.add_middleware(
-        Guard,
-        callers=callers,
-        public_read=settings.serving.public_read,
-        allowed_hosts=settings.serving.allowed_hosts,
-        max_in_flight=settings.serving.max_in_flight,
-    )
-
     def service_of(request: Request) -> Service:
         return request.app.state.service
 
@@ -284,10 +284,11 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
 
     async def score_items(request: Request, items: list[dict[str, Any]], received: float, many: bool):
         service = service_of(request)
+        if service.models.current.champion is None:  # named first: loading ends by itself, this does not
+            reasons = [f"no model to score with: {service.models.problem}", service.loading]
+            return None, _error(503, "; ".join(r for r in reasons if r))
         if service.loading:
             return None, ORJSONResponse({"detail": service.loading}, status_code=503, headers=RETRY_AFTER)
-        if service.models.current.champion is None:
-            return None, _error(503, f"no model to score with: {service.models.problem}")
         try:
             return await service.batcher.submit(items, received, caller_of(request)), None
         except ModelUnavailableError as exc:
@@ -326,7 +327,9 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         results, failed = await score_items(request, items, received, many)
         if failed:
             return failed
-        return results if many else results[0]
+        # A response, not the dict: FastAPI would first walk the answer with its jsonable_encoder, a sixth of
+        # a request's time on the event loop (docs/benchmarks.md, "Scoring service").
+        return ORJSONResponse(results if many else results[0])
 
     @app.post(
         "/chargebacks",
@@ -383,11 +386,14 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
     @app.get("/v2/health/ready", summary="A champion is loaded (503 with the reason otherwise)")
     async def ready(request: Request):
         service = service_of(request)
+        champion = service.models.current.champion
+        if champion is None:  # named first: loading ends by itself, this does not
+            reasons = [service.models.problem, service.loading]
+            return ORJSONResponse(
+                {"ready": False, "reason": "; ".join(r for r in reasons if r)}, status_code=503
+            )
         if service.loading:
             return ORJSONResponse({"ready": False, "reason": service.loading}, status_code=503)
-        champion = service.models.current.champion
-        if champion is None:
-            return ORJSONResponse({"ready": False, "reason": service.models.problem}, status_code=503)
         behind = service.scoring_log.problem if service.scoring_log is not None else None
         if behind:  # decisions would go unrecorded: take no traffic until the log catches up
             return ORJSONResponse({"ready": False, "reason": behind}, status_code=503)
@@ -514,6 +520,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "live_state": service.settings.serving.live_state,
             "live_state_loading": service.loading,
             "restored_from_scoring_log": service.restored,
+            # Objects the cyclic collector no longer walks: what loading built (Service._load).
+            "gc_frozen_objects": gc.get_freeze_count(),
             "clock": {
                 "mode": service.clock.mode,
                 "now": service.clock.now().isoformat(),
@@ -522,7 +530,36 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "uptime_s": time.time() - service.started,
         }
 
+    # Middleware added last runs first: Guard (auth, Host, content type, admission), then the direct path.
+    app.add_middleware(Direct, routes={("POST", "/score"): score})
+    app.add_middleware(
+        Guard,
+        callers=callers,
+        public_read=settings.serving.public_read,
+        allowed_hosts=settings.serving.allowed_hosts,
+        max_in_flight=settings.serving.max_in_flight,
+    )
     return app
+
+
+class Direct:
+    """The hot routes straight to their handlers, past Starlette's exception middleware and router and
+    FastAPI's dependency solving: that machinery cost about a third of a request's time on the event loop
+    (docs/benchmarks.md, "Scoring service"). They stay inside Guard and inside Starlette's server-error
+    middleware, whose handler is the JSON 500 with an incident id, like every route; and they stay declared
+    on the app, so the OpenAPI document and /docs describe them."""
+
+    def __init__(self, app: ASGIApp, routes: dict[tuple[str, str], Callable[[Request], Awaitable[Any]]]):
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.routes.get((scope["method"], scope["path"])) if scope["type"] == "http" else None
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        response = await handler(Request(scope, receive))
+        await response(scope, receive, send)
 
 
 async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bool]:

@@ -50,6 +50,7 @@ from model_contract.inputs import (
     transaction_inputs,
 )
 from pipelines.gold.contract import CREATED_TIMESTAMP, CUSTOMER_FEATURES, EVENT_TIMESTAMP, MERCHANT_FEATURES
+from serving.threads import lower_priority
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -215,6 +216,10 @@ class StoreFeatures:
         pass
 
 
+# A write-through flush takes at most this many (customer, merchant) row pairs: bounded work per write.
+FLUSH_ROWS = 4096
+
+
 class StoreWrites:
     """Writes the live state's new rows through to the online store from a background thread, in batches,
     keeping only each entity's newest row of a batch. A failed write is logged and counted; the rows
@@ -228,6 +233,7 @@ class StoreWrites:
         flush_interval_s: float = 0.2,
         retry_s: float = 60.0,
         max_backlog: int = 1024,
+        open_wait_s: float = 120.0,
     ) -> None:
         self.settings = settings
         self.flush_interval_s = flush_interval_s
@@ -239,8 +245,14 @@ class StoreWrites:
         self.problem: str | None = None
         self._next_try = 0.0
         self._queue: queue.Queue[list[tuple[dict, dict]] | None] = queue.Queue(maxsize=max_backlog)
+        self._opened = threading.Event()
         self._thread = threading.Thread(target=self._run, name="online-writes", daemon=True)
         self._thread.start()
+        # The writers are opened (Feast imported, the registry read: seconds of CPU under the GIL) before the
+        # state is handed to the scorer, not on the first write in the middle of traffic, where it stalled
+        # every request for as long (docs/benchmarks.md, "Scoring service"). Opened on the writer's thread:
+        # SQLite's connections belong to the thread that opens them.
+        self._opened.wait(timeout=open_wait_s)
 
     def _open(self) -> bool:
         """The views' writers, opened on first use: the store may not be set up yet when the service
@@ -282,19 +294,30 @@ class StoreWrites:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        lower_priority()
+        try:
+            self._open()
+        finally:
+            self._opened.set()
         while True:
             item = self._queue.get()
             pending = [] if item is None else [item]
             stop = item is None
-            while not stop:
+            # One write per `flush_interval_s`, not one per scored batch: a write's fixed cost (Arrow
+            # columns, the encoding, a SQLite transaction) is paid under the GIL, and at 500 one-transaction
+            # requests a second, writing each batch alone took half of the process's GIL time.
+            deadline = time.monotonic() + self.flush_interval_s
+            size = len(item or ())
+            while not stop and size < FLUSH_ROWS:
                 try:
-                    more = self._queue.get(timeout=self.flush_interval_s if not pending else 0.0)
+                    more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
                 if more is None:
                     stop = True
                 else:
                     pending.append(more)
+                    size += len(more)
             if pending:
                 self._write([pair for rows in pending for pair in rows])
             if stop:

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 PARTITION = "date"
 ID_COLUMNS = ("transaction_id", "customer_id", "merchant_id")
 RAW_COLUMNS = ("amount", "currency", *CATEGORICAL_FEATURES)  # the request's values the features came from
+# Rows are turned into Arrow this many at a time as they come, not all at the flush (see ScoringLog._convert).
+CONVERT_ROWS = 64
 
 
 def schema() -> pa.Schema:
@@ -147,7 +149,9 @@ class ScoringLog:
         self._newest: date | None = None
         # rows, a flush's marker, or None to stop
         self._queue: queue.Queue[list[dict[str, Any]] | threading.Event | None] = queue.Queue()
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []  # rows taken from the queue, not yet in Arrow
+        self._tables: dict[date, list[pa.Table]] = {}  # converted rows by scoring date, not yet on disk
+        self._converted = 0
         self._remove_leftovers()
         self._thread = threading.Thread(target=self._run, name="scoring-log", daemon=True)
         self._thread.start()
@@ -201,6 +205,9 @@ class ScoringLog:
             leftover.unlink(missing_ok=True)
 
     def _run(self) -> None:
+        from serving.threads import lower_priority
+
+        lower_priority()
         last = time.monotonic()
         while True:
             wait = max(0.0, self.flush_interval_s - (time.monotonic() - last))
@@ -216,7 +223,7 @@ class ScoringLog:
                 waiting.append(item)
             else:
                 self._pending += item
-            while len(self._pending) < self.flush_rows:  # take what else queued, without waiting
+            while self._waiting_rows() < self.flush_rows:  # take what else queued, without waiting
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
@@ -229,9 +236,11 @@ class ScoringLog:
                     waiting.append(more)
                     continue
                 self._pending += more
+            if len(self._pending) >= CONVERT_ROWS:
+                self._convert()
             if (
                 waiting
-                or len(self._pending) >= self.flush_rows
+                or self._waiting_rows() >= self.flush_rows
                 or time.monotonic() - last >= self.flush_interval_s
             ):
                 self._write()
@@ -240,43 +249,84 @@ class ScoringLog:
             for event in waiting:
                 event.set()
 
-    def _write(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def _waiting_rows(self) -> int:
+        return len(self._pending) + self._converted
 
-        if not self._pending:
-            return
+    def _convert(self) -> None:
+        """The rows taken so far into Arrow, CONVERT_ROWS at a time. Reading Python objects into Arrow holds
+        the GIL: one conversion of a whole flush (thousands of rows) stalled every request for tens of
+        milliseconds, a small one is a fraction of a millisecond (docs/benchmarks.md, "Scoring service").
+        A row that does not fit the schema fails alone: it is dropped, counted (`dropped`, `errors`) and
+        named in the log, and the rest of its chunk is kept."""
+        import pyarrow as pa
+
         rows, self._pending = self._pending, []
         by_day: dict[date, list[dict[str, Any]]] = {}
         for row in rows:
             by_day.setdefault(row["scored_at"].astimezone(UTC).date(), []).append(row)
-        failed: list[dict[str, Any]] = []
-        for day, day_rows in sorted(by_day.items()):
+        for day, day_rows in by_day.items():
+            for start in range(0, len(day_rows), CONVERT_ROWS):
+                chunk = day_rows[start : start + CONVERT_ROWS]
+                try:
+                    table = pa.Table.from_pylist(chunk, schema=schema())
+                except Exception:
+                    table = self._without_misfits(chunk)
+                self._tables.setdefault(day, []).append(table)
+                self._converted += table.num_rows
+
+    def _without_misfits(self, chunk: list[dict[str, Any]]) -> pa.Table:
+        import pyarrow as pa
+
+        kept = []
+        for row in chunk:
+            try:
+                kept.append(pa.Table.from_pylist([row], schema=schema()))
+            except Exception as exc:
+                self.errors += 1
+                self.dropped += 1
+                with self._held_lock:
+                    self._held -= 1
+                log.error(
+                    "scoring log: the row of transaction %r does not fit the log's schema (%s): dropped",
+                    str(row.get("transaction_id"))[:64],
+                    exc,
+                )
+        return pa.concat_tables(kept) if kept else schema().empty_table()
+
+    def _write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._convert()
+        tables, self._tables, self._converted = self._tables, {}, 0
+        for day, parts in sorted(tables.items()):
             folder = partition_dir(self.root, day)
+            table = pa.concat_tables(parts)
+            if not table.num_rows:
+                continue
             try:
                 folder.mkdir(parents=True, exist_ok=True)
                 stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
                 name = f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
-                table = pa.Table.from_pylist(day_rows, schema=schema())
                 scratch = folder / f".{name}.tmp"
                 try:
                     pq.write_table(table, scratch)
                     scratch.rename(folder / name)
                 finally:
                     scratch.unlink(missing_ok=True)  # a failed write leaves no temporary file
-                self.written += len(day_rows)
+                self.written += table.num_rows
                 with self._held_lock:
-                    self._held -= len(day_rows)
+                    self._held -= table.num_rows
                 self._newest = day if self._newest is None else max(self._newest, day)
             except Exception:  # disk full, permissions: keep the rows (within the cap), say where
                 self.errors += 1
                 log.exception(
                     "scoring log: writing %d rows under %s failed; kept for the next flush",
-                    len(day_rows),
+                    table.num_rows,
                     folder,
                 )
-                failed += day_rows
-        self._pending = failed + self._pending
+                self._tables.setdefault(day, []).extend(parts)
+                self._converted += table.num_rows
 
     def _expire(self) -> None:
         """Partitions scored more than retention_days before the newest one written are deleted."""

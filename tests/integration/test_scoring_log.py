@@ -5,9 +5,16 @@ files of a killed writer removed."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from datetime import UTC, date, datetime, timedelta
 
-from serving.scoring_log import ScoringLog, read_scoring_log
+import pytest
+
+from serving.scoring_log import CONVERT_ROWS, ScoringLog, read_scoring_log
+from serving.threads import BACKGROUND_NICENESS
+from tests.conftest import wait_for
 from training.dataset import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 D = date(2026, 3, 10)
@@ -92,3 +99,40 @@ def test_scoring_dates_older_than_the_retention_are_deleted_and_leftover_tempora
     log.close()
     assert sorted(p.name for p in root.iterdir()) == [f"date={recent}", f"date={D}"]
     assert log.removed_partitions == 1
+
+
+def test_rows_become_arrow_in_small_chunks_as_they_come_and_a_row_that_misfits_fails_alone(tmp_path):
+    """Converting a whole flush's rows at once held the GIL for tens of milliseconds and stalled every
+    request; rows are converted CONVERT_ROWS at a time as they come. A row that does not fit the schema is
+    dropped, counted and named; the rest of its chunk is written."""
+    log = ScoringLog(tmp_path / "log", flush_interval_s=60)
+    rows = [row(n, at(D, 10), at(D, 10)) for n in range(3 * CONVERT_ROWS + 5)]
+    rows[CONVERT_ROWS + 7]["score"] = "not a number"
+    for start in range(0, len(rows), 16):  # as a service appends them, a batch at a time
+        log.append(rows[start : start + 16])
+    wait_for(lambda: log._converted >= 3 * CONVERT_ROWS - 1, 30, "the rows to be converted before the flush")
+    assert log.written == 0  # nothing flushed yet: the conversion came first
+    log.flush()
+    log.close()
+    assert (log.written, log.dropped, log.pending) == (len(rows) - 1, 1, 0)
+    assert log.errors == 1
+    written = read_scoring_log(tmp_path / "log", D, D, ["transaction_id"])["transaction_id"].to_pylist()
+    assert written == [r["transaction_id"] for i, r in enumerate(rows) if i != CONVERT_ROWS + 7]
+
+
+def test_the_writer_thread_runs_at_a_lower_priority_than_the_request_path(tmp_path):
+    """Its bursts (Parquet writes) must not take a core from the requests (serving/threads.py)."""
+    if sys.platform != "linux":
+        pytest.skip("per-thread priorities are Linux's")
+    log = ScoringLog(tmp_path / "log", flush_interval_s=60)
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        writer = log._thread.native_id
+        wait_for(
+            lambda: os.getpriority(os.PRIO_PROCESS, writer) == min(19, base + BACKGROUND_NICENESS),
+            30,
+            "the scoring log's writer to lower its priority",
+        )
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    finally:
+        log.close()

@@ -322,6 +322,13 @@ def test_times_outside_the_services_window_are_refused_and_move_no_state(server,
     assert status["mode"] == "replay" and status["window"][1].startswith("2026-01-11T00:05:00")
 
 
+def test_what_loading_built_is_frozen_out_of_the_cyclic_collector(server, champion):
+    """The state, the models and the imports live as long as the process: a full collection walking them
+    stalled requests (docs/benchmarks.md, "Scoring service"), so they are frozen once loaded."""
+    wait_for(lambda: server.client.get("/v2/health/ready").status_code == 200, 60, "the service to be ready")
+    assert server.client.get("/status").json()["gc_frozen_objects"] > 10_000
+
+
 def test_a_late_transaction_fails_only_its_own_request(server, champion):
     """A transaction inside the window but more than a day older than its customer's latest: the live
     state cannot compute its features. Its request is refused (422 naming it) and leaves nothing in the
