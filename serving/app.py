@@ -569,16 +569,16 @@ async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bo
     def apply() -> list[bool]:
         from serving.scoring_log import journal_chargebacks
 
+        now = service.clock.now()
+        if reports and service.scoring_log is not None:
+            try:  # kept before it counts, so a restart before the next landing loses none
+                journal_chargebacks(service.scoring_log.root, reports, now)
+            except OSError:
+                log.exception("the chargeback journal under %s cannot be written", service.scoring_log.root)
+        # The journal's write and sync are done outside the lock: small batches are scored on the event
+        # loop under the same lock (serving/scorer.py), which must not wait on a disk.
         with service.scorer._lock:
-            now = service.clock.now()
             service.state.advance(now)
-            if reports and service.scoring_log is not None:
-                try:  # kept before it counts, so a restart before the next landing loses none
-                    journal_chargebacks(service.scoring_log.root, reports, now)
-                except OSError:
-                    log.exception(
-                        "the chargeback journal under %s cannot be written", service.scoring_log.root
-                    )
             return [
                 service.state.observe_chargeback(r["transaction_id"], r["label_timestamp"]) for r in reports
             ]

@@ -22,6 +22,7 @@ response says so.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -46,7 +47,6 @@ from model_contract.inputs import (
     FEATURE_LAG,
     MODEL_INPUTS,
     NUMERIC_FEATURES,
-    SERVICE_FEATURES,
     transaction_inputs,
 )
 from pipelines.gold.contract import CREATED_TIMESTAMP, CUSTOMER_FEATURES, EVENT_TIMESTAMP, MERCHANT_FEATURES
@@ -89,8 +89,19 @@ class EntityState(Protocol):
 Rows = list[tuple[dict | None, dict | None]]
 
 
+_SLOT = {name: j for j, name in enumerate(MODEL_INPUTS)}
+_CUSTOMER_SLOTS = np.array([_SLOT[name] for name in CUSTOMER_FEATURES])
+_MERCHANT_SLOTS = np.array([_SLOT[name] for name in MERCHANT_FEATURES])
+_NUMERIC_SLOTS = [_SLOT[name] for name in NUMERIC_FEATURES]
+_NUMERIC_INTEGER = [name in INTEGER_FEATURES for name in NUMERIC_FEATURES]
+
+
 def assemble(rows: Rows, txns: Sequence[dict[str, Any]]) -> Assembled:
-    """Model inputs of validated transactions (serving.contract), in order, from their entity state."""
+    """Model inputs of validated transactions (serving.contract), in order, from their entity state.
+
+    One float64 table in MODEL_INPUTS order, filled a row per entity: a request usually holds one
+    transaction, and a numpy array per feature made small requests pay for 25 arrays each (the scorer's
+    largest cost but the model's: docs/benchmarks.md, "Scoring service")."""
     event_ms = np.array([int(t["event_timestamp"].timestamp() * MS) for t in txns], dtype="int64")
     own = transaction_inputs(
         np.array([t["amount"] for t in txns], dtype="float64"),
@@ -99,35 +110,33 @@ def assemble(rows: Rows, txns: Sequence[dict[str, Any]]) -> Assembled:
         event_ms,
         {column: [t[column] for t in txns] for column in CATEGORICAL_VOCAB},
     )
-    n = len(txns)
-    columns: dict[str, np.ndarray] = dict(own)
-    served: dict[str, np.ndarray] = {name: np.full(n, np.nan) for name in SERVICE_FEATURES}
+    table = np.full((len(txns), len(MODEL_INPUTS)), np.nan)
+    for name, values in own.items():
+        table[:, _SLOT[name]] = values
     missing: list[list[str]] = []
     for i, (customer, merchant) in enumerate(rows):
         gone = []
         if customer is None:
             gone.append(CUSTOMER_JOIN_KEY)
         else:
-            for name in CUSTOMER_FEATURES:
-                value = customer.get(name)
-                served[name][i] = np.nan if value is None else value
+            table[i, _CUSTOMER_SLOTS] = [_value(customer.get(name)) for name in CUSTOMER_FEATURES]
         if merchant is None:
             gone.append(MERCHANT_JOIN_KEY)
         else:
-            for name in MERCHANT_FEATURES:
-                value = merchant.get(name)
-                served[name][i] = np.nan if value is None else value
+            table[i, _MERCHANT_SLOTS] = [_value(merchant.get(name)) for name in MERCHANT_FEATURES]
         missing.append(gone)
-    columns.update(served)
-    x = np.column_stack([columns[name] for name in MODEL_INPUTS]).astype("float32")
-    features = [{name: _plain(columns[name][i], name) for name in NUMERIC_FEATURES} for i in range(n)]
-    return Assembled(x, features, missing)
+    features = [
+        {
+            name: None if value != value else int(value) if integer else value
+            for name, integer, value in zip(NUMERIC_FEATURES, _NUMERIC_INTEGER, values, strict=True)
+        }
+        for values in table[:, _NUMERIC_SLOTS].tolist()
+    ]
+    return Assembled(table.astype("float32"), features, missing)
 
 
-def _plain(value: float, name: str) -> float | int | None:
-    if value != value:  # NaN
-        return None
-    return int(value) if name in INTEGER_FEATURES else float(value)
+def _value(value: float | int | None) -> float:
+    return math.nan if value is None else value
 
 
 class LiveFeatures:
