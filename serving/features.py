@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -253,7 +253,11 @@ class StoreWrites:
         self.dropped = 0
         self.problem: str | None = None
         self._next_try = 0.0
-        self._queue: queue.Queue[list[tuple[dict, dict]] | None] = queue.Queue(maxsize=max_backlog)
+        self.max_backlog = max_backlog
+        # Batches go on a deque that wakes nobody (a queue's put woke the writer for every scored batch, a
+        # thread hand-off per request); the writer takes what is there every `flush_interval_s`.
+        self._backlog: deque[list[tuple[dict, dict]]] = deque()
+        self._stop = threading.Event()
         self._opened = threading.Event()
         self._thread = threading.Thread(target=self._run, name="online-writes", daemon=True)
         self._thread.start()
@@ -291,15 +295,15 @@ class StoreWrites:
             return False
 
     def put(self, rows: list[tuple[dict, dict]]) -> None:
-        try:
-            self._queue.put_nowait(rows)
-        except queue.Full:
+        if len(self._backlog) >= self.max_backlog:
             if not self.dropped:
-                log.error("online store writes are %d batches behind: dropping rows", self._queue.qsize())
+                log.error("online store writes are %d batches behind: dropping rows", len(self._backlog))
             self.dropped += len(rows)
+            return
+        self._backlog.append(rows)
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._stop.set()
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
@@ -309,26 +313,17 @@ class StoreWrites:
         finally:
             self._opened.set()
         while True:
-            item = self._queue.get()
-            pending = [] if item is None else [item]
-            stop = item is None
             # One write per `flush_interval_s`, not one per scored batch: a write's fixed cost (Arrow
             # columns, the encoding, a SQLite transaction) is paid under the GIL, and at 500 one-transaction
             # requests a second, writing each batch alone took half of the process's GIL time.
-            deadline = time.monotonic() + self.flush_interval_s
-            size = len(item or ())
-            while not stop and size < FLUSH_ROWS:
-                try:
-                    more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                else:
-                    pending.append(more)
-                    size += len(more)
-            if pending:
-                self._write([pair for rows in pending for pair in rows])
+            stop = self._stop.wait(self.flush_interval_s)
+            waiting = len(self._backlog)  # what is there now; later batches wait for the next interval
+            while waiting:
+                pairs: list[tuple[dict, dict]] = []
+                while waiting and len(pairs) < FLUSH_ROWS:
+                    pairs += self._backlog.popleft()
+                    waiting -= 1
+                self._write(pairs)
             if stop:
                 for writer, _, _ in self.writers.values():  # SQLite connections close on their own thread
                     writer.close()

@@ -30,6 +30,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -47,6 +48,7 @@ ID_COLUMNS = ("transaction_id", "customer_id", "merchant_id")
 RAW_COLUMNS = ("amount", "currency", *CATEGORICAL_FEATURES)  # the request's values the features came from
 # Rows are turned into Arrow this many at a time as they come, not all at the flush (see ScoringLog._convert).
 CONVERT_ROWS = 64
+POLL_S = 0.05  # how often the writer takes the rows appended since it last looked
 
 
 def schema() -> pa.Schema:
@@ -147,9 +149,12 @@ class ScoringLog:
         self._held = 0  # rows appended and not yet on disk (queued or pending)
         self._held_lock = threading.Lock()
         self._newest: date | None = None
-        # rows, a flush's marker, or None to stop
-        self._queue: queue.Queue[list[dict[str, Any]] | threading.Event | None] = queue.Queue()
-        self._pending: list[dict[str, Any]] = []  # rows taken from the queue, not yet in Arrow
+        # Rows come through a deque that wakes nobody: a queue's put woke the writer for every scored
+        # batch, a thread hand-off per request (docs/benchmarks.md, "Scoring service"); the writer looks
+        # every POLL_S instead. The queue carries only a flush's marker, a nudge, or None to stop.
+        self._incoming: deque[list[dict[str, Any]]] = deque()
+        self._queue: queue.Queue[threading.Event | None] = queue.Queue()
+        self._pending: list[dict[str, Any]] = []  # rows taken from the deque, not yet in Arrow
         self._tables: dict[date, list[pa.Table]] = {}  # converted rows by scoring date, not yet on disk
         self._converted = 0
         self._remove_leftovers()
@@ -185,8 +190,11 @@ class ScoringLog:
                     )
                 batch = kept
             self._held += len(batch)
+            nudge = self._held >= self.flush_rows > self._held - len(batch)
         if batch:
-            self._queue.put(batch)
+            self._incoming.append(batch)
+        if nudge:  # enough to write now rather than at the interval's end
+            self._queue.put(threading.Event())
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every row appended so far was written (or its write failed and is held)."""
@@ -212,34 +220,23 @@ class ScoringLog:
         while True:
             wait = max(0.0, self.flush_interval_s - (time.monotonic() - last))
             try:
-                item = self._queue.get(timeout=wait)
+                items = [self._queue.get(timeout=min(wait, POLL_S))]
             except queue.Empty:
-                item = threading.Event()  # the interval passed: write what is pending
-            if item is None:
-                self._write()
-                return
-            waiting: list[threading.Event] = []
-            if isinstance(item, threading.Event):
-                waiting.append(item)
-            else:
-                self._pending += item
-            while self._waiting_rows() < self.flush_rows:  # take what else queued, without waiting
+                items = []
+            while True:  # and whatever else is there, without waiting
                 try:
-                    more = self._queue.get_nowait()
+                    items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if more is None:
-                    self._queue.put(None)
-                    waiting.append(threading.Event())
-                    break
-                if isinstance(more, threading.Event):
-                    waiting.append(more)
-                    continue
-                self._pending += more
+            stop = None in items
+            waiting = [item for item in items if item is not None]
+            for _ in range(len(self._incoming)):  # what is there now
+                self._pending += self._incoming.popleft()
             if len(self._pending) >= CONVERT_ROWS:
                 self._convert()
             if (
-                waiting
+                stop
+                or waiting
                 or self._waiting_rows() >= self.flush_rows
                 or time.monotonic() - last >= self.flush_interval_s
             ):
@@ -248,6 +245,8 @@ class ScoringLog:
                 last = time.monotonic()
             for event in waiting:
                 event.set()
+            if stop:
+                return
 
     def _waiting_rows(self) -> int:
         return len(self._pending) + self._converted
