@@ -41,8 +41,8 @@ class CountedWrites(StoreWrites):
         super().__init__(*args, **kwargs)
 
     def _write(self, pairs) -> None:
-        self.writes.append(len(pairs))
         super()._write(pairs)
+        self.writes.append(len(pairs))  # once written: a test that sees it may read the store
 
 
 def _pair(n: int) -> tuple[dict, dict]:
