@@ -16,8 +16,10 @@ Measured (each load bounded by a request count and a time limit):
   - throughput with many requests in flight (closed loop), with micro-batching and without (batch 1);
   - the scoring log's cost: the same throughput run with the log off.
 Also measured: a request's server-side CPU (the service's CPU seconds over sequential requests, one in
-flight) against the in-process floor, requests batched by the caller (CALLER_BATCH transactions each), and
-the service's resident memory after the replay.
+flight) against the in-process floor, requests batched by the caller (CALLER_BATCH transactions each), the
+service's resident memory after the replay, and the live state's footprint: its bulk load of a million
+synthetic transactions over 31 days in a process of its own, per transaction and projected to 1M a day
+(issue #32 item 5: <= 2 GiB, loaded in <= 60 s).
 Goals (issue #32, item 9): p99 <= 5 ms at 500 requests/s and <= 20 ms at 1,000/s, one transaction per
 request; >= 5,000 transactions/s batched; a request's server cost within 10x of the in-process floor; the
 scoring log costs <= 5 %. Printed beside the figures, never asserted.
@@ -36,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -300,6 +302,61 @@ def _batches(items: list[dict], size: int, token: str | None) -> list[bytes]:
     ]
 
 
+# The live state's footprint (issue #32, item 5): at 1M transactions a day the service holds 31 days.
+STATE_GOAL_GIB, STATE_LOAD_GOAL_S, STATE_GOAL_ROWS = 2.0, 60.0, 31_000_000
+FOOTPRINT_ROWS = 1_000_000
+
+
+def _synthetic_silver(rows: int, days: int, seed: int = 0):
+    """Silver's columns for `rows` transactions over `days` (about one a day per customer, a thousand per
+    merchant): what `LiveState.from_lake` reads from Parquet, made in memory."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    first = int(datetime(START.year, START.month, START.day, tzinfo=UTC).timestamp()) * 1_000_000
+    us = np.sort(rng.integers(first, first + days * 86_400_000_000, rows))
+    return pa.table(
+        {
+            "transaction_id": pa.array([f"tx{n:016x}" for n in range(rows)]),
+            "customer_id": pa.array([f"c{n:08d}" for n in rng.integers(0, max(1, rows // 30), rows)]),
+            "merchant_id": pa.array([f"m{n:06d}" for n in rng.integers(0, max(1, rows // 1000), rows)]),
+            "amount": pa.array(np.round(rng.uniform(1, 500, rows), 2)).cast(pa.decimal128(12, 2)),
+            "currency": pa.array(rng.choice(["USD", "EUR", "GBP"], rows)),
+            "country": pa.array(rng.choice(["US", "DE", "GB", "FR"], rows)),
+            "event_timestamp": pa.array(us, pa.timestamp("us", tz="UTC")),
+            "arrival_date": pa.array((us // 86_400_000_000).astype("int32"), pa.int32()).cast(pa.date32()),
+        }
+    )
+
+
+def state_footprint(rows: int) -> dict:
+    """The live state's bulk load (`LiveState._load_transactions`, what `from_lake` runs on the Parquet it
+    read) of `rows` synthetic transactions over 31 days in this process: its time and the resident memory
+    it adds, per transaction and projected to the goal's STATE_GOAL_ROWS."""
+    import gc
+
+    from features.live import LiveState
+
+    table = _synthetic_silver(rows, 31)
+    gc.collect()
+    before = _rss_mib(os.getpid())
+    state = LiveState()
+    state._now_ms = int(table["event_timestamp"].cast("int64").to_numpy()[-1]) // 1000
+    started = time.perf_counter()
+    state._load_transactions(table)
+    took = time.perf_counter() - started
+    del table
+    gc.collect()
+    per_row = (_rss_mib(os.getpid()) - before) * 2**20 / rows
+    return {
+        "rows": rows,
+        "load_s": took,
+        "bytes_per_transaction": per_row,
+        "projected_gib": per_row * STATE_GOAL_ROWS / 2**30,
+        "projected_load_s": took / rows * STATE_GOAL_ROWS,
+    }
+
+
 # Goals (issue #32, item 9): open loop, one transaction per request, latency from the scheduled send.
 LATENCY_GOALS_MS = {500.0: 5.0, 1000.0: 20.0}
 BATCHED_GOAL_TPS = 5000.0
@@ -411,6 +468,19 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
         f"server_cost<={SERVER_COST_GOAL_X:g}x_floor": results["server_cost_vs_floor"] <= SERVER_COST_GOAL_X,
         "scoring_log_cost<=5%": results["scoring_log_cost"] <= 0.05,
     }
+    # In a process of its own, so that its resident memory is the state's.
+    footprint = subprocess.run(
+        [sys.executable, "-m", "benchmarks.serving", "--state-footprint", str(FOOTPRINT_ROWS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    results["state_footprint"] = json.loads(footprint.stdout.strip().splitlines()[-1])
+    results["goals"]["state<=2GiB_at_31M"] = results["state_footprint"]["projected_gib"] <= STATE_GOAL_GIB
+    results["goals"]["state_load<=60s_at_31M"] = (
+        results["state_footprint"]["projected_load_s"] <= STATE_LOAD_GOAL_S
+    )
     results["load_average"] = os.getloadavg()[0]
     return results
 
@@ -454,6 +524,17 @@ def print_serving(console, results: dict) -> None:
     table.add_row("batching speed-up", f"{results['batching_speedup']:.2f}x", "")
     table.add_row("scoring log cost", f"{results['scoring_log_cost']:.1%}", "<= 5 %")
     table.add_row("service RSS after the replay", f"{results['service_rss_mib']:.0f} MiB", "")
+    state = results["state_footprint"]
+    table.add_row(
+        f"live state of {state['rows']:,} transactions (31 days, synthetic)",
+        f"{state['bytes_per_transaction']:.0f} B each, load {state['load_s']:.1f} s",
+        "",
+    )
+    table.add_row(
+        f"the same projected to {STATE_GOAL_ROWS:,} (1M a day)",
+        f"{state['projected_gib']:.1f} GiB, load {state['projected_load_s']:.0f} s",
+        f"<= {STATE_GOAL_GIB:g} GiB, <= {STATE_LOAD_GOAL_S:g} s",
+    )
     console.print(table)
 
 
@@ -466,9 +547,13 @@ def main() -> None:
     parser.add_argument(
         "--home", type=Path, default=None, help="an MLOPS_HOME this benchmark set up before: measure only"
     )
+    parser.add_argument("--state-footprint", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.register_champion:
         register_champion(args.register_champion)
+        return
+    if args.state_footprint:
+        print(json.dumps(state_footprint(args.state_footprint)))
         return
     from rich.console import Console
 
