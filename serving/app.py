@@ -166,6 +166,11 @@ class Service:
         """The entity state in use: the scorer's (a placeholder until it has loaded)."""
         return self.scorer.state
 
+    def without_champion(self, problem: str | None) -> str:
+        """Why nothing can be scored while no champion is loaded: that problem first (loading ends by
+        itself, this does not), then the state's loading if it is still going on."""
+        return "; ".join(reason for reason in (problem, self.loading) if reason)
+
     def start_loading(self) -> None:
         self._loader.start()
 
@@ -284,9 +289,10 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
 
     async def score_items(request: Request, items: list[dict[str, Any]], received: float, many: bool):
         service = service_of(request)
-        if service.models.current.champion is None:  # named first: loading ends by itself, this does not
-            reasons = [f"no model to score with: {service.models.problem}", service.loading]
-            return None, _error(503, "; ".join(r for r in reasons if r))
+        if service.models.current.champion is None:
+            return None, _error(
+                503, service.without_champion(f"no model to score with: {service.models.problem}")
+            )
         if service.loading:
             return None, ORJSONResponse({"detail": service.loading}, status_code=503, headers=RETRY_AFTER)
         try:
@@ -387,10 +393,9 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
     async def ready(request: Request):
         service = service_of(request)
         champion = service.models.current.champion
-        if champion is None:  # named first: loading ends by itself, this does not
-            reasons = [service.models.problem, service.loading]
+        if champion is None:
             return ORJSONResponse(
-                {"ready": False, "reason": "; ".join(r for r in reasons if r)}, status_code=503
+                {"ready": False, "reason": service.without_champion(service.models.problem)}, status_code=503
             )
         if service.loading:
             return ORJSONResponse({"ready": False, "reason": service.loading}, status_code=503)

@@ -34,15 +34,15 @@ def settings(tmp_path_factory) -> Settings:
 
 
 class CountedWrites(StoreWrites):
-    """StoreWrites that also records the size of each write it makes."""
+    """StoreWrites that also records each write it makes: its size and when it ended."""
 
     def __init__(self, *args, **kwargs) -> None:
-        self.writes: list[int] = []
+        self.writes: list[tuple[int, float]] = []
         super().__init__(*args, **kwargs)
 
     def _write(self, pairs) -> None:
         super()._write(pairs)
-        self.writes.append(len(pairs))  # once written: a test that sees it may read the store
+        self.writes.append((len(pairs), time.monotonic()))  # once written: a test may read the store
 
 
 def _pair(n: int) -> tuple[dict, dict]:
@@ -61,22 +61,24 @@ def test_the_writers_are_open_when_the_constructor_returns(settings):
 
 
 def test_what_is_put_within_a_flush_interval_is_one_write_and_reaches_the_store(settings):
-    """A scored batch every 10 ms for 0.3 s, as a service at a few hundred requests a second puts them:
-    one write per interval (two where the interval's end falls inside), not one per batch."""
-    writes = CountedWrites(settings, flush_interval_s=1.0)
+    """After a write the writer waits out its interval: the batches put meanwhile, as a busy service puts
+    one per request, go in the next interval's one write, not in a write each."""
+    writes = CountedWrites(settings, flush_interval_s=0.5)
     try:
-        for n in range(30):
+        writes.put([_pair(0)])
+        wait_for(lambda: writes.writes, 30, "the first write")
+        for n in range(1, 31):
             writes.put([_pair(n)])
-            time.sleep(0.01)  # the traffic's pace, not a wait for the writer
-        wait_for(lambda: sum(writes.writes) == 30, 30, "the flush")
-        assert len(writes.writes) <= 2, writes.writes
-        assert writes.written == 60 and writes.errors == 0
+        wait_for(lambda: len(writes.writes) == 2, 30, "the next interval's write")
+        assert [size for size, _ in writes.writes] == [1, 30]
+        assert writes.writes[1][1] - writes.writes[0][1] >= writes.flush_interval_s
+        assert writes.written == 62 and writes.errors == 0
     finally:
         writes.close()
-    entities = [{"customer_id": f"cwt{n:05d}", "merchant_id": f"mwt{n:05d}"} for n in range(30)]
+    entities = [{"customer_id": f"cwt{n:05d}", "merchant_id": f"mwt{n:05d}"} for n in range(31)]
     served = open_online(settings).get(entities)
-    assert served["customer_txn_count_1h"] == [n + 1 for n in range(30)]
-    assert served["merchant_txn_count_24h"] == [n + 2 for n in range(30)]
+    assert served["customer_txn_count_1h"] == [n + 1 for n in range(31)]
+    assert served["merchant_txn_count_24h"] == [n + 2 for n in range(31)]
 
 
 def test_the_writer_runs_at_a_lower_priority_than_the_request_path(settings):
