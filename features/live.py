@@ -154,120 +154,265 @@ def is_foreign(country: str | None, currency: str) -> int:
     return 0 if country is not None and f"{country}:{currency}" in _HOME else 1
 
 
-class _Timeline:
-    """One entity's transactions sorted by (event time, transaction_id)."""
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+_U64 = 2**64 - 1
 
-    __slots__ = ("ids", "key", "latest", "ms", "us")
 
-    def __init__(self, key: str) -> None:
+def id_hash(transaction_id: str) -> int:
+    """64-bit FNV-1a of the id's UTF-8 bytes: the key of the history's id index (`_id_hashes` computes the
+    same values for a whole column)."""
+    h = _FNV_OFFSET
+    for byte in transaction_id.encode():
+        h = ((h ^ byte) * _FNV_PRIME) & _U64
+    return h
+
+
+def _id_hashes(ids: pa.Array):
+    """`id_hash` of every string of `ids` (a large_string array without nulls), vectorised over the bytes."""
+    import numpy as np
+
+    n = len(ids)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset : ids.offset + n + 1]
+    data_buffer = ids.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    out = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+    prime = np.uint64(_FNV_PRIME)
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length)
+        starts = offsets[:-1][rows]
+        h = out[rows]
+        for k in range(length):
+            h ^= data[starts + k].astype(np.uint64)
+            h *= prime
+        out[rows] = h
+    return out
+
+
+class _Ids:
+    """Transaction ids in one Arrow buffer (UTF-8 bytes and 64-bit offsets): a few bytes each instead of a
+    Python string object."""
+
+    __slots__ = ("array", "data", "offsets")
+
+    def __init__(self, array: pa.Array) -> None:
+        import pyarrow as pa
+
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if array.type != pa.large_string():
+            array = array.cast(pa.large_string())
+        self.array = array
+        import numpy as np
+
+        self.offsets = memoryview(
+            np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+        )
+        data = array.buffers()[2]
+        self.data = memoryview(data if data is not None else b"")
+
+    def __getitem__(self, i: int) -> str:
+        offsets = self.offsets
+        return str(self.data[offsets[i] : offsets[i + 1]], "utf-8")
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+
+class _History:
+    """Customers' transactions in columns, one row per transaction, each customer's rows together and sorted
+    by (event time, transaction_id): what was bootstrapped from the lake, and after each day's compaction
+    what was observed since (`LiveState._compact`). Rows: time (us), USD amount, abroad flag, arrival date,
+    merchant (a code of `LiveState`'s merchant registry) and the id; an index of the ids' hashes finds a
+    transaction's copies. About 45 bytes a row and 12 for its index entry, against some 500 as objects."""
+
+    __slots__ = (
+        "_hashes_view",
+        "_starts_view",
+        "_us_view",
+        "arrival",
+        "code_of",
+        "foreign",
+        "hashes",
+        "ids",
+        "index_rows",
+        "keys",
+        "merchant",
+        "starts",
+        "us",
+        "usd",
+    )
+
+    def __init__(self, keys: list[str], lengths, us, usd, foreign, arrival, merchant, ids: pa.Array, hashes):
+        import numpy as np
+
+        self.keys = keys
+        self.code_of = {key: code for code, key in enumerate(keys)}
+        self.starts = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.starts[1:])
+        self.us = np.ascontiguousarray(us, dtype=np.int64)
+        self.usd = np.ascontiguousarray(usd, dtype=np.float64)
+        self.foreign = np.ascontiguousarray(foreign, dtype=np.int8)
+        self.arrival = np.ascontiguousarray(arrival, dtype=np.int32)
+        self.merchant = np.ascontiguousarray(merchant, dtype=np.int32)
+        self.ids = _Ids(ids)
+        order = np.argsort(hashes, kind="stable")
+        self.hashes = np.ascontiguousarray(hashes[order], dtype=np.uint64)
+        self.index_rows = order.astype(np.int32 if len(order) < 2**31 else np.int64)
+        self._hashes_view = memoryview(self.hashes)
+        self._starts_view = memoryview(self.starts)
+        self._us_view = memoryview(self.us)
+
+    def __len__(self) -> int:
+        return len(self.us)
+
+    def span(self, code: int) -> tuple[int, int]:
+        return self._starts_view[code], self._starts_view[code + 1]
+
+    def rows_of(self, transaction_id: str) -> list[int]:
+        """The rows holding `transaction_id` (its copies)."""
+        h = id_hash(transaction_id)
+        hashes = self._hashes_view
+        i = bisect_left(hashes, h)
+        found = []
+        while i < len(hashes) and hashes[i] == h:
+            row = int(self.index_rows[i])
+            if self.ids[row] == transaction_id:
+                found.append(row)
+            i += 1
+        return found
+
+    def customer_of(self, row: int) -> str:
+        return self.keys[bisect_right(self._starts_view, row) - 1]
+
+    def row_hashes(self):
+        """Each row's id hash (the index inverted)."""
+        import numpy as np
+
+        out = np.empty(len(self.hashes), dtype=np.uint64)
+        out[self.index_rows] = self.hashes
+        return out
+
+
+class _Customer:
+    """One customer's transactions sorted by (event time, transaction_id): rows [a, b) of the history first,
+    then its tail, what was observed since the last compaction (Python arrays). A transaction that sorts
+    inside the history's part moves that part into the tail first (`_spill`), so the tail always follows."""
+
+    __slots__ = ("a", "arrival", "b", "foreign", "history", "ids", "key", "latest", "merchant", "us", "usd")
+
+    def __init__(self, key: str, history: _History | None = None, a: int = 0, b: int = 0) -> None:
         self.key = key
+        self.history, self.a, self.b = history, a, b
         self.us = array("q")
-        self.ms = array("q")
+        self.usd = array("d")
+        self.foreign = array("b")
+        self.merchant = array("i")  # merchant codes (LiveState._merchant_keys)
+        self.arrival = array("i")  # arrival date, days since the epoch
         self.ids: list[str] = []
         # The row of the last transaction, while it holds: a service reads it (state_before) right after
-        # computing it (observe). Dropped by whatever changes it: an earlier transaction inserted (or a
-        # tie), for a merchant a chargeback reported by its time. New transactions replace it.
+        # computing it (observe). Dropped by whatever changes it.
         self.latest: Row | None = None
 
-    def row(self, i: int) -> Row:
-        raise NotImplementedError
+    def __len__(self) -> int:
+        return self.b - self.a + len(self.us)
 
-    def row_at(self, i: int) -> Row:
-        """Transaction i's row, a copy of the cached one where it is the last."""
-        if i != len(self.us) - 1:
-            return self.row(i)
-        if self.latest is None:
-            self.latest = self.row(i)
-        return dict(self.latest)
+    def last_us(self) -> int:
+        return self.us[-1] if self.us else int(self.history.us[self.b - 1])
 
-    def position(self, us: int, transaction_id: str) -> int:
-        """Where a transaction goes: after every earlier one, ties on time by transaction_id."""
-        i = bisect_right(self.us, us)
-        while i > 0 and self.us[i - 1] == us and self.ids[i - 1] > transaction_id:
+    def columns(self) -> tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[int], Sequence[int]]:
+        """(time us, USD amount, abroad, merchant code, arrival) of every transaction, history then tail."""
+        if self.a == self.b:
+            return self.us, self.usd, self.foreign, self.merchant, self.arrival
+        h, a, b = self.history, self.a, self.b
+        base = (
+            h.us[a:b].tolist(),
+            h.usd[a:b].tolist(),
+            h.foreign[a:b].tolist(),
+            h.merchant[a:b].tolist(),
+            h.arrival[a:b].tolist(),
+        )
+        if not self.us:
+            return base
+        return (
+            base[0] + self.us.tolist(),
+            base[1] + self.usd.tolist(),
+            base[2] + self.foreign.tolist(),
+            base[3] + self.merchant.tolist(),
+            base[4] + self.arrival.tolist(),
+        )
+
+    def id_at(self, i: int) -> str:
+        kept = self.b - self.a
+        return self.history.ids[self.a + i] if i < kept else self.ids[i - kept]
+
+    def insert(self, us: int, tid: str, amount: float, foreign: int, merchant: int, day: int) -> int:
+        """Insert a transaction in order; its index."""
+        times = self.columns()[0]
+        i = bisect_right(times, us)
+        while i > 0 and times[i - 1] == us and self.id_at(i - 1) > tid:
             i -= 1
+        if i < self.b - self.a:
+            self._spill()
+        k = i - (self.b - self.a)
+        self.latest = None
+        self.us.insert(k, us)
+        self.usd.insert(k, amount)
+        self.foreign.insert(k, foreign)
+        self.merchant.insert(k, merchant)
+        self.arrival.insert(k, day)
+        self.ids.insert(k, tid)
         return i
 
-    def latest_at_or_before(self, us: int) -> int:
-        """Index of the last transaction with event time <= us (of several at that time, the one with the
-        largest id), or -1."""
-        return bisect_right(self.us, us) - 1
+    def _spill(self) -> None:
+        """Move the history's part into the tail (a transaction sorts before its end)."""
+        h, a, b = self.history, self.a, self.b
+        self.us = array("q", h.us[a:b].tobytes()) + self.us
+        self.usd = array("d", h.usd[a:b].tobytes()) + self.usd
+        self.foreign = array("b", h.foreign[a:b].tobytes()) + self.foreign
+        self.merchant = array("i", h.merchant[a:b].tobytes()) + self.merchant
+        self.arrival = array("i", h.arrival[a:b].tobytes()) + self.arrival
+        self.ids = [h.ids[r] for r in range(a, b)] + self.ids
+        self.a = self.b
 
-    def index(self, us: int, transaction_id: str) -> int:
+    def position(self, us: int, transaction_id: str) -> int:
         """Index of a kept transaction, or -1."""
-        i = bisect_left(self.us, us)
-        while i < len(self.us) and self.us[i] == us:
-            if self.ids[i] == transaction_id:
+        times = self.columns()[0]
+        i = bisect_left(times, us)
+        while i < len(times) and times[i] == us:
+            if self.id_at(i) == transaction_id:
                 return i
             i += 1
         return -1
 
-    def expired(self, cutoff_ms: int) -> int:
-        """How many leading transactions lie at or before `cutoff_ms`, when enough to be worth a cut."""
-        drop = bisect_right(self.ms, cutoff_ms)
-        return drop if drop >= _TRIM_MIN and drop * _TRIM_SHARE >= len(self.ms) else 0
+    def row_at(self, i: int, columns=None) -> Row:
+        """Transaction i's row, a copy of the cached one where it is the last."""
+        if i != len(self) - 1:
+            return self.row(i, columns)
+        if self.latest is None:
+            self.latest = self.row(i, columns)
+        return dict(self.latest)
 
-
-class _Customer(_Timeline):
-    __slots__ = ("arrival", "foreign", "merchants", "sq", "usd")
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.usd = array("d")
-        self.sq = array("d")
-        self.foreign = array("b")
-        self.merchants: list[str] = []
-        self.arrival = array("q")  # arrival date, days since the epoch
-
-    def insert(self, i: int, us: int, tid: str, amount: float, foreign: int, merchant: str, day: int) -> None:
-        self.latest = None
-        if i == len(self.us):
-            self.us.append(us)
-            self.ms.append(us // US_PER_MS)
-            self.ids.append(tid)
-            self.usd.append(amount)
-            self.sq.append(amount * amount)
-            self.foreign.append(foreign)
-            self.merchants.append(merchant)
-            self.arrival.append(day)
-        else:
-            self.us.insert(i, us)
-            self.ms.insert(i, us // US_PER_MS)
-            self.ids.insert(i, tid)
-            self.usd.insert(i, amount)
-            self.sq.insert(i, amount * amount)
-            self.foreign.insert(i, foreign)
-            self.merchants.insert(i, merchant)
-            self.arrival.insert(i, day)
-
-    def cut(self, drop: int) -> None:
-        for column in (
-            self.us,
-            self.ms,
-            self.ids,
-            self.usd,
-            self.sq,
-            self.foreign,
-            self.merchants,
-            self.arrival,
-        ):
-            del column[:drop]
-
-    def row(self, i: int) -> Row:
-        """Gold's customer row of transaction i (transforms.customer_features)."""
-        ms, t = self.ms, self.ms[i]
-        hi = bisect_right(ms, t)  # every transaction of the same millisecond is inside
-        hour = bisect_right(ms, t - _HOUR_MS, 0, hi)
-        day = bisect_right(ms, t - _DAY_MS, 0, hour)
-        week = bisect_right(ms, t - _WEEK_MS, 0, day)
-        month = bisect_right(ms, t - _MONTH_MS, 0, week)
-        usd_, sq = self.usd, self.sq
+    def row(self, i: int, columns=None) -> Row:
+        """Gold's customer row of transaction i (transforms.customer_features): windows over whole
+        milliseconds, (t - w, t], found by binary search on the microsecond times."""
+        times, usd_, foreign, merchants, arrival = columns or self.columns()
+        t = times[i] // US_PER_MS
+        hi = bisect_left(times, (t + 1) * US_PER_MS)  # every transaction of the same millisecond is inside
+        hour = bisect_left(times, (t - _HOUR_MS + 1) * US_PER_MS, 0, hi)
+        day = bisect_left(times, (t - _DAY_MS + 1) * US_PER_MS, 0, hour)
+        week = bisect_left(times, (t - _WEEK_MS + 1) * US_PER_MS, 0, day)
+        month = bisect_left(times, (t - _MONTH_MS + 1) * US_PER_MS, 0, week)
         windows = (
             _stddev_samp(usd_[hour:hi]),
             _stddev_samp(usd_[day:hi]),
-            _stddev_from_sums(usd_[week:hi], sq[week:hi]),
-            _stddev_from_sums(usd_[month:hi], sq[month:hi]),
+            _stddev_from_sums(usd_[week:hi]),
+            _stddev_from_sums(usd_[month:hi]),
         )
-        row: Row = {CUSTOMER_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(self.us[i])}
+        row: Row = {CUSTOMER_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(times[i])}
         row.update(
             zip(
                 CUSTOMER_FEATURES,
@@ -276,80 +421,110 @@ class _Customer(_Timeline):
                     *(total for _, total, _, _ in windows),
                     *(mean for _, _, mean, _ in windows),
                     *(std for _, _, _, std in windows),
-                    len(set(self.merchants[day:hi])),
-                    self._seconds_since_previous(i),
-                    sum(self.foreign[month:hi]) / (hi - month),
+                    len(set(merchants[day:hi])),
+                    self._seconds_since_previous(i, times, arrival),
+                    sum(foreign[month:hi]) / (hi - month),
                 ),
                 strict=True,
             )
         )
         return row
 
-    def _seconds_since_previous(self, i: int) -> float | None:
-        ms, t, tid = self.ms, self.ms[i], self.ids[i]
-        first = bisect_left(ms, t)
-        for j in range(first, bisect_right(ms, t)):
-            if self.ids[j] < tid:  # earlier in gold's (time, transaction_id) order, same millisecond
+    def _seconds_since_previous(self, i: int, times: Sequence[int], arrival: Sequence[int]) -> float | None:
+        t, tid = times[i] // US_PER_MS, self.id_at(i)
+        first = bisect_left(times, t * US_PER_MS)
+        for j in range(first, bisect_left(times, (t + 1) * US_PER_MS)):
+            if j != i and self.id_at(j) < tid:  # earlier in gold's (time, transaction_id) order, same ms
                 return 0.0
         # Gold reads older dates from the daily totals of arrivals D-30 .. D+late only.
         reach = t // DAY_MS - LOOKBACK_DAYS
         j = first - 1
-        while j >= 0 and self.arrival[j] < reach:
+        while j >= 0 and arrival[j] < reach:
             j -= 1
-        return (t - ms[j]) / 1000.0 if j >= 0 else None
+        return (t - times[j] // US_PER_MS) / 1000.0 if j >= 0 else None
 
 
-class _Merchant(_Timeline):
-    __slots__ = ("chargebacks", "cum", "usd")
+class _Merchant:
+    """One merchant's transactions sorted by event time: time (us), USD amount and its running total, and
+    the report times of its chargebacks. A merchant's row depends only on its transaction's time (every
+    window takes whole milliseconds), so its transactions need no ids: ties keep their order of arrival."""
+
+    __slots__ = ("chargebacks", "cum", "key", "latest", "us", "usd")
 
     def __init__(self, key: str) -> None:
-        super().__init__(key)
+        self.key = key
+        self.us = array("q")
         self.usd = array("d")
         self.cum = array("d", [0.0])  # cum[i]: USD sum of the first i transactions
         self.chargebacks = array("q")  # report times (ms) of attributed fraud chargebacks, sorted
+        self.latest: Row | None = None
 
-    def insert(self, i: int, us: int, tid: str, amount: float) -> None:
+    def __len__(self) -> int:
+        return len(self.us)
+
+    def last_us(self) -> int:
+        return self.us[-1]
+
+    def insert(self, us: int, amount: float) -> int:
         self.latest = None
+        i = bisect_right(self.us, us)
         if i == len(self.us):
             self.us.append(us)
-            self.ms.append(us // US_PER_MS)
-            self.ids.append(tid)
             self.usd.append(amount)
             self.cum.append(self.cum[-1] + amount)
-        else:  # a late transaction: the running totals from it on, summed again in C (no Python loop)
-            import numpy as np
+            return i
+        # A late transaction: the running totals from it on, summed again in C (no Python loop).
+        import numpy as np
 
-            self.us.insert(i, us)
-            self.ms.insert(i, us // US_PER_MS)
-            self.ids.insert(i, tid)
-            self.usd.insert(i, amount)
-            # cum[i] + usd[i] + usd[i+1] + ... left to right (cumsum is sequential): the same bits as the
-            # totals of a history observed in order.
-            tail = np.empty(len(self.usd) - i + 1)
-            tail[0] = self.cum[i]
-            tail[1:] = np.frombuffer(self.usd, dtype=np.float64, offset=i * self.usd.itemsize)
-            np.cumsum(tail, out=tail)
-            self.cum.append(0.0)
-            view = np.frombuffer(self.cum, dtype=np.float64)
-            view[i:] = tail
-            del view  # an array may grow again only once no view of it is left
+        self.us.insert(i, us)
+        self.usd.insert(i, amount)
+        # cum[i] + usd[i] + usd[i+1] + ... left to right (cumsum is sequential): the same bits as the totals
+        # of a history observed in order.
+        tail = np.empty(len(self.usd) - i + 1)
+        tail[0] = self.cum[i]
+        tail[1:] = np.frombuffer(self.usd, dtype=np.float64, offset=i * self.usd.itemsize)
+        np.cumsum(tail, out=tail)
+        self.cum.append(0.0)
+        view = np.frombuffer(self.cum, dtype=np.float64)
+        view[i:] = tail
+        del view  # an array may grow again only once no view of it is left
+        return i
 
-    def cut(self, drop: int) -> None:
-        for column in (self.us, self.ms, self.ids, self.usd):
-            del column[:drop]
+    def position(self, us: int) -> int:
+        """Index of a kept transaction at `us` (any of several at that time: their rows are the same), or
+        -1."""
+        i = bisect_left(self.us, us)
+        return i if i < len(self.us) and self.us[i] == us else -1
+
+    def trim(self, cutoff_ms: int) -> None:
+        """Cut the transactions at or before `cutoff_ms` when they are enough to be worth it (each cut is
+        O(n): amortised O(1) per transaction, at most a third more memory than the retained part)."""
+        drop = bisect_left(self.us, (cutoff_ms + 1) * US_PER_MS)
+        if drop < _TRIM_MIN or drop * _TRIM_SHARE < len(self.us):
+            return
+        del self.us[:drop]
+        del self.usd[:drop]
         self.cum = array("d", accumulate(self.usd, initial=0.0))
-        if self.ms:
-            del self.chargebacks[: bisect_right(self.chargebacks, self.ms[0] - _MONTH_MS)]
+        if self.us:
+            del self.chargebacks[: bisect_right(self.chargebacks, self.us[0] // US_PER_MS - _MONTH_MS)]
+
+    def row_at(self, i: int) -> Row:
+        if i != len(self.us) - 1:
+            return self.row(i)
+        if self.latest is None:
+            self.latest = self.row(i)
+        return dict(self.latest)
 
     def row(self, i: int) -> Row:
         """Gold's merchant row of transaction i (transforms.merchant_features)."""
-        ms, cum, chargebacks, t = self.ms, self.cum, self.chargebacks, self.ms[i]
-        hi = bisect_right(ms, t)
-        day = bisect_right(ms, t - _DAY_MS, 0, hi)
-        week = bisect_right(ms, t - _WEEK_MS, 0, day)
-        month = bisect_right(ms, t - _MONTH_MS, 0, week)
+        times, cum, chargebacks = self.us, self.cum, self.chargebacks
+        t = times[i] // US_PER_MS
+        hi = bisect_left(times, (t + 1) * US_PER_MS)
+        day = bisect_left(times, (t - _DAY_MS + 1) * US_PER_MS, 0, hi)
+        week = bisect_left(times, (t - _WEEK_MS + 1) * US_PER_MS, 0, day)
+        month = bisect_left(times, (t - _MONTH_MS + 1) * US_PER_MS, 0, week)
         reported = bisect_right(chargebacks, t) - bisect_right(chargebacks, t - _MONTH_MS)
-        row: Row = {MERCHANT_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(self.us[i])}
+        row: Row = {MERCHANT_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(times[i])}
         row.update(
             zip(
                 MERCHANT_FEATURES,
@@ -367,7 +542,7 @@ class _Merchant(_Timeline):
         return row
 
 
-def _stddev_samp(values: array) -> tuple[int, float, float, float | None]:
+def _stddev_samp(values: Sequence[float]) -> tuple[int, float, float, float | None]:
     """(count, sum, mean, Spark's stddev_samp) of a small window: exact per frame (two passes here), as
     gold's sliding frames compute it; null below two values."""
     n = len(values)
@@ -378,7 +553,7 @@ def _stddev_samp(values: array) -> tuple[int, float, float, float | None]:
     return n, total, mean, math.sqrt(sum([(x - mean) ** 2 for x in values]) / (n - 1))
 
 
-def _stddev_from_sums(values: array, squares: array) -> tuple[int, float, float, float | None]:
+def _stddev_from_sums(values: Sequence[float]) -> tuple[int, float, float, float | None]:
     """(count, sum, mean, std) with gold's formula from sums, negative rounding clamped
     (transforms.customer_features): summed here over the window itself, not as a difference of running
     totals, so that a zero variance stays zero as in gold instead of becoming rounding noise."""
@@ -386,7 +561,7 @@ def _stddev_from_sums(values: array, squares: array) -> tuple[int, float, float,
     total = sum(values)
     if n < 2:
         return n, total, total / n, None
-    variance = (sum(squares) - total * total / n) / (n - 1)
+    variance = (sum([x * x for x in values]) - total * total / n) / (n - 1)
     return n, total, total / n, math.sqrt(max(variance, 0.0))
 
 
@@ -410,10 +585,12 @@ class LiveState:
         self._retain_ms = self.retain_days * DAY_MS
         self._lateness_us = late_event_days * DAY_MS * US_PER_MS
         self._id_reach_days = max(CHARGEBACK_REACH_DAYS, dedup_lookback_days)
-        self.customers: dict[str, _Customer] = {}
+        self._history: _History | None = None
+        self._customers: dict[str, _Customer] = {}  # customers observed since the last compaction
         self.merchants: dict[str, _Merchant] = {}
-        self._copies: dict[str, _Copy | list[_Copy]] = {}
-        self._ids_by_arrival: dict[int, list[str]] = {}
+        self._merchant_keys: list[str] = []
+        self._merchant_codes: dict[str, int] = {}
+        self._copies: dict[str, _Copy | list[_Copy]] = {}  # ids observed since the last compaction
         self._reported: dict[str, int] = {}  # transaction id of a chargeback -> its report day
         self._reported_by_day: dict[int, list[str]] = {}
         self._now_ms = -(2**62)
@@ -461,20 +638,22 @@ class LiveState:
                 )
         transactions = _read(tables.silver, columns, first, before=("event_timestamp", start))
         state._load_transactions(transactions)
+        del transactions
         state._load_chargebacks(tables, set(arrivals), start_day, start)
         log.info(
             "live state from %s: %d transactions before %s, %d customers, %d merchants, %d chargebacks",
             tables.silver,
-            transactions.num_rows,
+            state.kept_transactions(),
             start.isoformat(),
-            len(state.customers),
+            len(state._history.keys) if state._history is not None else 0,
             len(state.merchants),
             sum(len(m.chargebacks) for m in state.merchants.values()),
         )
         return state
 
     def _load_transactions(self, table: pa.Table) -> None:
-        """Bulk insert: one sort per entity kind, then each entity's columns from numpy slices."""
+        """Bulk load: one sort per entity kind; the customers' columns as the history, each merchant's from
+        numpy slices."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -485,20 +664,23 @@ class LiveState:
         ms = np.floor_divide(us, US_PER_MS)
         # Through the decimal text: Arrow's decimal-to-double cast is not correctly rounded; Spark's is.
         amounts = pc.cast(pc.cast(table["amount"], pa.string()), pa.float64()).to_numpy()
-        rate_of = {c: _rate(c) for c in pc.unique(table["currency"]).to_pylist()}
-        rates = np.array([rate_of[c] for c in table["currency"].to_pylist()])
-        amount_usd = amounts / rates
+        currencies = table["currency"].combine_chunks().dictionary_encode()
+        rates = np.array([_rate(c) for c in currencies.dictionary.to_pylist()])
+        amount_usd = amounts / rates[currencies.indices.to_numpy(zero_copy_only=False)]
         pairs = pc.binary_join_element_wise(table["country"], table["currency"], ":")
         foreign = (
             ~pc.fill_null(pc.is_in(pairs, value_set=pa.array(sorted(_HOME))), False).to_numpy(
                 zero_copy_only=False
             )
         ).astype(np.int8)
-        arrival = table["arrival_date"].cast(pa.int32()).to_numpy().astype(np.int64)
-        ids = table["transaction_id"].to_pylist()
+        arrival = table["arrival_date"].cast(pa.int32()).to_numpy().astype(np.int32)
+        ids = table["transaction_id"].combine_chunks().cast(pa.large_string())
         customers, customer_codes = _shared_strings(table["customer_id"])
         merchants, merchant_codes = _shared_strings(table["merchant_id"])
-        keys = pa.table({"c": customer_codes, "m": merchant_codes, "us": us, "id": table["transaction_id"]})
+        self._merchant_keys = list(merchants)
+        self._merchant_codes = {key: code for code, key in enumerate(merchants)}
+        keys = pa.table({"c": customer_codes, "m": merchant_codes, "us": us, "id": ids})
+        id_from = self._now_ms // DAY_MS - self._id_reach_days
 
         def grouped(code: str):
             order = pc.sort_indices(
@@ -506,47 +688,40 @@ class LiveState:
             ).to_numpy()
             group = keys[code].to_numpy()[order]
             bounds = np.flatnonzero(np.diff(group)) + 1
-            starts = np.concatenate([[0], bounds]).tolist()
-            ends = np.concatenate([bounds, [len(order)]]).tolist()
+            starts = np.concatenate([[0], bounds])
+            ends = np.concatenate([bounds, [len(order)]])
             return order, group, starts, ends
 
+        # Customers: the history's columns. Kept: what the retained span reaches (after each customer's
+        # latest), and what a resend or a chargeback may still name (arrived within the ids' reach).
         order, group, starts, ends = grouped("c")
-        s_us, s_ms, s_usd = us[order], ms[order], amount_usd[order]
-        s_foreign, s_arrival = foreign[order], arrival[order]
-        s_ids = [ids[k] for k in order.tolist()]
-        s_merchants = [merchants[k] for k in merchant_codes.to_numpy()[order].tolist()]
-        for a, b in zip(starts, ends, strict=True):
-            a += int(np.searchsorted(s_ms[a:b], s_ms[b - 1] - self._retain_ms, side="right"))
-            customer = self.customers[customers[group[a]]] = _Customer(customers[group[a]])
-            customer.us.frombytes(s_us[a:b].tobytes())
-            customer.ms.frombytes(s_ms[a:b].tobytes())
-            customer.ids = s_ids[a:b]
-            customer.usd.frombytes(s_usd[a:b].tobytes())
-            customer.sq.frombytes((s_usd[a:b] * s_usd[a:b]).tobytes())
-            customer.foreign.frombytes(s_foreign[a:b].tobytes())
-            customer.merchants = s_merchants[a:b]
-            customer.arrival.frombytes(s_arrival[a:b].tobytes())
+        last_ms = np.repeat(ms[order][ends - 1], ends - starts)
+        keep = (ms[order] > last_ms - self._retain_ms) | (arrival[order] >= id_from)
+        order, group = order[keep], group[keep]
+        lengths = np.bincount(group, minlength=len(customers))
+        present = np.flatnonzero(lengths)
+        kept_ids = ids.take(pa.array(order))
+        self._history = _History(
+            [customers[c] for c in present.tolist()],
+            lengths[present],
+            us[order],
+            amount_usd[order],
+            foreign[order],
+            arrival[order],
+            merchant_codes.to_numpy()[order],
+            kept_ids,
+            _id_hashes(kept_ids),
+        )
+        del kept_ids
 
         order, group, starts, ends = grouped("m")
         s_us, s_ms, s_usd = us[order], ms[order], amount_usd[order]
-        s_ids = [ids[k] for k in order.tolist()]
-        for a, b in zip(starts, ends, strict=True):
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             a += int(np.searchsorted(s_ms[a:b], s_ms[b - 1] - self._retain_ms, side="right"))
             merchant = self.merchants[merchants[group[a]]] = _Merchant(merchants[group[a]])
             merchant.us.frombytes(s_us[a:b].tobytes())
-            merchant.ms.frombytes(s_ms[a:b].tobytes())
-            merchant.ids = s_ids[a:b]
             merchant.usd.frombytes(s_usd[a:b].tobytes())
             merchant.cum = array("d", accumulate(merchant.usd, initial=0.0))
-
-        id_cutoff = self._now_ms // DAY_MS - self._id_reach_days
-        recent = np.flatnonzero(arrival >= id_cutoff).tolist()
-        c_codes, m_codes = customer_codes.to_numpy(), merchant_codes.to_numpy()
-        us_list, arrival_list = us.tolist(), arrival.tolist()
-        for k in recent:
-            self._remember(
-                ids[k], (customers[c_codes[k]], merchants[m_codes[k]], us_list[k], arrival_list[k])
-            )
 
     def _load_chargebacks(
         self, tables: Tables, with_silver: set[date], start_day: date, start: datetime
@@ -633,28 +808,24 @@ class LiveState:
             return rows
         amount = usd(txn["amount"], txn["currency"])
         foreign = is_foreign(txn.get("country"), txn["currency"])
-        customer = self.customers.get(txn["customer_id"])
+        customer = self._customer(txn["customer_id"], create=False)
         merchant = self.merchants.get(txn["merchant_id"])
         for entity in (customer, merchant):
-            if entity is not None and entity.us and us < entity.us[-1] - self._lateness_us:
+            if entity is not None and len(entity) and us < entity.last_us() - self._lateness_us:
                 raise LateTransactionError(
                     f"transaction {tid} at {_datetime(us).isoformat()} is more than {self.late_event_days} "
                     f"day(s) older than the latest transaction of {entity.key} "
-                    f"({_datetime(entity.us[-1]).isoformat()}); the live state keeps too little history "
+                    f"({_datetime(entity.last_us()).isoformat()}); the live state keeps too little history "
                     "to compute its rows. Gold will take it when it arrives; restart the service "
                     "(LiveState.from_lake) to serve rows that include it."
                 )
-        if customer is None:
-            customer = self.customers[txn["customer_id"]] = _Customer(txn["customer_id"])
+        customer = self._customer(txn["customer_id"], create=True)
         merchant = self._merchant(txn["merchant_id"])
-        ci = customer.position(us, tid)
-        customer.insert(ci, us, tid, amount, foreign, merchant.key, day)
-        mi = merchant.position(us, tid)
-        merchant.insert(mi, us, tid, amount)
+        ci = customer.insert(us, tid, amount, foreign, self._merchant_code(merchant.key), day)
+        mi = merchant.insert(us, amount)
         self._remember(tid, (customer.key, merchant.key, us, day))
         new_rows = customer.row_at(ci), merchant.row_at(mi)
-        self._trim(customer)
-        self._trim(merchant)
+        merchant.trim(merchant.last_us() // US_PER_MS - self._retain_ms)
         return new_rows
 
     def refusal(self, txns: Sequence[Mapping[str, Any]]) -> tuple[int, str] | None:
@@ -668,12 +839,9 @@ class LiveState:
             known = self._resent(tid, us // US_PER_MS // DAY_MS)
             if known is not None and self._rows_of_copy(tid, known) is not None:
                 continue  # a resend: its first copy's rows come back
-            for kind, entities, key in (
-                (0, self.customers, txn["customer_id"]),
-                (1, self.merchants, txn["merchant_id"]),
-            ):
-                entity = entities.get(key)
-                kept = entity.us[-1] if entity is not None and entity.us else us
+            for kind, key in ((0, txn["customer_id"]), (1, txn["merchant_id"])):
+                entity = self._customer(key, create=False) if kind == 0 else self.merchants.get(key)
+                kept = entity.last_us() if entity is not None and len(entity) else us
                 last = max(kept, latest.get((kind, key), us))
                 if us < last - self._lateness_us:
                     return index, (
@@ -698,11 +866,8 @@ class LiveState:
         if reported is not None and day - self.dedup_lookback_days <= reported:
             return False
         self._mark_reported(transaction_id, day)
-        known = self._copies.get(transaction_id)
-        if known is None:
-            return False
         attributed = False
-        for _, merchant_key, _, arrival in [known] if isinstance(known, tuple) else known:
+        for _, merchant_key, _, arrival in self._known(transaction_id):
             if day - CHARGEBACK_REACH_DAYS <= arrival <= day:
                 merchant = self._merchant(merchant_key)
                 insort(merchant.chargebacks, label_ms)
@@ -719,44 +884,85 @@ class LiveState:
         latest microsecond the one with the largest id is taken (gold's rows of such ties differ only in
         seconds since previous, and the training join keeps whichever its scan meets last)."""
         query = _micros(t, "t") - FEATURE_LAG_US
-        return (
-            self._row_before(self.customers.get(customer_id), query, _CUSTOMER_TTL_US),
-            self._row_before(self.merchants.get(merchant_id), query, _MERCHANT_TTL_US),
-        )
+        customer_row = merchant_row = None
+        customer = self._customer(customer_id, create=False)
+        if customer is not None:
+            columns = customer.columns()
+            i = bisect_right(columns[0], query) - 1
+            if i >= 0 and columns[0][i] >= query - _CUSTOMER_TTL_US:
+                customer_row = customer.row_at(i, columns)
+        merchant = self.merchants.get(merchant_id)
+        if merchant is not None:
+            i = bisect_right(merchant.us, query) - 1
+            if i >= 0 and merchant.us[i] >= query - _MERCHANT_TTL_US:
+                merchant_row = merchant.row_at(i)
+        return customer_row, merchant_row
 
     def rows_of(self, transaction_id: str) -> tuple[Row, Row] | None:
         """The current gold rows of an observed or bootstrapped transaction (its first copy), None when it
         is not remembered: complete for same-millisecond ties and late arrivals observed since."""
-        known = self._copies.get(transaction_id)
-        return None if known is None else self._rows_of_copy(transaction_id, known)
+        known = self._known(transaction_id)
+        return self._rows_of_copy(transaction_id, known) if known else None
 
-    @staticmethod
-    def _row_before(entity: _Customer | _Merchant | None, query_us: int, ttl_us: int) -> Row | None:
-        if entity is None:
-            return None
-        i = entity.latest_at_or_before(query_us)
-        if i < 0 or entity.us[i] < query_us - ttl_us:
-            return None
-        return entity.row_at(i)
+    def kept(self, customer_id: str) -> int:
+        """How many transactions of a customer the state keeps (0 for one it does not know)."""
+        customer = self._customer(customer_id, create=False)
+        return 0 if customer is None else len(customer)
 
-    def _rows_of_copy(self, tid: str, known: _Copy | list[_Copy]) -> tuple[Row, Row] | None:
+    def kept_transactions(self) -> int:
+        """How many transactions the customers' state keeps in all."""
+        history = self._history
+        total = 0 if history is None else len(history)
+        for key, customer in self._customers.items():
+            total += len(customer.us)
+            if history is not None and key in history.code_of:
+                a, b = history.span(history.code_of[key])
+                total -= (b - a) - (customer.b - customer.a)  # a part moved into the tail is counted there
+        return total
+
+    def _rows_of_copy(self, tid: str, known: list[_Copy]) -> tuple[Row, Row] | None:
         """The rows of a remembered transaction's first copy, None when its history is no longer kept."""
-        customer_key, merchant_key, us, _ = known if isinstance(known, tuple) else known[0]
-        customer, merchant = self.customers.get(customer_key), self.merchants.get(merchant_key)
+        customer_key, merchant_key, us, _ = known[0]
+        customer, merchant = self._customer(customer_key, create=False), self.merchants.get(merchant_key)
         if customer is None or merchant is None:
             return None
-        ci, mi = customer.index(us, tid), merchant.index(us, tid)
+        ci, mi = customer.position(us, tid), merchant.position(us)
         if ci < 0 or mi < 0:
             return None
         return customer.row_at(ci), merchant.row_at(mi)
 
     # --- housekeeping -------------------------------------------------------------------------------------
 
+    def _customer(self, key: str, create: bool) -> _Customer | None:
+        """A customer's state: its history's rows and what was observed since. Without `create`, one only
+        in the history gets a view that is not kept, and an unknown one None."""
+        customer = self._customers.get(key)
+        if customer is not None:
+            return customer
+        history = self._history
+        code = history.code_of.get(key) if history is not None else None
+        if code is not None:
+            customer = _Customer(key, history, *history.span(code))
+        elif create:
+            customer = _Customer(key)
+        else:
+            return None
+        if create:
+            self._customers[key] = customer
+        return customer
+
     def _merchant(self, key: str) -> _Merchant:
         merchant = self.merchants.get(key)
         if merchant is None:
             merchant = self.merchants[key] = _Merchant(key)
         return merchant
+
+    def _merchant_code(self, key: str) -> int:
+        code = self._merchant_codes.get(key)
+        if code is None:
+            code = self._merchant_codes[key] = len(self._merchant_keys)
+            self._merchant_keys.append(key)
+        return code
 
     def _remember(self, tid: str, copy: _Copy) -> None:
         known = self._copies.get(tid)
@@ -766,26 +972,37 @@ class LiveState:
             self._copies[tid] = [known, copy]
         else:
             known.append(copy)
-        self._ids_by_arrival.setdefault(copy[3], []).append(tid)
+
+    def _known(self, tid: str) -> list[_Copy]:
+        """The remembered copies of `tid`, earliest arrival first: the history's (those that arrived within
+        the ids' reach of the clock's day), then those observed since the last compaction."""
+        copies: list[_Copy] = []
+        history = self._history
+        if history is not None:
+            rows = history.rows_of(tid)
+            if rows:
+                since = self._now_ms // DAY_MS - self._id_reach_days
+                found = sorted((int(history.arrival[r]), int(history.us[r]), r) for r in rows)
+                copies.extend(
+                    (history.customer_of(r), self._merchant_keys[history.merchant[r]], us, arrival)
+                    for arrival, us, r in found
+                    if arrival >= since
+                )
+        live = self._copies.get(tid)
+        if live is not None:
+            copies.extend([live] if isinstance(live, tuple) else live)
+        return copies
 
     def _mark_reported(self, tid: str, day: int) -> None:
         self._reported[tid] = day
         self._reported_by_day.setdefault(day, []).append(tid)
 
-    def _trim(self, entity: _Customer | _Merchant) -> None:
-        drop = entity.expired(entity.ms[-1] - self._retain_ms)
-        if drop:
-            entity.cut(drop)
-
-    def _resent(self, tid: str, day: int) -> _Copy | list[_Copy] | None:
+    def _resent(self, tid: str, day: int) -> list[_Copy] | None:
         """The remembered copies of `tid` when a transaction of it arriving on `day` is a resend: one copy
         arrived within `dedup_lookback_days` before (silver drops the resend), whether or not the clock
         has moved far enough to forget the older ones."""
-        known = self._copies.get(tid)
-        if known is None:
-            return None
-        copies = [known] if isinstance(known, tuple) else known
-        return known if any(day - self.dedup_lookback_days <= c[3] for c in copies) else None
+        copies = self._known(tid)
+        return copies if any(day - self.dedup_lookback_days <= c[3] for c in copies) else None
 
     def advance(self, now: datetime) -> None:
         """Move the state's clock to `now`, the service's own time (never a request's): on a new day,
@@ -803,26 +1020,113 @@ class LiveState:
 
     def _forget(self, today: int) -> None:
         cutoff = self._now_ms - self._retain_ms
-        for key in [k for k, c in self.customers.items() if c.ms[-1] <= cutoff]:
-            del self.customers[key]
         for key in [
             k
             for k, m in self.merchants.items()
-            if (not m.ms or m.ms[-1] <= cutoff) and (not m.chargebacks or m.chargebacks[-1] <= cutoff)
+            if (not m.us or m.us[-1] // US_PER_MS <= cutoff)
+            and (not m.chargebacks or m.chargebacks[-1] <= cutoff)
         ]:
             del self.merchants[key]
-        for day in [d for d in self._ids_by_arrival if d < today - self._id_reach_days]:
-            for tid in self._ids_by_arrival.pop(day):
-                known = self._copies.get(tid)
-                kept = [c for c in ([known] if isinstance(known, tuple) else known or []) if c[3] != day]
-                if not kept:
-                    self._copies.pop(tid, None)
-                else:
-                    self._copies[tid] = kept[0] if len(kept) == 1 else kept
+        self._compact()
         for day in [d for d in self._reported_by_day if d < today - self.dedup_lookback_days]:
             for tid in self._reported_by_day.pop(day):
                 if self._reported.get(tid) == day:
                     del self._reported[tid]
+
+    def _compact(self) -> None:
+        """Fold what was observed since the last compaction into the history, in columns again, and drop
+        what no later row can read: customers silent for the retained span, rows older than it before
+        their customer's latest (unless they arrived within the ids' reach). O(rows) in numpy, once a day."""
+        import numpy as np
+        import pyarrow as pa
+
+        history, touched = self._history, self._customers
+        if history is None and not touched:
+            return
+        n_old = len(history.keys) if history is not None else 0
+        if history is not None:
+            a, b = history.starts[:-1].copy(), history.starts[1:].copy()
+        else:
+            a = b = np.zeros(0, dtype=np.int64)
+        extra = [c for key, c in touched.items() if history is None or key not in history.code_of]
+        keys = (history.keys if history is not None else []) + [c.key for c in extra]
+        tails: list[tuple[int, _Customer]] = [(n_old + k, c) for k, c in enumerate(extra)]
+        for key, c in touched.items():
+            code = history.code_of.get(key) if history is not None else None
+            if code is not None:
+                a[code], b[code] = c.a, c.b
+                tails.append((code, c))
+        tails.sort(key=lambda item: item[0])
+        n = len(keys)
+        base_len = np.zeros(n, dtype=np.int64)
+        base_len[:n_old] = b - a
+        tail_codes = np.array([code for code, _ in tails], dtype=np.int64)
+        tail_len = np.zeros(n, dtype=np.int64)
+        tail_len[tail_codes] = [len(c.us) for _, c in tails]
+        total_len = base_len + tail_len
+        new_start = np.cumsum(total_len) - total_len
+        rows = int(total_len.sum())
+
+        def spread(starts, lengths):
+            """Per row: its group's start, and its position within the group."""
+            offsets = np.cumsum(lengths) - lengths
+            within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
+            return np.repeat(starts, lengths) + within
+
+        old_len = base_len[:n_old]
+        source = spread(a, old_len) if n_old else np.zeros(0, np.int64)
+        where_old = spread(new_start[:n_old], old_len) if n_old else np.zeros(0, np.int64)
+        t_len = tail_len[tail_codes]
+        where_new = spread(new_start[tail_codes] + base_len[tail_codes], t_len)
+
+        def column(old, tail_arrays, dtype):
+            out = np.empty(rows, dtype=dtype)
+            if n_old:
+                out[where_old] = old[source]
+            if len(where_new):
+                out[where_new] = np.concatenate([np.frombuffer(t, dtype=dtype) for t in tail_arrays])
+            return out
+
+        us = column(history.us if n_old else None, [c.us for _, c in tails], np.int64)
+        usd_ = column(history.usd if n_old else None, [c.usd for _, c in tails], np.float64)
+        foreign = column(history.foreign if n_old else None, [c.foreign for _, c in tails], np.int8)
+        merchant = column(history.merchant if n_old else None, [c.merchant for _, c in tails], np.int32)
+        arrival = column(history.arrival if n_old else None, [c.arrival for _, c in tails], np.int32)
+        tail_ids = pa.array([tid for _, c in tails for tid in c.ids], pa.large_string())
+        hashes = np.empty(rows, dtype=np.uint64)
+        if n_old:
+            hashes[where_old] = history.row_hashes()[source]
+        hashes[where_new] = _id_hashes(tail_ids)
+        order = np.empty(rows, dtype=np.int64)  # new position -> index in (history's rows, tails' rows)
+        order[where_old] = np.arange(len(where_old))
+        order[where_new] = len(where_old) + np.arange(len(where_new))
+        old_ids = history.ids.array.take(pa.array(source)) if n_old else pa.array([], pa.large_string())
+        ids = pa.concat_arrays([old_ids, tail_ids])
+
+        code = np.repeat(np.arange(n), total_len)
+        ms = us // US_PER_MS
+        last_ms = np.zeros(n, dtype=np.int64)
+        nonempty = total_len > 0
+        last_ms[nonempty] = ms[(new_start + total_len - 1)[nonempty]]
+        silent = last_ms <= self._now_ms - self._retain_ms
+        recent = arrival >= self._now_ms // DAY_MS - self._id_reach_days
+        keep = recent | (~silent[code] & (ms > last_ms[code] - self._retain_ms))
+        lengths = np.bincount(code[keep], minlength=n)
+        present = np.flatnonzero(lengths)
+        kept_order = order[keep]
+        self._history = _History(
+            [keys[c] for c in present.tolist()],
+            lengths[present],
+            us[keep],
+            usd_[keep],
+            foreign[keep],
+            arrival[keep],
+            merchant[keep],
+            ids.take(pa.array(kept_order)),
+            hashes[keep],
+        )
+        self._customers = {}
+        self._copies = {}
 
 
 def _arrivals(root: Path) -> list[date]:
