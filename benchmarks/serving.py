@@ -329,18 +329,34 @@ def _synthetic_silver(rows: int, days: int, seed: int = 0):
     )
 
 
+def _peak_rss_reset() -> None:
+    """Start the peak resident memory (VmHWM) afresh (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def _peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def state_footprint(rows: int) -> dict:
     """The live state's load (`LiveState.from_lake`, as the service starts) of `rows` synthetic silver
-    transactions over 31 days, written as the lake's Parquet in a scratch home: its time and the resident
-    memory it adds, per transaction and projected to the goal's STATE_GOAL_ROWS."""
+    transactions over 31 days, written as the lake's Parquet in a scratch home: its time, the resident
+    memory it adds (after the load and at its peak), per transaction and projected to the goal's
+    STATE_GOAL_ROWS; then a day of live transactions (rows / 31) observed and the next day's compaction
+    (`LiveState._compact`, on the service's clock): its time and the memory after it."""
     import gc
 
     import pyarrow.dataset as ds
 
     from core.settings import Settings
-    from features.live import LiveState
+    from features.live import LiveState, memory_returnable, release_freed_memory
     from pipelines.lake import Tables
 
+    assert memory_returnable(), "run with ARROW_DEFAULT_MEMORY_POOL=system, as `mlops serve` does"
     days = 31
     with tempfile.TemporaryDirectory(prefix="bench-state-") as scratch:
         settings = Settings(home=Path(scratch))
@@ -354,20 +370,44 @@ def state_footprint(rows: int) -> dict:
         )
         del table
         gc.collect()
+        release_freed_memory()
         start = datetime(START.year, START.month, START.day, tzinfo=UTC) + timedelta(days=days)
         before = _rss_mib(os.getpid())
+        _peak_rss_reset()
         started = time.perf_counter()
         state = LiveState.from_lake(settings, start)
         took = time.perf_counter() - started
         gc.collect()
         per_row = (_rss_mib(os.getpid()) - before) * 2**20 / rows
+        peak_per_row = (_peak_rss_mib() - before) * 2**20 / rows
+        # A day of live traffic: a day's share of the rows, at the same customers and merchants.
+        day = _synthetic_silver(rows // days, 1, seed=1).to_pylist()
+        for txn in day:
+            txn["event_timestamp"] += timedelta(days=days)
+            state.observe(txn)
+        observed_rows = len(day)
+        del day, txn
+        gc.collect()
+        observed = (_rss_mib(os.getpid()) - before) * 2**20 / (rows + observed_rows)
+        started = time.perf_counter()
+        state.advance(start + timedelta(days=1, minutes=1))
+        compaction = time.perf_counter() - started
+        gc.collect()
+        after_day = (_rss_mib(os.getpid()) - before) * 2**20 / (rows + observed_rows)
         del state
     return {
         "rows": rows,
         "load_s": took,
         "bytes_per_transaction": per_row,
+        "peak_bytes_per_transaction": peak_per_row,
         "projected_gib": per_row * STATE_GOAL_ROWS / 2**30,
+        "projected_peak_gib": peak_per_row * STATE_GOAL_ROWS / 2**30,
         "projected_load_s": took / rows * STATE_GOAL_ROWS,
+        "day_observed": observed_rows,
+        "bytes_per_transaction_before_compaction": observed,
+        "compaction_s": compaction,
+        "projected_compaction_s": compaction / rows * STATE_GOAL_ROWS,
+        "bytes_per_transaction_after_compaction": after_day,
     }
 
 
@@ -485,7 +525,7 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
     # In a process of its own, so that its resident memory is the state's.
     footprint = subprocess.run(
         [sys.executable, "-m", "benchmarks.serving", "--state-footprint", str(FOOTPRINT_ROWS)],
-        env=env,
+        env={**env, "ARROW_DEFAULT_MEMORY_POOL": "system"},  # as `mlops serve` sets it
         capture_output=True,
         text=True,
         check=True,
@@ -548,6 +588,17 @@ def print_serving(console, results: dict) -> None:
         f"the same projected to {STATE_GOAL_ROWS:,} (1M a day)",
         f"{state['projected_gib']:.1f} GiB, load {state['projected_load_s']:.0f} s",
         f"<= {STATE_GOAL_GIB:g} GiB, <= {STATE_LOAD_GOAL_S:g} s",
+    )
+    table.add_row(
+        "  its peak during the load, projected",
+        f"{state['projected_peak_gib']:.1f} GiB ({state['peak_bytes_per_transaction']:.0f} B each)",
+        "",
+    )
+    table.add_row(
+        f"  a day observed ({state['day_observed']:,}), then the day's compaction",
+        f"{state['bytes_per_transaction_after_compaction']:.0f} B each after, "
+        f"{state['compaction_s']:.2f} s (projected {state['projected_compaction_s']:.0f} s)",
+        "",
     )
     console.print(table)
 

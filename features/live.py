@@ -73,6 +73,7 @@ from pipelines.gold.contract import (
 from pipelines.lake import Tables
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
     from core.settings import Settings
@@ -208,9 +209,9 @@ class _Ids:
         self.array = array
         import numpy as np
 
-        self.offsets = memoryview(
-            np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset : array.offset + len(array) + 1]
-        )
+        self.offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)[
+            array.offset : array.offset + len(array) + 1
+        ].data
         data = array.buffers()[2]
         self.data = memoryview(data if data is not None else b"")
 
@@ -225,46 +226,69 @@ class _Ids:
 class _History:
     """Customers' transactions in columns, one row per transaction, each customer's rows together and sorted
     by (event time, transaction_id): what was bootstrapped from the lake, and after each day's compaction
-    what was observed since (`LiveState._compact`). Rows: time (us), USD amount, abroad flag, arrival date,
-    merchant (a code of `LiveState`'s merchant registry) and the id; an index of the ids' hashes finds a
-    transaction's copies. About 45 bytes a row and 12 for its index entry, against some 500 as objects."""
+    what was observed since (`LiveState._compact`). Per row: time (us), USD amount, flags (bit 0 abroad,
+    bit 1 another row of its customer in the same millisecond has a smaller id), arrival date, merchant (a
+    code of `LiveState`'s merchant registry) and the id's 64-bit hash, with an index of rows by hash.
+
+    The ids themselves are kept only for each customer's window: its rows from `lateness` before its last
+    one (to the millisecond). Only there can an observed transaction land (an older one is refused), so
+    only there is the order of two ids ever asked; everywhere else, what the order decides is in bit 1."""
 
     __slots__ = (
         "_hashes_view",
+        "_index_view",
         "_starts_view",
-        "_us_view",
         "arrival",
         "code_of",
-        "foreign",
+        "flags",
         "hashes",
-        "ids",
         "index_rows",
         "keys",
         "merchant",
         "starts",
         "us",
         "usd",
+        "window_base",
+        "window_ids",
+        "window_start",
     )
 
-    def __init__(self, keys: list[str], lengths, us, usd, foreign, arrival, merchant, ids: pa.Array, hashes):
+    def __init__(
+        self,
+        keys: list[str],
+        lengths: np.ndarray,
+        columns: dict[str, np.ndarray],
+        window_start: np.ndarray,
+        window_ids: pa.Array,
+    ) -> None:
+        """`columns`: us, usd, flags, arrival, merchant, hashes (one value per row, rows grouped by customer
+        in the order of `keys`, `lengths` rows each); `window_start`: each customer's first window row;
+        `window_ids`: the ids of the window rows, in row order."""
         import numpy as np
 
         self.keys = keys
         self.code_of = {key: code for code, key in enumerate(keys)}
         self.starts = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum(lengths, out=self.starts[1:])
-        self.us = np.ascontiguousarray(us, dtype=np.int64)
-        self.usd = np.ascontiguousarray(usd, dtype=np.float64)
-        self.foreign = np.ascontiguousarray(foreign, dtype=np.int8)
-        self.arrival = np.ascontiguousarray(arrival, dtype=np.int32)
-        self.merchant = np.ascontiguousarray(merchant, dtype=np.int32)
-        self.ids = _Ids(ids)
-        order = np.argsort(hashes, kind="stable")
-        self.hashes = np.ascontiguousarray(hashes[order], dtype=np.uint64)
+        self.us = np.ascontiguousarray(columns["us"], dtype=np.int64)
+        self.usd = np.ascontiguousarray(columns["usd"], dtype=np.float64)
+        self.flags = np.ascontiguousarray(columns["flags"], dtype=np.int8)
+        arrival = np.asarray(columns["arrival"])
+        fits = not len(arrival) or (int(arrival.min()) >= 0 and int(arrival.max()) <= np.iinfo(np.uint16).max)
+        self.arrival = np.ascontiguousarray(arrival, dtype=np.uint16 if fits else np.int32)  # days: to 2149
+        self.merchant = np.ascontiguousarray(columns["merchant"], dtype=np.int32)
+        self.hashes = np.ascontiguousarray(columns["hashes"], dtype=np.uint64)
+        order = np.argsort(self.hashes, kind="stable")
         self.index_rows = order.astype(np.int32 if len(order) < 2**31 else np.int64)
-        self._hashes_view = memoryview(self.hashes)
-        self._starts_view = memoryview(self.starts)
-        self._us_view = memoryview(self.us)
+        del order
+        self.window_start = np.ascontiguousarray(window_start, dtype=np.int64)
+        self.window_base = np.cumsum(self.starts[1:] - self.window_start) - (
+            self.starts[1:] - self.window_start
+        )
+        self.window_ids = _Ids(window_ids)
+        self._hashes_view = self.hashes.data
+        self._index_view = self.index_rows.data
+        self._starts_view = self.starts.data
 
     def __len__(self) -> int:
         return len(self.us)
@@ -272,15 +296,22 @@ class _History:
     def span(self, code: int) -> tuple[int, int]:
         return self._starts_view[code], self._starts_view[code + 1]
 
+    def window(self, code: int) -> tuple[int, int]:
+        """(first window row, index of its id in `window_ids`) of a customer."""
+        return int(self.window_start[code]), int(self.window_base[code])
+
     def rows_of(self, transaction_id: str) -> list[int]:
-        """The rows holding `transaction_id` (its copies)."""
+        """The rows holding `transaction_id` (its copies): those whose id hashes to the same 64 bits (for a
+        window row, whose id is the same)."""
         h = id_hash(transaction_id)
-        hashes = self._hashes_view
-        i = bisect_left(hashes, h)
+        hashes, index = self._hashes_view, self._index_view
+        i = bisect_left(index, h, key=hashes.__getitem__)
         found = []
-        while i < len(hashes) and hashes[i] == h:
-            row = int(self.index_rows[i])
-            if self.ids[row] == transaction_id:
+        while i < len(index) and hashes[index[i]] == h:
+            row = index[i]
+            code = bisect_right(self._starts_view, row) - 1
+            start, base = self.window(code)
+            if row < start or self.window_ids[base + row - start] == transaction_id:
                 found.append(row)
             i += 1
         return found
@@ -288,25 +319,66 @@ class _History:
     def customer_of(self, row: int) -> str:
         return self.keys[bisect_right(self._starts_view, row) - 1]
 
-    def row_hashes(self):
-        """Each row's id hash (the index inverted)."""
+    @staticmethod
+    def first_in_millisecond(codes: np.ndarray, us: np.ndarray, ids: pa.Array) -> np.ndarray:
+        """Per row: whether no other row of its customer in the same millisecond has a smaller id."""
         import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-        out = np.empty(len(self.hashes), dtype=np.uint64)
-        out[self.index_rows] = self.hashes
+        if not len(codes):
+            return np.zeros(0, dtype=bool)
+        ms = np.floor_divide(us, US_PER_MS)
+        table = pa.table({"c": codes, "ms": ms, "id": ids})
+        order = pc.sort_indices(table, [("c", "ascending"), ("ms", "ascending"), ("id", "ascending")])
+        order = order.to_numpy()
+        c, m = codes[order], ms[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (c[1:] != c[:-1]) | (m[1:] != m[:-1])
+        out = np.empty(len(order), dtype=bool)
+        out[order] = first
         return out
+
+
+def _window_start(starts: np.ndarray, us: np.ndarray, lateness_us: int) -> np.ndarray:
+    """Each customer's first row from `lateness_us` before its last (rounded down to the millisecond);
+    `starts`: the customers' first rows and, last, the end."""
+    import numpy as np
+
+    lengths = np.diff(starts)
+    code = np.repeat(np.arange(len(lengths)), lengths)
+    last = us[starts[1:][lengths > 0] - 1]
+    threshold = np.zeros(len(lengths), dtype=np.int64)
+    threshold[lengths > 0] = np.floor_divide(last - lateness_us, US_PER_MS) * US_PER_MS
+    inside = us >= threshold[code]
+    return starts[1:] - np.bincount(code[inside], minlength=len(lengths))
 
 
 class _Customer:
     """One customer's transactions sorted by (event time, transaction_id): rows [a, b) of the history first,
     then its tail, what was observed since the last compaction (Python arrays). A transaction that sorts
-    inside the history's part moves that part into the tail first (`_spill`), so the tail always follows."""
+    inside the history's part first moves the history's window (the rows whose ids it keeps) into the tail
+    (`_spill`): an accepted transaction never sorts before the window, so the tail always follows."""
 
-    __slots__ = ("a", "arrival", "b", "foreign", "history", "ids", "key", "latest", "merchant", "us", "usd")
+    __slots__ = (
+        "a",
+        "arrival",
+        "b",
+        "code",
+        "foreign",
+        "history",
+        "ids",
+        "key",
+        "latest",
+        "merchant",
+        "us",
+        "usd",
+    )
 
-    def __init__(self, key: str, history: _History | None = None, a: int = 0, b: int = 0) -> None:
+    def __init__(self, key: str, history: _History | None = None, code: int = -1) -> None:
         self.key = key
-        self.history, self.a, self.b = history, a, b
+        self.history, self.code = history, code
+        self.a, self.b = history.span(code) if history is not None else (0, 0)
         self.us = array("q")
         self.usd = array("d")
         self.foreign = array("b")
@@ -321,17 +393,21 @@ class _Customer:
         return self.b - self.a + len(self.us)
 
     def last_us(self) -> int:
-        return self.us[-1] if self.us else int(self.history.us[self.b - 1])
+        if self.us:
+            return self.us[-1]
+        assert self.history is not None
+        return int(self.history.us[self.b - 1])
 
     def columns(self) -> tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[int], Sequence[int]]:
         """(time us, USD amount, abroad, merchant code, arrival) of every transaction, history then tail."""
-        if self.a == self.b:
+        h = self.history
+        if self.a == self.b or h is None:
             return self.us, self.usd, self.foreign, self.merchant, self.arrival
-        h, a, b = self.history, self.a, self.b
+        a, b = self.a, self.b
         base = (
             h.us[a:b].tolist(),
             h.usd[a:b].tolist(),
-            h.foreign[a:b].tolist(),
+            (h.flags[a:b] & 1).tolist(),
             h.merchant[a:b].tolist(),
             h.arrival[a:b].tolist(),
         )
@@ -345,18 +421,33 @@ class _Customer:
             base[4] + self.arrival.tolist(),
         )
 
-    def id_at(self, i: int) -> str:
+    def id_at(self, i: int) -> str | None:
+        """The id of transaction i; None for a history row before the window (its id is not kept)."""
         kept = self.b - self.a
-        return self.history.ids[self.a + i] if i < kept else self.ids[i - kept]
+        if i >= kept:
+            return self.ids[i - kept]
+        assert self.history is not None
+        start, base = self.history.window(self.code)
+        row = self.a + i
+        return self.history.window_ids[base + row - start] if row >= start else None
+
+    def _known_id_at(self, i: int) -> str:
+        tid = self.id_at(i)
+        if tid is None:
+            raise RuntimeError(
+                f"the live state of customer {self.key} lacks the id of its transaction {i}: a transaction "
+                "was let in further back than the lateness allows (LiveState.observe checks it first)"
+            )
+        return tid
 
     def insert(self, us: int, tid: str, amount: float, foreign: int, merchant: int, day: int) -> int:
         """Insert a transaction in order; its index."""
         times = self.columns()[0]
         i = bisect_right(times, us)
-        while i > 0 and times[i - 1] == us and self.id_at(i - 1) > tid:
+        while i > 0 and times[i - 1] == us and self._known_id_at(i - 1) > tid:
             i -= 1
         if i < self.b - self.a:
-            self._spill()
+            self._spill(i)
         k = i - (self.b - self.a)
         self.latest = None
         self.us.insert(k, us)
@@ -367,23 +458,37 @@ class _Customer:
         self.ids.insert(k, tid)
         return i
 
-    def _spill(self) -> None:
-        """Move the history's part into the tail (a transaction sorts before its end)."""
-        h, a, b = self.history, self.a, self.b
+    def _spill(self, i: int) -> None:
+        """Move the history's window into the tail: transaction i, to be inserted, sorts inside it."""
+        h = self.history
+        assert h is not None
+        start, base = h.window(self.code)
+        start = max(start, self.a)
+        if self.a + i < start:
+            self._known_id_at(i)  # raises: only the window's ids are kept
+        a, b = start, self.b
         self.us = array("q", h.us[a:b].tobytes()) + self.us
         self.usd = array("d", h.usd[a:b].tobytes()) + self.usd
-        self.foreign = array("b", h.foreign[a:b].tobytes()) + self.foreign
+        self.foreign = array("b", (h.flags[a:b] & 1).tobytes()) + self.foreign
         self.merchant = array("i", h.merchant[a:b].tobytes()) + self.merchant
-        self.arrival = array("i", h.arrival[a:b].tobytes()) + self.arrival
-        self.ids = [h.ids[r] for r in range(a, b)] + self.ids
-        self.a = self.b
+        self.arrival = array("i", h.arrival[a:b].astype("int32").tobytes()) + self.arrival
+        first = base + a - h.window_start[self.code]
+        self.ids = [h.window_ids[k] for k in range(first, first + b - a)] + self.ids
+        self.b = start
 
     def position(self, us: int, transaction_id: str) -> int:
-        """Index of a kept transaction, or -1."""
+        """Index of a kept transaction, or -1 (a history row outside the window matches on the id's hash)."""
         times = self.columns()[0]
         i = bisect_left(times, us)
+        hashed = None
         while i < len(times) and times[i] == us:
-            if self.id_at(i) == transaction_id:
+            tid = self.id_at(i)
+            if tid is None:
+                assert self.history is not None
+                hashed = id_hash(transaction_id) if hashed is None else hashed
+                if self.history.hashes[self.a + i] == hashed:
+                    return i
+            elif tid == transaction_id:
                 return i
             i += 1
         return -1
@@ -431,10 +536,16 @@ class _Customer:
         return row
 
     def _seconds_since_previous(self, i: int, times: Sequence[int], arrival: Sequence[int]) -> float | None:
-        t, tid = times[i] // US_PER_MS, self.id_at(i)
+        t = times[i] // US_PER_MS
         first = bisect_left(times, t * US_PER_MS)
-        for j in range(first, bisect_left(times, (t + 1) * US_PER_MS)):
-            if j != i and self.id_at(j) < tid:  # earlier in gold's (time, transaction_id) order, same ms
+        end = bisect_left(times, (t + 1) * US_PER_MS)
+        if end - first > 1:  # another transaction in the same millisecond: is one earlier in id order?
+            tid = self.id_at(i)
+            if tid is None:  # a history row before the window: its millisecond is all history, as built
+                assert self.history is not None
+                if self.history.flags[self.a + i] & 2:
+                    return 0.0
+            elif any(j != i and self._known_id_at(j) < tid for j in range(first, end)):
                 return 0.0
         # Gold reads older dates from the daily totals of arrivals D-30 .. D+late only.
         reach = t // DAY_MS - LOOKBACK_DAYS
@@ -445,16 +556,16 @@ class _Customer:
 
 
 class _Merchant:
-    """One merchant's transactions sorted by event time: time (us), USD amount and its running total, and
-    the report times of its chargebacks. A merchant's row depends only on its transaction's time (every
-    window takes whole milliseconds), so its transactions need no ids: ties keep their order of arrival."""
+    """One merchant's transactions sorted by event time: time (us) and the running total of their USD
+    amounts, and the report times of its chargebacks. A merchant's row depends only on its transaction's
+    time (every window takes whole milliseconds), so its transactions need no ids: ties keep their order
+    of arrival. 16 bytes a transaction."""
 
-    __slots__ = ("chargebacks", "cum", "key", "latest", "us", "usd")
+    __slots__ = ("chargebacks", "cum", "key", "latest", "us")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.us = array("q")
-        self.usd = array("d")
         self.cum = array("d", [0.0])  # cum[i]: USD sum of the first i transactions
         self.chargebacks = array("q")  # report times (ms) of attributed fraud chargebacks, sorted
         self.latest: Row | None = None
@@ -468,25 +579,18 @@ class _Merchant:
     def insert(self, us: int, amount: float) -> int:
         self.latest = None
         i = bisect_right(self.us, us)
-        if i == len(self.us):
-            self.us.append(us)
-            self.usd.append(amount)
+        self.us.insert(i, us)
+        if i == len(self.us) - 1:
             self.cum.append(self.cum[-1] + amount)
             return i
-        # A late transaction: the running totals from it on, summed again in C (no Python loop).
+        # A late transaction: every running total from it on grows by its amount, in C (no Python loop).
+        # The totals differ from a history observed in order by rounding only (a window is a difference
+        # of two of them; tests/unit/test_live_state_inserts.py).
         import numpy as np
 
-        self.us.insert(i, us)
-        self.usd.insert(i, amount)
-        # cum[i] + usd[i] + usd[i+1] + ... left to right (cumsum is sequential): the same bits as the totals
-        # of a history observed in order.
-        tail = np.empty(len(self.usd) - i + 1)
-        tail[0] = self.cum[i]
-        tail[1:] = np.frombuffer(self.usd, dtype=np.float64, offset=i * self.usd.itemsize)
-        np.cumsum(tail, out=tail)
-        self.cum.append(0.0)
+        self.cum.insert(i + 1, self.cum[i])
         view = np.frombuffer(self.cum, dtype=np.float64)
-        view[i:] = tail
+        view[i + 1 :] += amount
         del view  # an array may grow again only once no view of it is left
         return i
 
@@ -499,12 +603,14 @@ class _Merchant:
     def trim(self, cutoff_ms: int) -> None:
         """Cut the transactions at or before `cutoff_ms` when they are enough to be worth it (each cut is
         O(n): amortised O(1) per transaction, at most a third more memory than the retained part)."""
+        import numpy as np
+
         drop = bisect_left(self.us, (cutoff_ms + 1) * US_PER_MS)
         if drop < _TRIM_MIN or drop * _TRIM_SHARE < len(self.us):
             return
         del self.us[:drop]
-        del self.usd[:drop]
-        self.cum = array("d", accumulate(self.usd, initial=0.0))
+        totals = np.frombuffer(self.cum, dtype=np.float64)[drop:] - self.cum[drop]
+        self.cum = array("d", totals.tobytes())
         if self.us:
             del self.chargebacks[: bisect_right(self.chargebacks, self.us[0] // US_PER_MS - _MONTH_MS)]
 
@@ -640,6 +746,7 @@ class LiveState:
         state._load_transactions(transactions)
         del transactions
         state._load_chargebacks(tables, set(arrivals), start_day, start)
+        release_freed_memory()
         log.info(
             "live state from %s: %d transactions before %s, %d customers, %d merchants, %d chargebacks",
             tables.silver,
@@ -701,18 +808,27 @@ class LiveState:
         lengths = np.bincount(group, minlength=len(customers))
         present = np.flatnonzero(lengths)
         kept_ids = ids.take(pa.array(order))
+        row_us = us[order]
+        first = _History.first_in_millisecond(group, row_us, kept_ids)
+        starts = np.zeros(len(present) + 1, dtype=np.int64)
+        np.cumsum(lengths[present], out=starts[1:])
+        window_start = _window_start(starts, row_us, self._lateness_us)
+        in_window = np.arange(len(order)) >= np.repeat(window_start, lengths[present])
         self._history = _History(
             [customers[c] for c in present.tolist()],
             lengths[present],
-            us[order],
-            amount_usd[order],
-            foreign[order],
-            arrival[order],
-            merchant_codes.to_numpy()[order],
-            kept_ids,
-            _id_hashes(kept_ids),
+            {
+                "us": row_us,
+                "usd": amount_usd[order],
+                "flags": foreign[order] | np.where(first, 0, 2).astype(np.int8),
+                "arrival": arrival[order],
+                "merchant": merchant_codes.to_numpy()[order],
+                "hashes": _id_hashes(kept_ids),
+            },
+            window_start,
+            kept_ids.filter(pa.array(in_window)),
         )
-        del kept_ids
+        del kept_ids, row_us, first, in_window
 
         order, group, starts, ends = grouped("m")
         s_us, s_ms, s_usd = us[order], ms[order], amount_usd[order]
@@ -720,8 +836,7 @@ class LiveState:
             a += int(np.searchsorted(s_ms[a:b], s_ms[b - 1] - self._retain_ms, side="right"))
             merchant = self.merchants[merchants[group[a]]] = _Merchant(merchants[group[a]])
             merchant.us.frombytes(s_us[a:b].tobytes())
-            merchant.usd.frombytes(s_usd[a:b].tobytes())
-            merchant.cum = array("d", accumulate(merchant.usd, initial=0.0))
+            merchant.cum = array("d", accumulate(s_usd[a:b].tolist(), initial=0.0))
 
     def _load_chargebacks(
         self, tables: Tables, with_silver: set[date], start_day: date, start: datetime
@@ -808,7 +923,7 @@ class LiveState:
             return rows
         amount = usd(txn["amount"], txn["currency"])
         foreign = is_foreign(txn.get("country"), txn["currency"])
-        customer = self._customer(txn["customer_id"], create=False)
+        customer = self._customer(txn["customer_id"])
         merchant = self.merchants.get(txn["merchant_id"])
         for entity in (customer, merchant):
             if entity is not None and len(entity) and us < entity.last_us() - self._lateness_us:
@@ -819,7 +934,7 @@ class LiveState:
                     "to compute its rows. Gold will take it when it arrives; restart the service "
                     "(LiveState.from_lake) to serve rows that include it."
                 )
-        customer = self._customer(txn["customer_id"], create=True)
+        customer = self._kept_customer(txn["customer_id"])
         merchant = self._merchant(txn["merchant_id"])
         ci = customer.insert(us, tid, amount, foreign, self._merchant_code(merchant.key), day)
         mi = merchant.insert(us, amount)
@@ -840,7 +955,7 @@ class LiveState:
             if known is not None and self._rows_of_copy(tid, known) is not None:
                 continue  # a resend: its first copy's rows come back
             for kind, key in ((0, txn["customer_id"]), (1, txn["merchant_id"])):
-                entity = self._customer(key, create=False) if kind == 0 else self.merchants.get(key)
+                entity = self._customer(key) if kind == 0 else self.merchants.get(key)
                 kept = entity.last_us() if entity is not None and len(entity) else us
                 last = max(kept, latest.get((kind, key), us))
                 if us < last - self._lateness_us:
@@ -885,7 +1000,7 @@ class LiveState:
         seconds since previous, and the training join keeps whichever its scan meets last)."""
         query = _micros(t, "t") - FEATURE_LAG_US
         customer_row = merchant_row = None
-        customer = self._customer(customer_id, create=False)
+        customer = self._customer(customer_id)
         if customer is not None:
             columns = customer.columns()
             i = bisect_right(columns[0], query) - 1
@@ -906,7 +1021,7 @@ class LiveState:
 
     def kept(self, customer_id: str) -> int:
         """How many transactions of a customer the state keeps (0 for one it does not know)."""
-        customer = self._customer(customer_id, create=False)
+        customer = self._customer(customer_id)
         return 0 if customer is None else len(customer)
 
     def kept_transactions(self) -> int:
@@ -923,7 +1038,7 @@ class LiveState:
     def _rows_of_copy(self, tid: str, known: list[_Copy]) -> tuple[Row, Row] | None:
         """The rows of a remembered transaction's first copy, None when its history is no longer kept."""
         customer_key, merchant_key, us, _ = known[0]
-        customer, merchant = self._customer(customer_key, create=False), self.merchants.get(merchant_key)
+        customer, merchant = self._customer(customer_key), self.merchants.get(merchant_key)
         if customer is None or merchant is None:
             return None
         ci, mi = customer.position(us, tid), merchant.position(us)
@@ -933,22 +1048,21 @@ class LiveState:
 
     # --- housekeeping -------------------------------------------------------------------------------------
 
-    def _customer(self, key: str, create: bool) -> _Customer | None:
-        """A customer's state: its history's rows and what was observed since. Without `create`, one only
-        in the history gets a view that is not kept, and an unknown one None."""
+    def _customer(self, key: str) -> _Customer | None:
+        """A customer's state, None for one the state does not know: the one observed since the last
+        compaction, or a view of its history's rows that is not kept."""
         customer = self._customers.get(key)
         if customer is not None:
             return customer
         history = self._history
         code = history.code_of.get(key) if history is not None else None
-        if code is not None:
-            customer = _Customer(key, history, *history.span(code))
-        elif create:
-            customer = _Customer(key)
-        else:
-            return None
-        if create:
-            self._customers[key] = customer
+        return None if code is None else _Customer(key, history, code)
+
+    def _kept_customer(self, key: str) -> _Customer:
+        """A customer's state kept for what is observed next (its history's rows, if any, and a tail)."""
+        customer = self._customers.get(key)
+        if customer is None:
+            customer = self._customers[key] = self._customer(key) or _Customer(key)
         return customer
 
     def _merchant(self, key: str) -> _Merchant:
@@ -1028,6 +1142,7 @@ class LiveState:
         ]:
             del self.merchants[key]
         self._compact()
+        release_freed_memory()  # the compaction's temporaries, now out of scope
         for day in [d for d in self._reported_by_day if d < today - self.dedup_lookback_days]:
             for tid in self._reported_by_day.pop(day):
                 if self._reported.get(tid) == day:
@@ -1043,19 +1158,18 @@ class LiveState:
         history, touched = self._history, self._customers
         if history is None and not touched:
             return
+        empty = np.zeros(0, dtype=np.int64)
         n_old = len(history.keys) if history is not None else 0
-        if history is not None:
-            a, b = history.starts[:-1].copy(), history.starts[1:].copy()
-        else:
-            a = b = np.zeros(0, dtype=np.int64)
+        a, b = (
+            (history.starts[:-1].copy(), history.starts[1:].copy()) if history is not None else (empty, empty)
+        )
         extra = [c for key, c in touched.items() if history is None or key not in history.code_of]
         keys = (history.keys if history is not None else []) + [c.key for c in extra]
         tails: list[tuple[int, _Customer]] = [(n_old + k, c) for k, c in enumerate(extra)]
-        for key, c in touched.items():
-            code = history.code_of.get(key) if history is not None else None
-            if code is not None:
-                a[code], b[code] = c.a, c.b
-                tails.append((code, c))
+        for c in touched.values():
+            if c.history is not None and c.history is history:
+                a[c.code], b[c.code] = c.a, c.b
+                tails.append((c.code, c))
         tails.sort(key=lambda item: item[0])
         n = len(keys)
         base_len = np.zeros(n, dtype=np.int64)
@@ -1067,66 +1181,108 @@ class LiveState:
         new_start = np.cumsum(total_len) - total_len
         rows = int(total_len.sum())
 
-        def spread(starts, lengths):
-            """Per row: its group's start, and its position within the group."""
+        def spread(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+            """Per row: its group's start plus its position within the group."""
             offsets = np.cumsum(lengths) - lengths
             within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
             return np.repeat(starts, lengths) + within
 
         old_len = base_len[:n_old]
-        source = spread(a, old_len) if n_old else np.zeros(0, np.int64)
-        where_old = spread(new_start[:n_old], old_len) if n_old else np.zeros(0, np.int64)
-        t_len = tail_len[tail_codes]
-        where_new = spread(new_start[tail_codes] + base_len[tail_codes], t_len)
+        source = spread(a, old_len)  # the history's rows kept, customer by customer
+        where_old = spread(new_start[:n_old], old_len)  # where they go
+        where_new = spread(new_start[tail_codes] + base_len[tail_codes], tail_len[tail_codes])
 
-        def column(old, tail_arrays, dtype):
-            out = np.empty(rows, dtype=dtype)
-            if n_old:
-                out[where_old] = old[source]
+        def column(name: str, tail_arrays: list[array], dtype: type) -> np.ndarray:
+            out: np.ndarray = np.empty(rows, dtype=dtype)
+            if history is not None:
+                out[where_old] = getattr(history, name)[source]
             if len(where_new):
                 out[where_new] = np.concatenate([np.frombuffer(t, dtype=dtype) for t in tail_arrays])
             return out
 
-        us = column(history.us if n_old else None, [c.us for _, c in tails], np.int64)
-        usd_ = column(history.usd if n_old else None, [c.usd for _, c in tails], np.float64)
-        foreign = column(history.foreign if n_old else None, [c.foreign for _, c in tails], np.int8)
-        merchant = column(history.merchant if n_old else None, [c.merchant for _, c in tails], np.int32)
-        arrival = column(history.arrival if n_old else None, [c.arrival for _, c in tails], np.int32)
+        columns = {
+            "us": column("us", [c.us for _, c in tails], np.int64),
+            "usd": column("usd", [c.usd for _, c in tails], np.float64),
+            "flags": column("flags", [c.foreign for _, c in tails], np.int8),
+            "arrival": column("arrival", [c.arrival for _, c in tails], np.int32),
+            "merchant": column("merchant", [c.merchant for _, c in tails], np.int32),
+        }
         tail_ids = pa.array([tid for _, c in tails for tid in c.ids], pa.large_string())
         hashes = np.empty(rows, dtype=np.uint64)
-        if n_old:
-            hashes[where_old] = history.row_hashes()[source]
+        # The ids known: the history's window rows and the tails'; id_index: each row's, or -1.
+        id_index = np.full(rows, -1, dtype=np.int64)
+        if history is not None:
+            hashes[where_old] = history.hashes[source]
+            code = np.repeat(np.arange(n_old), old_len)
+            known = source >= history.window_start[code]
+            window_rows = history.window_base[code[known]] + source[known] - history.window_start[code[known]]
+            known_ids = pa.concat_arrays([history.window_ids.array.take(pa.array(window_rows)), tail_ids])
+            id_index[where_old[known]] = np.arange(len(window_rows))
+            id_index[where_new] = len(window_rows) + np.arange(len(where_new))
+        else:
+            known_ids = tail_ids
+            id_index[where_new] = np.arange(len(where_new))
         hashes[where_new] = _id_hashes(tail_ids)
-        order = np.empty(rows, dtype=np.int64)  # new position -> index in (history's rows, tails' rows)
-        order[where_old] = np.arange(len(where_old))
-        order[where_new] = len(where_old) + np.arange(len(where_new))
-        old_ids = history.ids.array.take(pa.array(source)) if n_old else pa.array([], pa.large_string())
-        ids = pa.concat_arrays([old_ids, tail_ids])
-
+        columns["hashes"] = hashes
+        # Bit 1 again wherever the ids are known (a tail's rows may share a millisecond with the window's).
         code = np.repeat(np.arange(n), total_len)
-        ms = us // US_PER_MS
+        at = np.flatnonzero(id_index >= 0)
+        first = _History.first_in_millisecond(
+            code[at], columns["us"][at], known_ids.take(pa.array(id_index[at]))
+        )
+        columns["flags"][at] = (columns["flags"][at] & 1) | np.where(first, 0, 2).astype(np.int8)
+
+        ms = columns["us"] // US_PER_MS
         last_ms = np.zeros(n, dtype=np.int64)
         nonempty = total_len > 0
         last_ms[nonempty] = ms[(new_start + total_len - 1)[nonempty]]
         silent = last_ms <= self._now_ms - self._retain_ms
-        recent = arrival >= self._now_ms // DAY_MS - self._id_reach_days
+        recent = columns["arrival"] >= self._now_ms // DAY_MS - self._id_reach_days
         keep = recent | (~silent[code] & (ms > last_ms[code] - self._retain_ms))
         lengths = np.bincount(code[keep], minlength=n)
         present = np.flatnonzero(lengths)
-        kept_order = order[keep]
+        starts = np.zeros(len(present) + 1, dtype=np.int64)
+        np.cumsum(lengths[present], out=starts[1:])
+        kept = {name: values[keep] for name, values in columns.items()}
+        window_start = _window_start(starts, kept["us"], self._lateness_us)
+        in_window = np.arange(len(kept["us"])) >= np.repeat(window_start, lengths[present])
+        window_index = id_index[keep][in_window]
+        if (window_index < 0).any():  # an observed transaction further back than the lateness allows
+            raise RuntimeError("the live state's compaction lost the ids of a customer's window")
         self._history = _History(
             [keys[c] for c in present.tolist()],
             lengths[present],
-            us[keep],
-            usd_[keep],
-            foreign[keep],
-            arrival[keep],
-            merchant[keep],
-            ids.take(pa.array(kept_order)),
-            hashes[keep],
+            kept,
+            window_start,
+            known_ids.take(pa.array(window_index)),
         )
         self._customers = {}
         self._copies = {}
+
+
+def memory_returnable() -> bool:
+    """Whether Arrow allocates from the C library, which `release_freed_memory` can give back to the system.
+    Its default, mimalloc, keeps what a load freed (about as much again as the state, by `benchmarks.serving
+    --state-footprint`). Arrow reads ARROW_DEFAULT_MEMORY_POOL once, when it loads: `mlops serve` sets it to
+    "system" before anything imports pyarrow."""
+    import pyarrow as pa
+
+    return pa.default_memory_pool().backend_name == "system"
+
+
+def release_freed_memory() -> None:
+    """Give the memory a load freed back to the system: Arrow's pool keeps what it freed, and glibc keeps
+    large freed blocks once its mmap threshold has grown (numpy's temporaries). Without it the process
+    stays at the load's peak. Linux (glibc) only for the second; elsewhere Arrow's part alone."""
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.util.find_library("c")  # malloc_trim: glibc only
+    if libc is not None and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
 
 
 def _arrivals(root: Path) -> list[date]:

@@ -362,8 +362,12 @@ def serve(
     ] = None,
 ) -> None:
     """Run the scoring service: POST /score, the Open Inference Protocol under /v2, docs at /docs."""
+    import os
     from datetime import UTC
 
+    # Arrow reads its allocator once, when it loads: the system's, so that what the live state's load frees
+    # goes back to the system (features.live.release_freed_memory). Set before anything imports pyarrow.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     import uvicorn
 
     from serving.app import create_app

@@ -447,8 +447,14 @@ def open_state(
     back from the scoring log (`restore_scored`)."""
     if not settings.serving.live_state:
         return StoreFeatures(settings), {}
-    from features.live import LiveState
+    from features.live import LiveState, memory_returnable
 
+    if not memory_returnable():
+        log.warning(
+            "Arrow allocates from its own pool here, which keeps what the live state's load frees (about as "
+            "much again as the state): run the service with ARROW_DEFAULT_MEMORY_POOL=system, as `mlops "
+            "serve` does"
+        )
     start = start or datetime.now(UTC)
     live = LiveState.from_lake(settings, start, max_bytes=settings.serving.max_state_bytes)
     restored = restore_scored(live, settings, start) if restore else {}
