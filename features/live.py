@@ -57,7 +57,6 @@ from array import array
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
-from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -721,16 +720,6 @@ class LiveState:
             return state
         start_day = date.fromordinal(_EPOCH.date().toordinal() + start_us // (DAY_MS * US_PER_MS))
         first = start_day - timedelta(days=_TRANSACTION_REACH_DAYS)
-        columns = [
-            "transaction_id",
-            "customer_id",
-            "merchant_id",
-            "amount",
-            "currency",
-            "country",
-            "event_timestamp",
-            "arrival_date",
-        ]
         if max_bytes is not None:
             rows = _count(tables.silver, first, before=("event_timestamp", start))
             if rows * BYTES_PER_TRANSACTION > max_bytes:
@@ -742,14 +731,14 @@ class LiveState:
                     "it, or serve with serving.live_state=false (the online store's state, without same-day "
                     "activity)"
                 )
-        transactions = _read(tables.silver, columns, first, before=("event_timestamp", start))
-        state._load_transactions(transactions)
-        del transactions
+        read = state._load_transactions(tables.silver, first, start)
         state._load_chargebacks(tables, set(arrivals), start_day, start)
         release_freed_memory()
         log.info(
-            "live state from %s: %d transactions before %s, %d customers, %d merchants, %d chargebacks",
+            "live state from %s: %d transactions before %s read, %d kept, %d customers, %d merchants, "
+            "%d chargebacks",
             tables.silver,
+            read,
             state.kept_transactions(),
             start.isoformat(),
             len(state._history.keys) if state._history is not None else 0,
@@ -758,85 +747,147 @@ class LiveState:
         )
         return state
 
-    def _load_transactions(self, table: pa.Table) -> None:
-        """Bulk load: one sort per entity kind; the customers' columns as the history, each merchant's from
-        numpy slices."""
+    def _load_transactions(self, root: Path, first_day: date, start: datetime) -> int:
+        """Bulk load of silver's transactions in the arrivals from `first_day` with event time before `start`,
+        in two passes over the files so that the load's peak stays near the state's own size: the first
+        keeps each row's compact columns (time, USD amount, flags, arrival, customer and merchant codes,
+        the id's hash); after one sort per entity kind, the second reads the ids only of the rows that keep
+        theirs (each customer's window and its same-millisecond ties). Returns the rows read."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if not table.num_rows:
-            return
-        us = table["event_timestamp"].cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
-        ms = np.floor_divide(us, US_PER_MS)
-        # Through the decimal text: Arrow's decimal-to-double cast is not correctly rounded; Spark's is.
-        amounts = pc.cast(pc.cast(table["amount"], pa.string()), pa.float64()).to_numpy()
-        currencies = table["currency"].combine_chunks().dictionary_encode()
-        rates = np.array([_rate(c) for c in currencies.dictionary.to_pylist()])
-        amount_usd = amounts / rates[currencies.indices.to_numpy(zero_copy_only=False)]
-        pairs = pc.binary_join_element_wise(table["country"], table["currency"], ":")
-        foreign = (
-            ~pc.fill_null(pc.is_in(pairs, value_set=pa.array(sorted(_HOME))), False).to_numpy(
-                zero_copy_only=False
+        fragments, condition, schema = _fragments(root, first_day, ("event_timestamp", start))
+        customer_codes: dict[str, int] = {}
+        self._merchant_keys, self._merchant_codes = [], {}
+        parts: dict[str, list[np.ndarray]] = {
+            name: [] for name in ("customer", "merchant", "us", "usd", "flags", "arrival", "hashes")
+        }
+        sizes = []
+        home = pa.array(sorted(_HOME))
+        for fragment in fragments:
+            table = fragment.to_table(
+                schema=schema,
+                columns=[
+                    "transaction_id",
+                    "customer_id",
+                    "merchant_id",
+                    "amount",
+                    "currency",
+                    "country",
+                    "event_timestamp",
+                    "arrival_date",
+                ],
+                filter=condition,
             )
-        ).astype(np.int8)
-        arrival = table["arrival_date"].cast(pa.int32()).to_numpy().astype(np.int32)
-        ids = table["transaction_id"].combine_chunks().cast(pa.large_string())
-        customers, customer_codes = _shared_strings(table["customer_id"])
-        merchants, merchant_codes = _shared_strings(table["merchant_id"])
-        self._merchant_keys = list(merchants)
-        self._merchant_codes = {key: code for code, key in enumerate(merchants)}
-        keys = pa.table({"c": customer_codes, "m": merchant_codes, "us": us, "id": ids})
+            sizes.append(table.num_rows)
+            if not table.num_rows:
+                continue
+            parts["us"].append(
+                table["event_timestamp"].cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
+            )
+            # Through the decimal text: Arrow's decimal-to-double cast is not correctly rounded; Spark's is.
+            amounts = pc.cast(pc.cast(table["amount"], pa.string()), pa.float64()).to_numpy()
+            currencies = table["currency"].combine_chunks().dictionary_encode()
+            rates = np.array([_rate(c) for c in currencies.dictionary.to_pylist()])
+            parts["usd"].append(amounts / rates[currencies.indices.to_numpy(zero_copy_only=False)])
+            pairs = pc.binary_join_element_wise(table["country"], table["currency"], ":")
+            abroad = ~pc.fill_null(pc.is_in(pairs, value_set=home), False).to_numpy(zero_copy_only=False)
+            parts["flags"].append(abroad.astype(np.int8))
+            parts["arrival"].append(table["arrival_date"].cast(pa.int32()).to_numpy().astype(np.int32))
+            parts["customer"].append(_codes(table["customer_id"], customer_codes, None))
+            parts["merchant"].append(_codes(table["merchant_id"], self._merchant_codes, self._merchant_keys))
+            parts["hashes"].append(
+                _id_hashes(table["transaction_id"].combine_chunks().cast(pa.large_string()))
+            )
+            del table, amounts, currencies, pairs, abroad
+        rows = sum(sizes)
+        if not rows:
+            return 0
+        col = {name: np.concatenate(parts.pop(name)) for name in list(parts)}
+        customers = list(customer_codes)
+        del customer_codes
         id_from = self._now_ms // DAY_MS - self._id_reach_days
 
-        def grouped(code: str):
-            order = pc.sort_indices(
-                keys, [(code, "ascending"), ("us", "ascending"), ("id", "ascending")]
-            ).to_numpy()
-            group = keys[code].to_numpy()[order]
-            bounds = np.flatnonzero(np.diff(group)) + 1
-            starts = np.concatenate([[0], bounds])
-            ends = np.concatenate([bounds, [len(order)]])
-            return order, group, starts, ends
+        # Merchants: each one's arrays, from one sort by (merchant, time).
+        order = _sort(col["merchant"], col["us"])
+        m_sorted, us_sorted = col["merchant"][order], col["us"][order]
+        usd_sorted = col["usd"][order]
+        bounds = np.flatnonzero(np.diff(m_sorted)) + 1
+        firsts, lasts = np.concatenate([[0], bounds]).tolist(), np.concatenate([bounds, [rows]]).tolist()
+        for a, b in zip(firsts, lasts, strict=True):
+            ms_slice = us_sorted[a:b] // US_PER_MS
+            a += int(np.searchsorted(ms_slice, ms_slice[-1] - self._retain_ms, side="right"))
+            key = self._merchant_keys[m_sorted[a]]
+            merchant = self.merchants[key] = _Merchant(key)
+            merchant.us.frombytes(us_sorted[a:b].tobytes())
+            merchant.cum = array("d", np.concatenate([[0.0], np.cumsum(usd_sorted[a:b])]).tobytes())
+        del order, m_sorted, us_sorted, usd_sorted, bounds
 
-        # Customers: the history's columns. Kept: what the retained span reaches (after each customer's
-        # latest), and what a resend or a chargeback may still name (arrived within the ids' reach).
-        order, group, starts, ends = grouped("c")
-        last_ms = np.repeat(ms[order][ends - 1], ends - starts)
-        keep = (ms[order] > last_ms - self._retain_ms) | (arrival[order] >= id_from)
-        order, group = order[keep], group[keep]
+        # Customers: the history, from one sort by (customer, time). Kept: what the retained span reaches
+        # (after each customer's latest), and what a resend or a chargeback may still name (arrived within
+        # the ids' reach).
+        order = _sort(col["customer"], col["us"])
+        group = col["customer"][order]
+        bounds = np.flatnonzero(np.diff(group)) + 1
+        starts, ends = np.concatenate([[0], bounds]), np.concatenate([bounds, [rows]])
+        ms = col["us"][order] // US_PER_MS
+        last_ms = np.repeat(ms[ends - 1], ends - starts)
+        keep = (ms > last_ms - self._retain_ms) | (col["arrival"][order] >= id_from)
+        order, group, ms = order[keep], group[keep], ms[keep]
+        del bounds, starts, ends, last_ms, keep
         lengths = np.bincount(group, minlength=len(customers))
         present = np.flatnonzero(lengths)
-        kept_ids = ids.take(pa.array(order))
-        row_us = us[order]
-        first = _History.first_in_millisecond(group, row_us, kept_ids)
+        lengths = lengths[present]
         starts = np.zeros(len(present) + 1, dtype=np.int64)
-        np.cumsum(lengths[present], out=starts[1:])
-        window_start = _window_start(starts, row_us, self._lateness_us)
-        in_window = np.arange(len(order)) >= np.repeat(window_start, lengths[present])
+        np.cumsum(lengths, out=starts[1:])
+        window_start = _window_start(starts, col["us"][order], self._lateness_us)
+        in_window = np.arange(len(order)) >= np.repeat(window_start, lengths)
+        # Rows sharing a millisecond with another of their customer's: their order and bit 1 need the ids.
+        tied = np.zeros(len(order), dtype=bool)
+        same = (group[1:] == group[:-1]) & (ms[1:] == ms[:-1])
+        tied[1:] |= same
+        tied[:-1] |= same
+        del same
+        wanted = np.flatnonzero(in_window | tied)  # positions in `order`
+        ids = _ids_at(fragments, condition, schema, sizes, order[wanted])
+        first = np.ones(len(order), dtype=bool)
+        at = np.flatnonzero(tied)
+        if len(at):
+            tied_ids = ids.take(pa.array(np.searchsorted(wanted, at)))
+            # Same-microsecond ties in id order (the sort above left them in file order).
+            resort = pc.sort_indices(
+                pa.table({"c": group[at], "us": col["us"][order[at]], "id": tied_ids}),
+                [("c", "ascending"), ("us", "ascending"), ("id", "ascending")],
+            ).to_numpy()
+            order[at] = order[at][resort]
+            tied_ids = tied_ids.take(pa.array(resort))
+            first[at] = _History.first_in_millisecond(group[at], col["us"][order[at]], tied_ids)
+            # The window's ids: a tied row's follows the new order of its ties.
+            window_rows = np.flatnonzero(in_window)
+            k = np.minimum(np.searchsorted(at, window_rows), len(at) - 1)
+            source = np.where(at[k] == window_rows, len(ids) + k, np.searchsorted(wanted, window_rows))
+            window_ids = pa.concat_arrays([ids, tied_ids]).take(pa.array(source))
+        else:
+            window_ids = ids.take(pa.array(np.searchsorted(wanted, np.flatnonzero(in_window))))
+        del ids, tied, at, wanted, ms, group
+        flags = col["flags"][order] | np.where(first, 0, 2).astype(np.int8)
+        del first
         self._history = _History(
             [customers[c] for c in present.tolist()],
-            lengths[present],
+            lengths,
             {
-                "us": row_us,
-                "usd": amount_usd[order],
-                "flags": foreign[order] | np.where(first, 0, 2).astype(np.int8),
-                "arrival": arrival[order],
-                "merchant": merchant_codes.to_numpy()[order],
-                "hashes": _id_hashes(kept_ids),
+                "us": col.pop("us")[order],
+                "usd": col.pop("usd")[order],
+                "flags": flags,
+                "arrival": col.pop("arrival")[order],
+                "merchant": col.pop("merchant")[order],
+                "hashes": col.pop("hashes")[order],
             },
             window_start,
-            kept_ids.filter(pa.array(in_window)),
+            window_ids,
         )
-        del kept_ids, row_us, first, in_window
-
-        order, group, starts, ends = grouped("m")
-        s_us, s_ms, s_usd = us[order], ms[order], amount_usd[order]
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            a += int(np.searchsorted(s_ms[a:b], s_ms[b - 1] - self._retain_ms, side="right"))
-            merchant = self.merchants[merchants[group[a]]] = _Merchant(merchants[group[a]])
-            merchant.us.frombytes(s_us[a:b].tobytes())
-            merchant.cum = array("d", accumulate(s_usd[a:b].tolist(), initial=0.0))
+        return rows
 
     def _load_chargebacks(
         self, tables: Tables, with_silver: set[date], start_day: date, start: datetime
@@ -1314,6 +1365,76 @@ def _read(
     if where is not None:
         condition &= where
     return dataset.to_table(columns=columns, filter=condition)
+
+
+def _fragments(root: Path, first: date, before: tuple[str, datetime]):
+    """(the files of a silver table in the arrivals on or after `first`, the filter that also keeps rows
+    with `before`'s column earlier than its time, the dataset's schema)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    column, when = before
+    condition = (ds.field("arrival_date") >= pa.scalar(first, pa.date32())) & (
+        ds.field(column) < pa.scalar(when, pa.timestamp("us", tz="UTC"))
+    )
+    if not root.is_dir():
+        return [], condition, None
+    partitioning = ds.partitioning(pa.schema([("arrival_date", pa.date32())]), flavor="hive")
+    dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
+    return list(dataset.get_fragments(filter=condition)), condition, dataset.schema
+
+
+def _ids_at(fragments: list, condition, schema, sizes: list[int], positions: np.ndarray) -> pa.Array:
+    """The transaction ids of the rows at `positions` (in the order of the files and, within each, of the
+    rows `condition` keeps: `sizes` rows each), in the order of `positions`."""
+    import numpy as np
+    import pyarrow as pa
+
+    by_position = np.argsort(positions, kind="stable")
+    wanted = positions[by_position]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    chunks = []
+    for k, fragment in enumerate(fragments):
+        lo, hi = np.searchsorted(wanted, [offsets[k], offsets[k + 1]])
+        if lo == hi:
+            continue
+        ids = fragment.to_table(schema=schema, columns=["transaction_id"], filter=condition)["transaction_id"]
+        if len(ids) != sizes[k]:
+            raise RuntimeError(
+                f"{fragment.path} changed while the live state loaded from it: restart the load"
+            )
+        chunks.append(ids.take(pa.array(wanted[lo:hi] - offsets[k])).combine_chunks().cast(pa.large_string()))
+    ids = pa.concat_arrays(chunks) if chunks else pa.array([], pa.large_string())
+    back = np.empty_like(by_position)
+    back[by_position] = np.arange(len(by_position))
+    return ids.take(pa.array(back))
+
+
+def _codes(column: pa.ChunkedArray, codes: dict[str, int], keys: list[str] | None) -> np.ndarray:
+    """Each value's code in `codes` (new values get the next codes, and go to `keys` when given)."""
+    import numpy as np
+
+    encoded = column.combine_chunks().dictionary_encode()
+    values = encoded.dictionary.to_pylist()
+    mapping = np.empty(len(values), dtype=np.int32)
+    for k, value in enumerate(values):
+        code = codes.get(value)
+        if code is None:
+            code = codes[value] = len(codes)
+            if keys is not None:
+                keys.append(value)
+        mapping[k] = code
+    return mapping[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def _sort(first: np.ndarray, then: np.ndarray) -> np.ndarray:
+    """Row order by (first, then), ties in row order."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(pa.table({"a": first, "b": then}), [("a", "ascending"), ("b", "ascending")])
+    return order.to_numpy().astype(np.int64)
 
 
 def _count(root: Path, first: date, before: tuple[str, datetime]) -> int:
