@@ -758,10 +758,10 @@ class LiveState:
         import pyarrow.compute as pc
 
         fragments, condition, schema = _fragments(root, first_day, ("event_timestamp", start))
-        customer_codes: dict[str, int] = {}
-        self._merchant_keys, self._merchant_codes = [], {}
+        # Each file's customer and merchant ids dictionary-encoded; one set of codes for all files after.
+        local: dict[str, list[tuple[pa.Array, np.ndarray]]] = {"customer": [], "merchant": []}
         parts: dict[str, list[np.ndarray]] = {
-            name: [] for name in ("customer", "merchant", "us", "usd", "flags", "arrival", "hashes")
+            name: [] for name in ("us", "usd", "flags", "arrival", "hashes")
         }
         sizes = []
         home = pa.array(sorted(_HOME))
@@ -795,18 +795,22 @@ class LiveState:
             abroad = ~pc.fill_null(pc.is_in(pairs, value_set=home), False).to_numpy(zero_copy_only=False)
             parts["flags"].append(abroad.astype(np.int8))
             parts["arrival"].append(table["arrival_date"].cast(pa.int32()).to_numpy().astype(np.int32))
-            parts["customer"].append(_codes(table["customer_id"], customer_codes, None))
-            parts["merchant"].append(_codes(table["merchant_id"], self._merchant_codes, self._merchant_keys))
+            for kind in ("customer", "merchant"):
+                encoded = table[f"{kind}_id"].combine_chunks().dictionary_encode()
+                local[kind].append((encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False)))
             parts["hashes"].append(
                 _id_hashes(table["transaction_id"].combine_chunks().cast(pa.large_string()))
             )
             del table, amounts, currencies, pairs, abroad
+            release_freed_memory()  # the file's columns (Arrow's threads free into their own arenas)
         rows = sum(sizes)
         if not rows:
             return 0
         col = {name: np.concatenate(parts.pop(name)) for name in list(parts)}
-        customers = list(customer_codes)
-        del customer_codes
+        customers, parts["customer"] = _codes(local.pop("customer"))
+        self._merchant_keys, parts["merchant"] = _codes(local.pop("merchant"))
+        self._merchant_codes = {key: code for code, key in enumerate(self._merchant_keys)}
+        col.update({name: np.concatenate(parts.pop(name)) for name in ("customer", "merchant")})
         id_from = self._now_ms // DAY_MS - self._id_reach_days
 
         # Merchants: each one's arrays, from one sort by (merchant, time).
@@ -823,29 +827,36 @@ class LiveState:
             merchant.us.frombytes(us_sorted[a:b].tobytes())
             merchant.cum = array("d", np.concatenate([[0.0], np.cumsum(usd_sorted[a:b])]).tobytes())
         del order, m_sorted, us_sorted, usd_sorted, bounds
+        release_freed_memory()
 
         # Customers: the history, from one sort by (customer, time). Kept: what the retained span reaches
         # (after each customer's latest), and what a resend or a chargeback may still name (arrived within
         # the ids' reach).
-        order = _sort(col["customer"], col["us"])
-        group = col["customer"][order]
+        customer = col.pop("customer")
+        order = _sort(customer, col["us"])
+        group = customer[order]
+        del customer
+        us_sorted = col["us"][order]
         bounds = np.flatnonzero(np.diff(group)) + 1
         starts, ends = np.concatenate([[0], bounds]), np.concatenate([bounds, [rows]])
-        ms = col["us"][order] // US_PER_MS
-        last_ms = np.repeat(ms[ends - 1], ends - starts)
-        keep = (ms > last_ms - self._retain_ms) | (col["arrival"][order] >= id_from)
-        order, group, ms = order[keep], group[keep], ms[keep]
-        del bounds, starts, ends, last_ms, keep
+        # Kept in the retained span: a millisecond later than the customer's latest less the span.
+        threshold = (us_sorted[ends - 1] // US_PER_MS - self._retain_ms + 1) * US_PER_MS
+        keep = us_sorted >= np.repeat(threshold, ends - starts)
+        keep |= col["arrival"][order] >= id_from
+        order, group, us_sorted = order[keep], group[keep], us_sorted[keep]
+        del bounds, starts, ends, threshold, keep
         lengths = np.bincount(group, minlength=len(customers))
         present = np.flatnonzero(lengths)
         lengths = lengths[present]
         starts = np.zeros(len(present) + 1, dtype=np.int64)
         np.cumsum(lengths, out=starts[1:])
-        window_start = _window_start(starts, col["us"][order], self._lateness_us)
+        window_start = _window_start(starts, us_sorted, self._lateness_us)
         in_window = np.arange(len(order)) >= np.repeat(window_start, lengths)
         # Rows sharing a millisecond with another of their customer's: their order and bit 1 need the ids.
         tied = np.zeros(len(order), dtype=bool)
+        ms = us_sorted // US_PER_MS
         same = (group[1:] == group[:-1]) & (ms[1:] == ms[:-1])
+        del ms
         tied[1:] |= same
         tied[:-1] |= same
         del same
@@ -857,12 +868,13 @@ class LiveState:
             tied_ids = ids.take(pa.array(np.searchsorted(wanted, at)))
             # Same-microsecond ties in id order (the sort above left them in file order).
             resort = pc.sort_indices(
-                pa.table({"c": group[at], "us": col["us"][order[at]], "id": tied_ids}),
+                pa.table({"c": group[at], "us": us_sorted[at], "id": tied_ids}),
                 [("c", "ascending"), ("us", "ascending"), ("id", "ascending")],
             ).to_numpy()
             order[at] = order[at][resort]
+            us_sorted[at] = us_sorted[at][resort]
             tied_ids = tied_ids.take(pa.array(resort))
-            first[at] = _History.first_in_millisecond(group[at], col["us"][order[at]], tied_ids)
+            first[at] = _History.first_in_millisecond(group[at], us_sorted[at], tied_ids)
             # The window's ids: a tied row's follows the new order of its ties.
             window_rows = np.flatnonzero(in_window)
             k = np.minimum(np.searchsorted(at, window_rows), len(at) - 1)
@@ -870,14 +882,15 @@ class LiveState:
             window_ids = pa.concat_arrays([ids, tied_ids]).take(pa.array(source))
         else:
             window_ids = ids.take(pa.array(np.searchsorted(wanted, np.flatnonzero(in_window))))
-        del ids, tied, at, wanted, ms, group
-        flags = col["flags"][order] | np.where(first, 0, 2).astype(np.int8)
+        del ids, tied, at, wanted, group
+        del col["us"]
+        flags = col.pop("flags")[order] | np.where(first, 0, 2).astype(np.int8)
         del first
         self._history = _History(
             [customers[c] for c in present.tolist()],
             lengths,
             {
-                "us": col.pop("us")[order],
+                "us": us_sorted,
                 "usd": col.pop("usd")[order],
                 "flags": flags,
                 "arrival": col.pop("arrival")[order],
@@ -1410,21 +1423,19 @@ def _ids_at(fragments: list, condition, schema, sizes: list[int], positions: np.
     return ids.take(pa.array(back))
 
 
-def _codes(column: pa.ChunkedArray, codes: dict[str, int], keys: list[str] | None) -> np.ndarray:
-    """Each value's code in `codes` (new values get the next codes, and go to `keys` when given)."""
+def _codes(files: list[tuple[pa.Array, np.ndarray]]) -> tuple[list[str], list[np.ndarray]]:
+    """(the distinct values of all files, each file's rows as codes into them), from each file's
+    dictionary encoding (its distinct values, its rows' indices into them)."""
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    encoded = column.combine_chunks().dictionary_encode()
-    values = encoded.dictionary.to_pylist()
-    mapping = np.empty(len(values), dtype=np.int32)
-    for k, value in enumerate(values):
-        code = codes.get(value)
-        if code is None:
-            code = codes[value] = len(codes)
-            if keys is not None:
-                keys.append(value)
-        mapping[k] = code
-    return mapping[encoded.indices.to_numpy(zero_copy_only=False)]
+    values = pc.unique(pa.chunked_array([dictionary for dictionary, _ in files]))
+    codes = [
+        pc.index_in(dictionary, value_set=values).to_numpy(zero_copy_only=False).astype(np.int32)[indices]
+        for dictionary, indices in files
+    ]
+    return values.to_pylist(), codes
 
 
 def _sort(first: np.ndarray, then: np.ndarray) -> np.ndarray:
