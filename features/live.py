@@ -97,6 +97,7 @@ _HOME = frozenset(f"{country}:{currency}" for country, currency in HOME_COUNTRIE
 # An entity's columns are cut when the expired part is at least this share of them: each cut is O(n), so
 # amortised O(1) per transaction, and at most a third more memory than the retained part.
 _TRIM_SHARE = 4
+_SLICE_ROWS = 1 << 20  # rows per slice where the load would otherwise copy a value for every row
 _TRIM_MIN = 16
 
 Row = dict[str, Any]
@@ -841,7 +842,7 @@ class LiveState:
         starts, ends = np.concatenate([[0], bounds]), np.concatenate([bounds, [rows]])
         # Kept in the retained span: a millisecond later than the customer's latest less the span.
         threshold = (us_sorted[ends - 1] // US_PER_MS - self._retain_ms + 1) * US_PER_MS
-        keep = us_sorted >= np.repeat(threshold, ends - starts)
+        keep = _at_least(us_sorted, threshold, ends - starts)
         keep |= col["arrival"][order] >= id_from
         order, group, us_sorted = order[keep], group[keep], us_sorted[keep]
         del bounds, starts, ends, threshold, keep
@@ -851,7 +852,7 @@ class LiveState:
         starts = np.zeros(len(present) + 1, dtype=np.int64)
         np.cumsum(lengths, out=starts[1:])
         window_start = _window_start(starts, us_sorted, self._lateness_us)
-        in_window = np.arange(len(order)) >= np.repeat(window_start, lengths)
+        in_window = _at_least(None, window_start, lengths)
         # Rows sharing a millisecond with another of their customer's: their order and bit 1 need the ids.
         tied = np.zeros(len(order), dtype=bool)
         ms = us_sorted // US_PER_MS
@@ -1097,6 +1098,36 @@ class LiveState:
             if history is not None and key in history.code_of:
                 a, b = history.span(history.code_of[key])
                 total -= (b - a) - (customer.b - customer.a)  # a part moved into the tail is counted there
+        return total
+
+    def nbytes(self) -> int:
+        """Bytes the state's columns hold: the history, what was observed since, the merchants' arrays (not
+        Python's overhead per object, nor the ids' map of chargebacks reported)."""
+        total = 0
+        history = self._history
+        if history is not None:
+            total += history.window_ids.array.nbytes + sum(
+                values.nbytes
+                for values in (
+                    history.us,
+                    history.usd,
+                    history.flags,
+                    history.arrival,
+                    history.merchant,
+                    history.hashes,
+                    history.index_rows,
+                    history.starts,
+                    history.window_start,
+                    history.window_base,
+                )
+            )
+        for c in self._customers.values():
+            total += sum(
+                len(values) * values.itemsize for values in (c.us, c.usd, c.foreign, c.merchant, c.arrival)
+            )
+            total += sum(8 + len(tid) for tid in c.ids)
+        for m in self.merchants.values():
+            total += (len(m.us) + len(m.cum) + len(m.chargebacks)) * 8
         return total
 
     def _rows_of_copy(self, tid: str, known: list[_Copy]) -> tuple[Row, Row] | None:
@@ -1438,6 +1469,26 @@ def _codes(files: list[tuple[pa.Array, np.ndarray]]) -> tuple[list[str], list[np
     return values.to_pylist(), codes
 
 
+def _at_least(values: np.ndarray | None, bounds: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per row: whether its value (its position, for None) is at least its group's bound, the rows grouped
+    in order, `lengths` of them a group. In slices of a million rows, so that the bounds are never
+    repeated for every row at once (the load's peak)."""
+    import numpy as np
+
+    total = int(lengths.sum())
+    out = np.empty(total, dtype=bool)
+    ends = np.cumsum(lengths)
+    for lo in range(0, total, _SLICE_ROWS):
+        hi = min(lo + _SLICE_ROWS, total)
+        groups = np.arange(
+            np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi - 1, side="right") + 1
+        )
+        counts = np.minimum(ends[groups], hi) - np.maximum(ends[groups] - lengths[groups], lo)
+        here = np.arange(lo, hi) if values is None else values[lo:hi]
+        out[lo:hi] = here >= np.repeat(bounds[groups], counts)
+    return out
+
+
 def _sort(first: np.ndarray, then: np.ndarray) -> np.ndarray:
     """Row order by (first, then), ties in row order."""
     import numpy as np
@@ -1445,7 +1496,7 @@ def _sort(first: np.ndarray, then: np.ndarray) -> np.ndarray:
     import pyarrow.compute as pc
 
     order = pc.sort_indices(pa.table({"a": first, "b": then}), [("a", "ascending"), ("b", "ascending")])
-    return order.to_numpy().astype(np.int64)
+    return order.to_numpy().view(np.int64)  # indices below 2**63: the same bits
 
 
 def _count(root: Path, first: date, before: tuple[str, datetime]) -> int:

@@ -1,0 +1,158 @@
+"""The live state in columns (features/live.py): customers' history as one numpy column per field, folded in
+again each day (`LiveState._compact`), loaded from silver in two passes, ids kept only in each customer's
+window. Whatever the layout, the rows are those of a state that only ever observed: ties in one millisecond
+ordered by id, late transactions landing inside the history, resends and chargebacks found through the
+hashed ids."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from features.live import LiveState
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+DAYS = 8
+
+
+def _stream(seed: int) -> list[tuple[datetime, dict]]:
+    """(arrival time, transaction) in arrival order over DAYS days: some transactions up to 20 hours late,
+    pairs in one microsecond or one millisecond with ids in either order, and resends."""
+    rng = random.Random(seed)
+    out: list[tuple[datetime, dict]] = []
+    for n in range(900):
+        when = T0 + timedelta(seconds=rng.randrange(DAYS * 86_400), microseconds=rng.randrange(10**6))
+        txn = {
+            "transaction_id": f"tx{rng.randrange(16**12):012x}",
+            "customer_id": f"c{rng.randrange(25):03d}",
+            "merchant_id": f"m{rng.randrange(4)}",
+            "amount": round(rng.choice([10.0, rng.uniform(1, 400)]), 2),
+            "currency": rng.choice(["EUR", "USD", "GBP"]),
+            "country": rng.choice(["DE", "US", "GB", None]),
+            "event_timestamp": when,
+        }
+        late = timedelta(hours=rng.choice([0, 0, 0, rng.uniform(0, 20)]))
+        out.append((when + late, txn))
+        if rng.random() < 0.15:  # a tie: the same customer in the same microsecond or millisecond
+            tie = dict(txn, transaction_id=f"tx{rng.randrange(16**12):012x}", amount=round(rng.uniform(1, 99), 2))
+            tie["event_timestamp"] = when + timedelta(microseconds=rng.choice([0, 0, 1, 700]))
+            tie["event_timestamp"] -= timedelta(microseconds=when.microsecond % 1000 if rng.random() < 0.5 else 0)
+            out.append((when + late + timedelta(hours=rng.choice([0, 3, 14])), tie))
+        if rng.random() < 0.05 and out:  # a resend of an earlier transaction, arriving later
+            arrived, earlier = rng.choice(out)
+            out.append((arrived + timedelta(hours=rng.uniform(1, 30)), dict(earlier)))
+    return sorted(out, key=lambda item: item[0])
+
+
+def test_a_state_folded_into_columns_each_day_gives_the_rows_of_one_that_only_observed():
+    stream = _stream(11)
+    folded, observing = LiveState(late_event_days=1), LiveState(late_event_days=1)
+    seen: list[str] = []
+    for arrived, txn in stream:
+        folded.advance(arrived)  # the service's clock: a new day folds the day before into the columns
+        refused = folded.refusal([txn])
+        assert refused == observing.refusal([txn]), txn
+        if refused is None:
+            assert folded.observe(txn) == observing.observe(txn), txn
+            seen.append(txn["transaction_id"])
+        if len(seen) % 40 == 0:  # a chargeback for a transaction observed before, maybe days before
+            tid = random.Random(len(seen)).choice(seen)
+            assert folded.observe_chargeback(tid, arrived) == observing.observe_chargeback(tid, arrived)
+    history = folded._history
+    assert history is not None and len(history) > 600  # most of it was folded, the last day is not
+    assert folded.kept_transactions() == observing.kept_transactions() == len(set(seen))
+    for tid in seen:
+        assert folded.rows_of(tid) == observing.rows_of(tid), tid
+    end = stream[-1][0]
+    for customer in {txn["customer_id"] for _, txn in stream}:
+        for merchant in ("m0", "m3"):
+            assert folded.state_before(customer, merchant, end) == observing.state_before(customer, merchant, end)
+
+
+def _write_silver(home: Path, stream: list[tuple[datetime, dict]], before: datetime) -> list[dict]:
+    """Silver's transactions (those before `before`, each arriving on its event date, two files a day with
+    the later id of a tie written first) as `LiveState.from_lake` reads them."""
+    rows = [txn for _, txn in stream if txn["event_timestamp"] < before]
+    unique = list({txn["transaction_id"]: txn for txn in rows}.values())
+    by_day: dict[date, list[dict]] = {}
+    for txn in sorted(unique, key=lambda t: (t["event_timestamp"], t["transaction_id"]), reverse=True):
+        by_day.setdefault(txn["event_timestamp"].date(), []).append(txn)
+    for day, txns in by_day.items():
+        folder = home / "lake" / "silver" / "transactions" / f"arrival_date={day.isoformat()}"
+        folder.mkdir(parents=True)
+        table = pa.table(
+            {
+                "transaction_id": [t["transaction_id"] for t in txns],
+                "customer_id": [t["customer_id"] for t in txns],
+                "merchant_id": [t["merchant_id"] for t in txns],
+                "amount": pa.array([str(t["amount"]) for t in txns]).cast(pa.decimal128(12, 2)),
+                "currency": [t["currency"] for t in txns],
+                "country": [t["country"] for t in txns],
+                "event_timestamp": pa.array([t["event_timestamp"] for t in txns], pa.timestamp("us", tz="UTC")),
+            }
+        )
+        half = table.num_rows // 2
+        pq.write_table(table.slice(0, half), folder / "part-0.parquet")
+        pq.write_table(table.slice(half), folder / "part-1.parquet")
+    return sorted(unique, key=lambda t: (t["event_timestamp"], t["transaction_id"]))
+
+
+def test_a_state_loaded_from_the_lake_gives_the_rows_of_one_that_observed_the_same_transactions(tmp_path):
+    from core.settings import Settings
+
+    stream = _stream(5)
+    start = T0 + timedelta(days=DAYS - 2)
+    history = _write_silver(tmp_path / "home", stream, start)
+    loaded = LiveState.from_lake(Settings(home=tmp_path / "home"), start)
+    observing = LiveState(late_event_days=1)
+    for txn in history:
+        observing.observe(txn)
+    assert loaded.kept_transactions() == len(history)
+    for txn in history:
+        assert loaded.rows_of(txn["transaction_id"]) == observing.rows_of(txn["transaction_id"]), txn
+    # Then live traffic from the start: late ones land inside the loaded history's window, some in the
+    # microsecond or millisecond of a loaded transaction of their customer.
+    live = [(arrived, txn) for arrived, txn in stream if txn["event_timestamp"] >= start]
+    rng = random.Random(3)
+    for txn in history[-40:]:
+        tie = dict(txn, transaction_id=f"tx{rng.randrange(16**12):012x}")
+        tie["event_timestamp"] += timedelta(microseconds=rng.choice([0, 1, -1]))
+        live.append((start, tie))
+    for arrived, txn in sorted(live, key=lambda item: item[0]):
+        loaded.advance(max(arrived, start))
+        refused = loaded.refusal([txn])
+        assert refused == observing.refusal([txn]), txn
+        if refused is None:
+            assert loaded.observe(txn) == observing.observe(txn), txn
+    for txn in history:
+        assert loaded.rows_of(txn["transaction_id"]) == observing.rows_of(txn["transaction_id"]), txn
+
+
+def test_the_columns_take_under_70_bytes_a_transaction(tmp_path):
+    """The budget of issue #32 item 5: 31 million transactions (30 days at a million a day) in 2 GiB is 69
+    bytes each. Counted from the state's own arrays (`LiveState.nbytes`), not the process's memory;
+    benchmarks/serving.py measures that."""
+    from core.settings import Settings
+
+    rng = random.Random(2)
+    stream = []
+    for n in range(30_000):
+        when = T0 + timedelta(seconds=rng.randrange(30 * 86_400))
+        txn = {
+            "transaction_id": f"tx{n:016x}",
+            "customer_id": f"c{rng.randrange(1_000):07d}",
+            "merchant_id": f"m{rng.randrange(30):05d}",
+            "amount": round(rng.uniform(1, 400), 2),
+            "currency": "EUR",
+            "country": "DE",
+            "event_timestamp": when,
+        }
+        stream.append((when, txn))
+    history = _write_silver(tmp_path / "home", stream, T0 + timedelta(days=30))
+    state = LiveState.from_lake(Settings(home=tmp_path / "home"), T0 + timedelta(days=30))
+    assert state.kept_transactions() == len(history)
+    assert state.nbytes() / len(history) < 70
