@@ -103,9 +103,10 @@ _TRIM_MIN = 16
 Row = dict[str, Any]
 
 
-# Memory per retained transaction, both entities' columns, its id and its entry in the map of ids (measured:
-# the module docstring): what the sizing check at start multiplies the history's rows by.
-BYTES_PER_TRANSACTION = 600
+# Memory per transaction read at the load's peak (benchmarks/serving.py --state-footprint: 100 bytes at 4
+# million; the state itself keeps 55-60 after it): what the sizing check at start multiplies the rows to
+# read by.
+BYTES_PER_TRANSACTION = 100
 
 
 class StateTooLargeError(RuntimeError):
@@ -712,6 +713,7 @@ class LiveState:
         left to `observe` / `observe_chargeback`: pass the time the lake's data ends (the service's
         start), or the start of a day to replay it."""
         start_us = _micros(start, "start")
+        map_large_allocations()
         state = cls(settings.ingest.late_event_days, settings.ingest.dedup_lookback_days)
         state._now_ms = start_us // US_PER_MS
         tables = Tables(settings.lake)
@@ -736,12 +738,13 @@ class LiveState:
         state._load_chargebacks(tables, set(arrivals), start_day, start)
         release_freed_memory()
         log.info(
-            "live state from %s: %d transactions before %s read, %d kept, %d customers, %d merchants, "
-            "%d chargebacks",
+            "live state from %s: %d transactions before %s read, %d kept in %.0f MiB of columns, "
+            "%d customers, %d merchants, %d chargebacks",
             tables.silver,
             read,
-            state.kept_transactions(),
             start.isoformat(),
+            state.kept_transactions(),
+            state.nbytes() / 2**20,
             len(state._history.keys) if state._history is not None else 0,
             len(state.merchants),
             sum(len(m.chargebacks) for m in state.merchants.values()),
@@ -812,22 +815,26 @@ class LiveState:
         self._merchant_keys, parts["merchant"] = _codes(local.pop("merchant"))
         self._merchant_codes = {key: code for code, key in enumerate(self._merchant_keys)}
         col.update({name: np.concatenate(parts.pop(name)) for name in ("customer", "merchant")})
+        release_freed_memory()
         id_from = self._now_ms // DAY_MS - self._id_reach_days
 
         # Merchants: each one's arrays, from one sort by (merchant, time).
         order = _sort(col["merchant"], col["us"])
-        m_sorted, us_sorted = col["merchant"][order], col["us"][order]
-        usd_sorted = col["usd"][order]
+        m_sorted = col["merchant"][order]
         bounds = np.flatnonzero(np.diff(m_sorted)) + 1
         firsts, lasts = np.concatenate([[0], bounds]).tolist(), np.concatenate([bounds, [rows]]).tolist()
-        for a, b in zip(firsts, lasts, strict=True):
+        codes = m_sorted[firsts].tolist()
+        del m_sorted, bounds
+        us_sorted, usd_sorted = col["us"][order], col["usd"][order]
+        del order
+        for a, b, code in zip(firsts, lasts, codes, strict=True):
             ms_slice = us_sorted[a:b] // US_PER_MS
             a += int(np.searchsorted(ms_slice, ms_slice[-1] - self._retain_ms, side="right"))
-            key = self._merchant_keys[m_sorted[a]]
+            key = self._merchant_keys[code]
             merchant = self.merchants[key] = _Merchant(key)
             merchant.us.frombytes(us_sorted[a:b].tobytes())
             merchant.cum = array("d", np.concatenate([[0.0], np.cumsum(usd_sorted[a:b])]).tobytes())
-        del order, m_sorted, us_sorted, usd_sorted, bounds
+        del us_sorted, usd_sorted
         release_freed_memory()
 
         # Customers: the history, from one sort by (customer, time). Kept: what the retained span reaches
@@ -846,6 +853,7 @@ class LiveState:
         keep |= col["arrival"][order] >= id_from
         order, group, us_sorted = order[keep], group[keep], us_sorted[keep]
         del bounds, starts, ends, threshold, keep
+        release_freed_memory()
         lengths = np.bincount(group, minlength=len(customers))
         present = np.flatnonzero(lengths)
         lengths = lengths[present]
@@ -887,6 +895,7 @@ class LiveState:
         del col["us"]
         flags = col.pop("flags")[order] | np.where(first, 0, 2).astype(np.int8)
         del first
+        release_freed_memory()
         self._history = _History(
             [customers[c] for c in present.tolist()],
             lengths,
@@ -1365,6 +1374,22 @@ def memory_returnable() -> bool:
     return pa.default_memory_pool().backend_name == "system"
 
 
+def map_large_allocations() -> None:
+    """Have glibc serve every allocation of a mebibyte or more by its own mapping, returned to the system
+    when freed: by default the threshold grows (up to 32 MiB) after such a free, and the load's numpy
+    temporaries below it then stay in the heap until `release_freed_memory`. Linux (glibc) only; once per
+    process, before a load."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    if libc is not None and hasattr(ctypes.CDLL(libc), "mallopt"):
+        ctypes.CDLL(libc).mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
 def release_freed_memory() -> None:
     """Give the memory a load freed back to the system: Arrow's pool keeps what it freed, and glibc keeps
     large freed blocks once its mmap threshold has grown (numpy's temporaries). Without it the process
@@ -1490,13 +1515,11 @@ def _at_least(values: np.ndarray | None, bounds: np.ndarray, lengths: np.ndarray
 
 
 def _sort(first: np.ndarray, then: np.ndarray) -> np.ndarray:
-    """Row order by (first, then), ties in row order."""
+    """Row order by (first, then), ties in row order (numpy's lexsort is stable: faster here than Arrow's
+    sort of a two-column table, and it allocates only the order)."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
-    order = pc.sort_indices(pa.table({"a": first, "b": then}), [("a", "ascending"), ("b", "ascending")])
-    return order.to_numpy().view(np.int64)  # indices below 2**63: the same bits
+    return np.lexsort((then, first))
 
 
 def _count(root: Path, first: date, before: tuple[str, datetime]) -> int:

@@ -24,7 +24,7 @@ def _stream(seed: int) -> list[tuple[datetime, dict]]:
     pairs in one microsecond or one millisecond with ids in either order, and resends."""
     rng = random.Random(seed)
     out: list[tuple[datetime, dict]] = []
-    for n in range(900):
+    for _ in range(900):
         when = T0 + timedelta(seconds=rng.randrange(DAYS * 86_400), microseconds=rng.randrange(10**6))
         txn = {
             "transaction_id": f"tx{rng.randrange(16**12):012x}",
@@ -38,9 +38,13 @@ def _stream(seed: int) -> list[tuple[datetime, dict]]:
         late = timedelta(hours=rng.choice([0, 0, 0, rng.uniform(0, 20)]))
         out.append((when + late, txn))
         if rng.random() < 0.15:  # a tie: the same customer in the same microsecond or millisecond
-            tie = dict(txn, transaction_id=f"tx{rng.randrange(16**12):012x}", amount=round(rng.uniform(1, 99), 2))
+            tie = dict(
+                txn, transaction_id=f"tx{rng.randrange(16**12):012x}", amount=round(rng.uniform(1, 99), 2)
+            )
             tie["event_timestamp"] = when + timedelta(microseconds=rng.choice([0, 0, 1, 700]))
-            tie["event_timestamp"] -= timedelta(microseconds=when.microsecond % 1000 if rng.random() < 0.5 else 0)
+            tie["event_timestamp"] -= timedelta(
+                microseconds=when.microsecond % 1000 if rng.random() < 0.5 else 0
+            )
             out.append((when + late + timedelta(hours=rng.choice([0, 3, 14])), tie))
         if rng.random() < 0.05 and out:  # a resend of an earlier transaction, arriving later
             arrived, earlier = rng.choice(out)
@@ -70,7 +74,9 @@ def test_a_state_folded_into_columns_each_day_gives_the_rows_of_one_that_only_ob
     end = stream[-1][0]
     for customer in {txn["customer_id"] for _, txn in stream}:
         for merchant in ("m0", "m3"):
-            assert folded.state_before(customer, merchant, end) == observing.state_before(customer, merchant, end)
+            assert folded.state_before(customer, merchant, end) == observing.state_before(
+                customer, merchant, end
+            )
 
 
 def _write_silver(home: Path, stream: list[tuple[datetime, dict]], before: datetime) -> list[dict]:
@@ -92,7 +98,9 @@ def _write_silver(home: Path, stream: list[tuple[datetime, dict]], before: datet
                 "amount": pa.array([str(t["amount"]) for t in txns]).cast(pa.decimal128(12, 2)),
                 "currency": [t["currency"] for t in txns],
                 "country": [t["country"] for t in txns],
-                "event_timestamp": pa.array([t["event_timestamp"] for t in txns], pa.timestamp("us", tz="UTC")),
+                "event_timestamp": pa.array(
+                    [t["event_timestamp"] for t in txns], pa.timestamp("us", tz="UTC")
+                ),
             }
         )
         half = table.num_rows // 2
