@@ -380,6 +380,7 @@ def state_footprint(rows: int) -> dict:
         gc.collect()
         per_row = (_rss_mib(os.getpid()) - before) * 2**20 / rows
         peak_per_row = (_peak_rss_mib() - before) * 2**20 / rows
+        columns_per_row = state.nbytes() / state.kept_transactions()
         # A day of live traffic: a day's share of the rows, at the same customers and merchants.
         day = _synthetic_silver(rows // days, 1, seed=1).to_pylist()
         for txn in day:
@@ -400,6 +401,7 @@ def state_footprint(rows: int) -> dict:
         "load_s": took,
         "bytes_per_transaction": per_row,
         "peak_bytes_per_transaction": peak_per_row,
+        "columns_bytes_per_transaction": columns_per_row,
         "projected_gib": per_row * STATE_GOAL_ROWS / 2**30,
         "projected_peak_gib": peak_per_row * STATE_GOAL_ROWS / 2**30,
         "projected_load_s": took / rows * STATE_GOAL_ROWS,
@@ -581,7 +583,8 @@ def print_serving(console, results: dict) -> None:
     state = results["state_footprint"]
     table.add_row(
         f"live state of {state['rows']:,} transactions (31 days, synthetic)",
-        f"{state['bytes_per_transaction']:.0f} B each, load {state['load_s']:.1f} s",
+        f"{state['bytes_per_transaction']:.0f} B each ({state['columns_bytes_per_transaction']:.0f} in its "
+        f"columns), load {state['load_s']:.1f} s",
         "",
     )
     table.add_row(

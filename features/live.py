@@ -768,7 +768,6 @@ class LiveState:
             name: [] for name in ("us", "usd", "flags", "arrival", "hashes")
         }
         sizes = []
-        home = pa.array(sorted(_HOME))
         for fragment in fragments:
             table = fragment.to_table(
                 schema=schema,
@@ -795,9 +794,18 @@ class LiveState:
             currencies = table["currency"].combine_chunks().dictionary_encode()
             rates = np.array([_rate(c) for c in currencies.dictionary.to_pylist()])
             parts["usd"].append(amounts / rates[currencies.indices.to_numpy(zero_copy_only=False)])
-            pairs = pc.binary_join_element_wise(table["country"], table["currency"], ":")
-            abroad = ~pc.fill_null(pc.is_in(pairs, value_set=home), False).to_numpy(zero_copy_only=False)
-            parts["flags"].append(abroad.astype(np.int8))
+            # Abroad from the (country, currency) pairs present, looked up per row (a null country is abroad).
+            countries = table["country"].combine_chunks().dictionary_encode()
+            known = countries.dictionary.to_pylist()
+            pairs = np.array(
+                [
+                    [is_foreign(country, c) for c in currencies.dictionary.to_pylist()]
+                    for country in [*known, None]
+                ],
+                dtype=np.int8,
+            )
+            country = pc.fill_null(countries.indices, len(known)).to_numpy(zero_copy_only=False)
+            parts["flags"].append(pairs[country, currencies.indices.to_numpy(zero_copy_only=False)])
             parts["arrival"].append(table["arrival_date"].cast(pa.int32()).to_numpy().astype(np.int32))
             for kind in ("customer", "merchant"):
                 encoded = table[f"{kind}_id"].combine_chunks().dictionary_encode()
@@ -805,7 +813,7 @@ class LiveState:
             parts["hashes"].append(
                 _id_hashes(table["transaction_id"].combine_chunks().cast(pa.large_string()))
             )
-            del table, amounts, currencies, pairs, abroad
+            del table, amounts, currencies, countries, pairs, country
             release_freed_memory()  # the file's columns (Arrow's threads free into their own arenas)
         rows = sum(sizes)
         if not rows:
@@ -1481,17 +1489,17 @@ def _ids_at(fragments: list, condition, schema, sizes: list[int], positions: np.
 
 def _codes(files: list[tuple[pa.Array, np.ndarray]]) -> tuple[list[str], list[np.ndarray]]:
     """(the distinct values of all files, each file's rows as codes into them), from each file's
-    dictionary encoding (its distinct values, its rows' indices into them)."""
+    dictionary encoding (its distinct values, its rows' indices into them): one encoding of the files'
+    dictionaries together gives each file's values their codes."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    values = pc.unique(pa.chunked_array([dictionary for dictionary, _ in files]))
-    codes = [
-        pc.index_in(dictionary, value_set=values).to_numpy(zero_copy_only=False).astype(np.int32)[indices]
-        for dictionary, indices in files
-    ]
-    return values.to_pylist(), codes
+    dictionaries = [dictionary for dictionary, _ in files]
+    encoded = pa.concat_arrays(dictionaries).dictionary_encode()
+    codes_of_values = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    offsets = np.cumsum([0] + [len(dictionary) for dictionary in dictionaries]).tolist()
+    codes = [codes_of_values[offsets[k] : offsets[k + 1]][indices] for k, (_, indices) in enumerate(files)]
+    return encoded.dictionary.to_pylist(), codes
 
 
 def _at_least(values: np.ndarray | None, bounds: np.ndarray, lengths: np.ndarray) -> np.ndarray:
