@@ -355,6 +355,9 @@ def _window_start(starts: np.ndarray, us: np.ndarray, lateness_us: int) -> np.nd
     return starts[1:] - np.bincount(code[inside], minlength=len(lengths))
 
 
+_Columns = tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[int], Sequence[int]]
+
+
 class _Customer:
     """One customer's transactions sorted by (event time, transaction_id): rows [a, b) of the history first,
     then its tail, what was observed since the last compaction (Python arrays). A transaction that sorts
@@ -399,7 +402,7 @@ class _Customer:
         assert self.history is not None
         return int(self.history.us[self.b - 1])
 
-    def columns(self) -> tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[int], Sequence[int]]:
+    def columns(self) -> _Columns:
         """(time us, USD amount, abroad, merchant code, arrival) of every transaction, history then tail."""
         h = self.history
         if self.a == self.b or h is None:
@@ -441,23 +444,32 @@ class _Customer:
             )
         return tid
 
-    def insert(self, us: int, tid: str, amount: float, foreign: int, merchant: int, day: int) -> int:
-        """Insert a transaction in order; its index."""
-        times = self.columns()[0]
+    def insert(
+        self, us: int, tid: str, amount: float, foreign: int, merchant: int, day: int
+    ) -> tuple[int, _Columns]:
+        """Insert a transaction in order: its index, and the columns with it (what `row` reads)."""
+        columns: _Columns | None = self.columns()
+        assert columns is not None
+        times = columns[0]
         i = bisect_right(times, us)
         while i > 0 and times[i - 1] == us and self._known_id_at(i - 1) > tid:
             i -= 1
         if i < self.b - self.a:
             self._spill(i)
+            columns = None
         k = i - (self.b - self.a)
         self.latest = None
-        self.us.insert(k, us)
-        self.usd.insert(k, amount)
-        self.foreign.insert(k, foreign)
-        self.merchant.insert(k, merchant)
-        self.arrival.insert(k, day)
+        values = (us, amount, foreign, merchant, day)
+        tail: list[Any] = [self.us, self.usd, self.foreign, self.merchant, self.arrival]
+        for column, value in zip(tail, values, strict=True):
+            column.insert(k, value)
         self.ids.insert(k, tid)
-        return i
+        if columns is None or self.a == self.b:  # none, or the tail's own arrays (which have it now)
+            return i, self.columns()
+        copies: list[Any] = list(columns)  # lists: the history part and the tail, copied
+        for column, value in zip(copies, values, strict=True):
+            column.insert(i, value)
+        return i, columns
 
     def _spill(self, i: int) -> None:
         """Move the history's window into the tail: transaction i, to be inserted, sorts inside it."""
@@ -494,7 +506,7 @@ class _Customer:
             i += 1
         return -1
 
-    def row_at(self, i: int, columns=None) -> Row:
+    def row_at(self, i: int, columns: _Columns | None = None) -> Row:
         """Transaction i's row, a copy of the cached one where it is the last."""
         if i != len(self) - 1:
             return self.row(i, columns)
@@ -502,7 +514,7 @@ class _Customer:
             self.latest = self.row(i, columns)
         return dict(self.latest)
 
-    def row(self, i: int, columns=None) -> Row:
+    def row(self, i: int, columns: _Columns | None = None) -> Row:
         """Gold's customer row of transaction i (transforms.customer_features): windows over whole
         milliseconds, (t - w, t], found by binary search on the microsecond times."""
         times, usd_, foreign, merchants, arrival = columns or self.columns()
@@ -1016,12 +1028,14 @@ class LiveState:
                     "to compute its rows. Gold will take it when it arrives; restart the service "
                     "(LiveState.from_lake) to serve rows that include it."
                 )
-        customer = self._kept_customer(txn["customer_id"])
+        if customer is None:
+            customer = _Customer(txn["customer_id"])
+        self._customers.setdefault(customer.key, customer)  # the view of its history, kept from now on
         merchant = self._merchant(txn["merchant_id"])
-        ci = customer.insert(us, tid, amount, foreign, self._merchant_code(merchant.key), day)
+        ci, columns = customer.insert(us, tid, amount, foreign, self._merchant_code(merchant.key), day)
         mi = merchant.insert(us, amount)
         self._remember(tid, (customer.key, merchant.key, us, day))
-        new_rows = customer.row_at(ci), merchant.row_at(mi)
+        new_rows = customer.row_at(ci, columns), merchant.row_at(mi)
         merchant.trim(merchant.last_us() // US_PER_MS - self._retain_ms)
         return new_rows
 
@@ -1169,13 +1183,6 @@ class LiveState:
         history = self._history
         code = history.code_of.get(key) if history is not None else None
         return None if code is None else _Customer(key, history, code)
-
-    def _kept_customer(self, key: str) -> _Customer:
-        """A customer's state kept for what is observed next (its history's rows, if any, and a tail)."""
-        customer = self._customers.get(key)
-        if customer is None:
-            customer = self._customers[key] = self._customer(key) or _Customer(key)
-        return customer
 
     def _merchant(self, key: str) -> _Merchant:
         merchant = self.merchants.get(key)
