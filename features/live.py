@@ -713,6 +713,7 @@ class LiveState:
         self._reported: dict[str, int] = {}  # transaction id of a chargeback -> its report day
         self._reported_by_day: dict[int, list[str]] = {}
         self._now_ms = -(2**62)
+        self._fold_pending = False  # a new day began and its fold (`_compact`) has not run yet
 
     # --- bootstrap ----------------------------------------------------------------------------------------
 
@@ -1237,19 +1238,37 @@ class LiveState:
         copies = self._known(tid)
         return copies if any(day - self.dedup_lookback_days <= c[3] for c in copies) else None
 
-    def advance(self, now: datetime) -> None:
+    def advance(self, now: datetime, fold: bool = True) -> None:
         """Move the state's clock to `now`, the service's own time (never a request's): on a new day,
-        what no later row can read is forgotten. A `now` earlier than the clock is ignored."""
-        self._advance(_micros(now, "now") // US_PER_MS)
+        what no later row can read is forgotten. A `now` earlier than the clock is ignored. With `fold`
+        False, the new day's fold of what was observed into the columns (seconds at a million a day) is
+        left to `fold`: a service runs it where no request waits on it."""
+        self._advance(_micros(now, "now") // US_PER_MS, fold)
 
-    def _advance(self, ms: int) -> None:
-        """Move the clock; on a new day, forget what no later row can read (once a day, O(entities))."""
+    def fold_due(self, now: datetime) -> bool:
+        """Whether a fold waits, or `advance(now)` would start a new day."""
+        return self._fold_pending or _micros(now, "now") // US_PER_MS // DAY_MS > self._now_ms // DAY_MS
+
+    def fold(self) -> None:
+        """Fold what was observed since into the history's columns, if a new day began since the last
+        fold (`_compact`), and give the memory it freed back."""
+        if self._fold_pending:
+            self._fold_pending = False
+            self._compact()
+            release_freed_memory()  # the compaction's temporaries, now out of scope
+
+    def _advance(self, ms: int, fold: bool = True) -> None:
+        """Move the clock; on a new day, forget what no later row can read (once a day, O(entities)) and
+        fold the day into the columns (now or at `fold`)."""
         if ms <= self._now_ms:
             return
         new_day = ms // DAY_MS != self._now_ms // DAY_MS
         self._now_ms = ms
         if new_day:
             self._forget(ms // DAY_MS)
+            self._fold_pending = True
+            if fold:
+                self.fold()
 
     def _forget(self, today: int) -> None:
         cutoff = self._now_ms - self._retain_ms
@@ -1260,8 +1279,6 @@ class LiveState:
             and (not m.chargebacks or m.chargebacks[-1] <= cutoff)
         ]:
             del self.merchants[key]
-        self._compact()
-        release_freed_memory()  # the compaction's temporaries, now out of scope
         for day in [d for d in self._reported_by_day if d < today - self.dedup_lookback_days]:
             for tid in self._reported_by_day.pop(day):
                 if self._reported.get(tid) == day:

@@ -584,6 +584,8 @@ async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bo
         # loop under the same lock (serving/scorer.py), which must not wait on a disk.
         with service.scorer._lock:
             service.state.advance(now)
+            if service.state.maintenance_due(now):
+                service.state.maintain()  # on the executor's thread, as the scorer does
             return [
                 service.state.observe_chargeback(r["transaction_id"], r["label_timestamp"]) for r in reports
             ]

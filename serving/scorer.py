@@ -87,11 +87,17 @@ class Scorer:
         default_factory=lambda: threading.BoundedSemaphore(MAX_SHADOW_BACKLOG)
     )
 
+    def maintenance_due(self) -> bool:
+        """Whether the next batch brings the state's daily fold (read without the lock: a stale answer
+        only sends one batch to the scorer's thread, or leaves the fold to the next)."""
+        return self.clock is not None and self.state.maintenance_due(self.clock.now())
+
     def score(
         self,
         units: Sequence[Sequence[dict[str, Any]]],
         received: Sequence[float],
         callers: Sequence[str | None] | None = None,
+        inline: bool = False,
     ) -> list[list[dict[str, Any]] | Exception]:
         """Per unit (a request's transactions, received at `received[u]` from `callers[u]`, which the
         scoring log keeps): its results, or the exception
@@ -110,7 +116,10 @@ class Scorer:
         state_rows: Rows = []
         with self._lock:
             if self.clock is not None:
-                self.state.advance(self.clock.now())
+                now = self.clock.now()
+                self.state.advance(now)
+                if not inline and self.state.maintenance_due(now):
+                    self.state.maintain()  # the daily fold: on the scorer's thread, never the loop's
             for unit, when, caller in zip(units, received, callers or [None] * len(units), strict=True):
                 try:
                     refused = self.state.refusal(unit)
@@ -321,8 +330,8 @@ class MicroBatcher:
                 size += len(unit.txns)
             try:
                 batch = ([u.txns for u in units], [u.received for u in units], [u.caller for u in units])
-                if size <= INLINE_TRANSACTIONS:
-                    outcomes = self.scorer.score(*batch)
+                if size <= INLINE_TRANSACTIONS and not self.scorer.maintenance_due():
+                    outcomes = self.scorer.score(*batch, inline=True)
                 else:
                     outcomes = await loop.run_in_executor(self.executor, self.scorer.score, *batch)
             except Exception as exc:  # the whole batch: no champion, or the model call itself failed

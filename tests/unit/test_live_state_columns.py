@@ -164,3 +164,27 @@ def test_the_columns_take_under_70_bytes_a_transaction(tmp_path):
     state = LiveState.from_lake(Settings(home=tmp_path / "home"), T0 + timedelta(days=30))
     assert state.kept_transactions() == len(history)
     assert state.nbytes() / len(history) < 70
+
+
+def test_a_service_leaves_the_days_fold_to_fold_and_reads_the_same_meanwhile():
+    """`advance(now, fold=False)`, as the scoring service calls it on every batch: the day's fold into the
+    columns waits for `fold` (which the service runs on the scorer's thread, never the event loop), and
+    nothing read in between differs."""
+    stream = _stream(23)
+    waiting, folding = LiveState(late_event_days=1), LiveState(late_event_days=1)
+    folds = 0
+    for arrived, txn in stream:
+        due = waiting.fold_due(arrived)
+        waiting.advance(arrived, fold=False)
+        folding.advance(arrived)
+        assert waiting.fold_due(arrived) == due
+        if due and random.Random(txn["transaction_id"]).random() < 0.5:  # sometimes a batch or two later
+            before = len(waiting._history) if waiting._history is not None else 0
+            waiting.fold()
+            assert not waiting.fold_due(arrived)
+            folds += int((len(waiting._history) if waiting._history is not None else 0) != before)
+        if waiting.refusal([txn]) is None:
+            assert waiting.observe(txn) == folding.observe(txn), txn
+    assert folds >= 2
+    waiting.fold()
+    assert waiting.kept_transactions() == folding.kept_transactions()

@@ -15,9 +15,15 @@ from serving.scorer import INLINE_TRANSACTIONS, MicroBatcher
 class RecordingScorer:
     def __init__(self) -> None:
         self.calls: list[tuple[list[list[dict]], str]] = []
+        self.inline: list[bool] = []
+        self.due = False  # what maintenance_due answers: the live state's daily fold waits
 
-    def score(self, units, received, callers):
+    def maintenance_due(self) -> bool:
+        return self.due
+
+    def score(self, units, received, callers, inline=False):
         self.calls.append(([list(u) for u in units], threading.current_thread().name))
+        self.inline.append(inline)
         return [
             [{"transaction_id": t["transaction_id"], "caller": c} for t in u]
             for u, c in zip(units, callers, strict=True)
@@ -54,6 +60,24 @@ def test_a_small_batch_is_scored_on_the_event_loop_and_a_large_one_on_the_scorer
     (_, small_thread), (_, large_thread) = scorer.calls
     assert small_thread == loop_thread
     assert large_thread != loop_thread and large_thread.startswith("scorer")
+    assert scorer.inline == [True, False]  # told, so that the inline call leaves any fold to the thread
+
+
+def test_a_small_batch_goes_to_the_scorers_thread_when_the_states_daily_fold_is_due():
+    """The fold of a day into the live state's columns takes seconds at a million transactions a day
+    (docs/benchmarks.md): the batch that brings it must not hold the event loop."""
+    scorer = RecordingScorer()
+    scorer.due = True
+
+    async def action(batcher):
+        loop_thread = threading.current_thread().name
+        await batcher.submit(_txns(0, 1), 0.0, "a")
+        return loop_thread
+
+    loop_thread = asyncio.run(_with_batcher(scorer, action))
+    ((_, thread),) = scorer.calls
+    assert thread != loop_thread and thread.startswith("scorer")
+    assert scorer.inline == [False]
 
 
 def test_requests_that_queued_together_are_one_batch_in_order_each_answered_with_its_own():
