@@ -6,7 +6,7 @@ read the online store would serve yesterday's state to a model that learned from
 keeps each entity's recent history and computes, for every transaction it observes, the customer and
 merchant rows gold will hold for it (pipelines/gold/transforms.py), so that what it serves for a
 transaction is what the training set gives that transaction (train/serve parity). No Spark: plain Python
-over per-entity sorted columns: about 25 us per `observe` (measured on a realistic day, below).
+and numpy over sorted columns: about 40 us per `observe` (measured, below).
 
 The gold definition it reproduces, per transaction at t (milliseconds, UTC; Spark's `unix_millis`):
   - windows are (t - w, t] over event milliseconds: Spark's range frames include every transaction of the
@@ -29,24 +29,36 @@ Times are tz-aware datetimes everywhere in the API (a naive one is refused): eve
 microseconds, which the training join compares (the row of a transaction is joined at t' when
 event_us <= t'_us - 1000), while windows use whole milliseconds, as gold does.
 
-Kept per entity (numeric columns as `array` of 8-byte values, ids as shared string objects), sorted by
-(event time, transaction_id):
-  - customer: time (us, ms), id, USD amount and its square, abroad flag, merchant, arrival date. Windows
-    are found by binary search; sums over them are C-level sums of the slices (O(k) for the k transactions
-    of the window, tens of nanoseconds each), which keeps the 7d/30d variance formula on the same sums gold
-    uses: running totals would subtract large prefixes and turn a zero variance into rounding noise;
-  - merchant: time (us, ms), id, USD amount and its running total, and the report times of its
-    chargebacks: every window is two binary searches and a subtraction, O(log n) for a merchant with
-    thousands of transactions a month.
-Entities keep about `retain_days` (32 + 2 x late days) before their latest transaction; an entity silent
-longer is dropped (its rows are past their TTL). The row of each entity's last transaction is cached
-until something changes it, so `state_before` right after `observe` costs a copy, not a recomputation.
+How it is kept (issue #32 item 5: a million transactions a day, 30 days, within 2 GiB):
+  - customers: one column per field for all of them (`_History`, numpy), each customer's rows together
+    and sorted by (event time, transaction_id): time (us), USD amount, flags (abroad; whether another row
+    of the customer in the same millisecond has a smaller id), arrival day, merchant code, and the id's
+    64-bit hash with an index of rows by hash (resends, `rows_of`, chargeback attribution). The ids
+    themselves are kept only in each customer's window, its rows from `late_event_days` before its last
+    one: only there can an observed transaction land (an older one is refused), so only there is the
+    order of two ids ever asked. What is observed goes to a per-customer tail (Python arrays) after its
+    history rows; a late one that sorts inside the window first moves the window into the tail. Once a day
+    (`advance`, or `fold` where the service defers it) the tails are folded into new columns and what no
+    later row can read is dropped (`_compact`). Windows are found by binary search; sums over them are
+    sums of the slices (O(k) for the k transactions of the window), which keeps the 7d/30d variance
+    formula on the same sums gold uses: running totals would subtract large prefixes and turn a zero
+    variance into rounding noise;
+  - merchants: per merchant, time (us) and the running total of the USD amounts, and the report times
+    of its chargebacks: every window is two binary searches and a subtraction, O(log n) for a merchant
+    with thousands of transactions a month. Its rows depend only on the time, so no ids;
+  - a transaction id is found by its 64-bit hash, and outside the windows a matching hash is taken for
+    the id (inside, the ids are compared): a new id matches one of 31 million kept with a probability of
+    about 2e-12, so a resend is told from a new transaction wrongly about once in a million days.
+Entities keep about `retain_days` (30 + 2 x late days + 2) before their latest transaction; an entity silent
+longer is dropped at the fold (its rows are past their TTL). The row of each entity's last transaction is
+cached until something changes it, so `state_before` right after `observe` costs a copy, not a
+recomputation.
 
-Measured (35 days of the generator's data at 20k transactions a day, 10k customers, 1k merchants up to 23k
-transactions each, on a shared 2-core machine): `from_lake` 2 s; `observe` 23 us median, 50 us p99;
-`state_before` 6 us median; the same with 20 merchants of up to 227k transactions each. Memory: about
-600 bytes per retained transaction (both entities' columns, the id and its entry in the map of
-transaction ids kept 32 days for chargeback attribution and resend detection): ~390 MiB at 20k a day.
+Measured (benchmarks/serving.py --state-footprint: 31 days of synthetic silver, a customer a month per 30
+transactions, a merchant per thousand; docs/benchmarks.md has the figures and the old layout's beside
+them): 54 bytes of columns a transaction, about 56 of resident memory after the load and 100 at its
+peak; the load 5.2 s for 4 million (two passes over the files: compact columns first, then only the ids
+the windows keep); a day's fold 2.1 s at 4 million. `observe` 41 us median, `state_before` 13 us.
 """
 
 from __future__ import annotations
@@ -1569,12 +1581,3 @@ def _count(root: Path, first: date, before: tuple[str, datetime]) -> int:
         ds.field(column) < pa.scalar(when, pa.timestamp("us", tz="UTC"))
     )
     return dataset.count_rows(filter=condition)
-
-
-def _shared_strings(column: pa.ChunkedArray) -> tuple[list[str], pa.Array]:
-    """(distinct values as Python strings, each row's index into them): every row of an entity then holds
-    the same string object."""
-    import pyarrow as pa
-
-    encoded = column.combine_chunks().dictionary_encode()
-    return encoded.dictionary.to_pylist(), encoded.indices.cast(pa.int64())
