@@ -188,3 +188,17 @@ def test_a_service_leaves_the_days_fold_to_fold_and_reads_the_same_meanwhile():
     assert folds >= 2
     waiting.fold()
     assert waiting.kept_transactions() == folding.kept_transactions()
+
+
+def test_an_ids_hash_is_the_same_computed_alone_or_for_a_column():
+    """The index is built from whole columns (`_id_hashes`) and searched with one id at a time (`id_hash`):
+    both must give the same 64 bits, for any UTF-8 id and for a slice of a column."""
+    from features.live import _id_hashes, _Ids, id_hash
+
+    ids = ["tx1", "é漢字-ß", "", "a" * 70, "tx0000000000000001", "tx0000000000000002"]
+    column = pa.array(ids, pa.large_string())
+    assert [int(h) for h in _id_hashes(column)] == [id_hash(tid) for tid in ids]
+    part = column.slice(1, 4)
+    assert [int(h) for h in _id_hashes(part)] == [id_hash(tid) for tid in ids[1:5]]
+    assert [_Ids(part)[k] for k in range(4)] == ids[1:5]
+    assert len({id_hash(tid) for tid in ids}) == len(ids)
