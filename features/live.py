@@ -377,6 +377,7 @@ class _Customer:
     (`_spill`): an accepted transaction never sorts before the window, so the tail always follows."""
 
     __slots__ = (
+        "_cached",
         "a",
         "arrival",
         "b",
@@ -404,6 +405,8 @@ class _Customer:
         # The row of the last transaction, while it holds: a service reads it (state_before) right after
         # computing it (observe). Dropped by whatever changes it.
         self.latest: Row | None = None
+        # The history part's columns as lists, while there is no tail (a view that nothing changes).
+        self._cached: _Columns | None = None
 
     def __len__(self) -> int:
         return self.b - self.a + len(self.us)
@@ -419,6 +422,8 @@ class _Customer:
         h = self.history
         if self.a == self.b or h is None:
             return self.us, self.usd, self.foreign, self.merchant, self.arrival
+        if not self.us and self._cached is not None:
+            return self._cached
         a, b = self.a, self.b
         base = (
             h.us[a:b].tolist(),
@@ -428,6 +433,7 @@ class _Customer:
             h.arrival[a:b].tolist(),
         )
         if not self.us:
+            self._cached = base
             return base
         return (
             base[0] + self.us.tolist(),
@@ -470,7 +476,7 @@ class _Customer:
             self._spill(i)
             columns = None
         k = i - (self.b - self.a)
-        self.latest = None
+        self.latest = self._cached = None
         values = (us, amount, foreign, merchant, day)
         tail: list[Any] = [self.us, self.usd, self.foreign, self.merchant, self.arrival]
         for column, value in zip(tail, values, strict=True):
@@ -726,6 +732,11 @@ class LiveState:
         self._reported_by_day: dict[int, list[str]] = {}
         self._now_ms = -(2**62)
         self._fold_pending = False  # a new day began and its fold (`_compact`) has not run yet
+        # The last customer looked at that only the history holds: a request reads it three times
+        # (refusal, state_before, observe), so one view and one read of its columns serve all three.
+        self._view: _Customer | None = None
+        # The last id looked up in the history, with what it found there (the history only changes at a fold).
+        self._recent_id: tuple[str, _History, int, tuple[_Copy, ...]] | None = None
 
     # --- bootstrap ----------------------------------------------------------------------------------------
 
@@ -1043,6 +1054,8 @@ class LiveState:
                 )
         if customer is None:
             customer = _Customer(txn["customer_id"])
+        if customer is self._view:
+            self._view = None
         self._customers.setdefault(customer.key, customer)  # the view of its history, kept from now on
         merchant = self._merchant(txn["merchant_id"])
         ci, columns = customer.insert(us, tid, amount, foreign, self._merchant_code(merchant.key), day)
@@ -1193,9 +1206,15 @@ class LiveState:
         customer = self._customers.get(key)
         if customer is not None:
             return customer
+        view = self._view
+        if view is not None and view.key == key and view.history is self._history:
+            return view
         history = self._history
         code = history.code_of.get(key) if history is not None else None
-        return None if code is None else _Customer(key, history, code)
+        if code is None:
+            return None
+        self._view = _Customer(key, history, code)
+        return self._view
 
     def _merchant(self, key: str) -> _Merchant:
         merchant = self.merchants.get(key)
@@ -1225,15 +1244,18 @@ class LiveState:
         copies: list[_Copy] = []
         history = self._history
         if history is not None:
-            rows = history.rows_of(tid)
-            if rows:
-                since = self._now_ms // DAY_MS - self._id_reach_days
-                found = sorted((int(history.arrival[r]), int(history.us[r]), r) for r in rows)
+            since = self._now_ms // DAY_MS - self._id_reach_days
+            recent = self._recent_id
+            if recent is not None and recent[0] == tid and recent[1] is history and recent[2] == since:
+                copies.extend(recent[3])  # asked again (refusal, then observe): the history has not changed
+            else:
+                found = sorted((int(history.arrival[r]), int(history.us[r]), r) for r in history.rows_of(tid))
                 copies.extend(
                     (history.customer_of(r), self._merchant_keys[history.merchant[r]], us, arrival)
                     for arrival, us, r in found
                     if arrival >= since
                 )
+                self._recent_id = (tid, history, since, tuple(copies))
         live = self._copies.get(tid)
         if live is not None:
             copies.extend([live] if isinstance(live, tuple) else live)
@@ -1406,6 +1428,7 @@ class LiveState:
         )
         self._customers = {}
         self._copies = {}
+        self._view = None
 
 
 def memory_returnable() -> bool:
