@@ -202,3 +202,36 @@ def test_an_ids_hash_is_the_same_computed_alone_or_for_a_column():
     assert [int(h) for h in _id_hashes(part)] == [id_hash(tid) for tid in ids[1:5]]
     assert [_Ids(part)[k] for k in range(4)] == ids[1:5]
     assert len({id_hash(tid) for tid in ids}) == len(ids)
+
+
+def test_a_transaction_that_arrived_late_stays_findable_for_resends_and_chargebacks(tmp_path):
+    """A transaction dated weeks before its customer's latest but arrived within the ids' reach is kept
+    (beside the retained span) so that a resend of it is known and a chargeback for it is attributed, as
+    silver and gold do."""
+    from core.settings import Settings
+
+    start = T0 + timedelta(days=60)
+    old = {
+        "transaction_id": "tx-late-arrival",
+        "customer_id": "c001",
+        "merchant_id": "m9",
+        "amount": 25.0,
+        "currency": "EUR",
+        "country": "DE",
+        "event_timestamp": start - timedelta(days=40),
+    }
+    recent = dict(
+        old, transaction_id="tx-recent", merchant_id="m1", event_timestamp=start - timedelta(hours=1)
+    )
+    for txn, arrival in ((old, start - timedelta(days=2)), (recent, start - timedelta(hours=1))):
+        folder = tmp_path / "home" / "lake" / "silver" / "transactions" / f"arrival_date={arrival.date()}"
+        folder.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pylist([txn])
+        amount = pa.array([str(txn["amount"])]).cast(pa.decimal128(12, 2))
+        table = table.set_column(table.schema.get_field_index("amount"), "amount", amount)
+        pq.write_table(table, folder / f"{txn['transaction_id']}.parquet")
+    state = LiveState.from_lake(Settings(home=tmp_path / "home"), start)
+    assert state.kept("c001") == 2
+    assert state.refusal([dict(old)]) is None  # a resend, not a transaction 40 days late
+    assert state.observe(dict(old)) == state.rows_of("tx-late-arrival")
+    assert state.observe_chargeback("tx-late-arrival", start + timedelta(hours=1))
