@@ -1428,7 +1428,7 @@ class LiveState:
         )
         self._customers = {}
         self._copies = {}
-        self._view = None
+        self._view = self._recent_id = None  # both hold the old history, which must go now
 
 
 def memory_returnable() -> bool:
