@@ -1483,40 +1483,48 @@ def _arrivals(root: Path) -> list[date]:
     )
 
 
+def _silver(root: Path):
+    """A silver table's files as one Arrow dataset (hive partitions by arrival date)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    partitioning = ds.partitioning(pa.schema([("arrival_date", pa.date32())]), flavor="hive")
+    return ds.dataset(root, format="parquet", partitioning=partitioning)
+
+
+def _since(first: date, before: tuple[str, datetime] | None = None):
+    """The filter: arrivals on or after `first` and, with `before`, its column earlier than its time."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    condition = ds.field("arrival_date") >= pa.scalar(first, pa.date32())
+    if before is not None:
+        column, when = before
+        condition &= ds.field(column) < pa.scalar(when, pa.timestamp("us", tz="UTC"))
+    return condition
+
+
 def _read(
     root: Path, columns: list[str], first: date, before: tuple[str, datetime] | None = None, where=None
 ) -> pa.Table:
     """A silver table's `columns` from the arrivals on or after `first` (hive partitions, by Arrow)."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
     if not root.is_dir():
         return pa.table({c: pa.array([], pa.string()) for c in columns})
-    partitioning = ds.partitioning(pa.schema([("arrival_date", pa.date32())]), flavor="hive")
-    dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
-    condition = ds.field("arrival_date") >= pa.scalar(first, pa.date32())
-    if before is not None:
-        column, when = before
-        condition &= ds.field(column) < pa.scalar(when, pa.timestamp("us", tz="UTC"))
+    condition = _since(first, before)
     if where is not None:
         condition &= where
-    return dataset.to_table(columns=columns, filter=condition)
+    return _silver(root).to_table(columns=columns, filter=condition)
 
 
 def _fragments(root: Path, first: date, before: tuple[str, datetime]):
     """(the files of a silver table in the arrivals on or after `first`, the filter that also keeps rows
     with `before`'s column earlier than its time, the dataset's schema)."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-
-    column, when = before
-    condition = (ds.field("arrival_date") >= pa.scalar(first, pa.date32())) & (
-        ds.field(column) < pa.scalar(when, pa.timestamp("us", tz="UTC"))
-    )
+    condition = _since(first, before)
     if not root.is_dir():
         return [], condition, None
-    partitioning = ds.partitioning(pa.schema([("arrival_date", pa.date32())]), flavor="hive")
-    dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
+    dataset = _silver(root)
     return list(dataset.get_fragments(filter=condition)), condition, dataset.schema
 
 
@@ -1592,15 +1600,6 @@ def _sort(first: np.ndarray, then: np.ndarray) -> np.ndarray:
 def _count(root: Path, first: date, before: tuple[str, datetime]) -> int:
     """The rows `_read` would read from the arrivals on or after `first`, counted from the files' metadata
     and the filter (no column is materialised)."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-
     if not root.is_dir():
         return 0
-    partitioning = ds.partitioning(pa.schema([("arrival_date", pa.date32())]), flavor="hive")
-    dataset = ds.dataset(root, format="parquet", partitioning=partitioning)
-    column, when = before
-    condition = (ds.field("arrival_date") >= pa.scalar(first, pa.date32())) & (
-        ds.field(column) < pa.scalar(when, pa.timestamp("us", tz="UTC"))
-    )
-    return dataset.count_rows(filter=condition)
+    return _silver(root).count_rows(filter=_since(first, before))
