@@ -229,6 +229,17 @@ class MonitoringSettings(BaseModel):
     # The champion is rolled back when its live AUC-PR is below the previous champion's (on the same
     # traffic, scored in shadow or from the previous champion's own live window) by more than this.
     max_live_auc_pr_drop: float = Field(default=0.05, ge=0.0)
+    # ... and only when the drop is significant: the lower end of the paired bootstrap's interval of the
+    # drop (this many resamples of the same rows, two-sided at `rollback_confidence`) is above zero.
+    bootstrap_resamples: int = Field(default=300, ge=50, le=10_000)
+    rollback_confidence: float = Field(default=0.9, gt=0.5, lt=1.0)
+    # No rollback this soon after any alias move (a promotion or a rollback, the promotion history's time).
+    rollback_cooldown_hours: float = Field(default=12.0, ge=0.0)
+    # Label completeness: the chargebacks reported so far for the matured window against what the history
+    # (transactions of the `label_history_days` before it, at the same age) says should have been; a
+    # ratio under `min_label_ratio` (a late or partial chargeback feed) gives no verdict.
+    label_history_days: int = Field(default=28, ge=1, le=365)
+    min_label_ratio: float = Field(default=0.6, gt=0.0, le=1.0)
     window_days: int = Field(default=1, ge=1, le=90, description="days of scoring log per check")
 
 

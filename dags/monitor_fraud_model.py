@@ -12,10 +12,13 @@ with `extra={"event_dates": [...]}`). A manual run names its dates in the `date`
     reference (its train split, scored by its ONNX export; cached per version). The day's traffic is the
     scoring log when it holds `monitoring.min_rows` rows, else the day's arrived transactions with the
     features the training set gives them. Drift: `monitoring.min_drifted` inputs beyond both thresholds.
-  - live AUC-PR and recall at 1% FPR of each served and shadow version on the scoring log's rows whose
-    labels have matured (`training.label_maturity_days`), labels as the training set reads them.
-  - rollback: the champion's live AUC-PR below the previous champion's by more than
-    `monitoring.max_live_auc_pr_drop` (enough labelled frauds on both) rolls back through the gate; the
+  - live AUC-PR and recall at 1% FPR of each served and shadow version on the matured window's traffic
+    the feed confirms (silver's ids, customers and event times; made-up or re-dated rows are counted and
+    left out), declined transactions excluded (their frauds never become chargebacks); no verdict while
+    the chargebacks reported fall short of what the history says should be in by now.
+  - rollback: the champion's live AUC-PR below the previous champion's on the same rows by more than
+    `monitoring.max_live_auc_pr_drop`, significantly (paired bootstrap), rolls back through the gate as a
+    compare-and-swap on the champion judged; one a run, none within the cool-down of an alias move. The
     promotion history (`mlops history`) records it with both figures.
   - results: one row per check and input in the monitoring results table (`python -m monitoring results`),
     and an MLflow run in `fraud-monitoring` with metrics per input, psi.png and report.html.

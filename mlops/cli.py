@@ -335,6 +335,13 @@ def promote(
     gate: Annotated[
         bool, typer.Option(help="put the version through the gate instead of promoting it")
     ] = False,
+    expect: Annotated[
+        str | None,
+        typer.Option(
+            help="the champion version you decided this for: refused, and nothing moves, if it is another "
+            "one by then (compare-and-swap)"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Make a version the champion by hand (recorded with its reason), or put it through the gate."""
@@ -344,7 +351,9 @@ def promote(
     if gate:
         record = _run_training("promote", lambda: steps.promote(settings, version), as_json)
     else:
-        record = _run_training("promote", lambda: steps.promote_by_hand(settings, version, reason), as_json)
+        record = _run_training(
+            "promote", lambda: steps.promote_by_hand(settings, version, reason, expect), as_json
+        )
     _decision_table(record, f"promote v{version}: {record['decision']}")
     _emit(record, as_json)
 
@@ -396,12 +405,19 @@ def serve(
 @app.command()
 def rollback(
     reason: Annotated[str, typer.Option(help="why; kept in the promotion history")] = "rollback",
+    expect: Annotated[
+        str | None,
+        typer.Option(
+            help="the champion version you decided this for: refused, and nothing moves, if it is another "
+            "one by then (compare-and-swap)"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Put the previous champion back (the rollback is itself recorded)."""
     from training import steps
 
-    record = _run_training("rollback", lambda: steps.rollback(get_settings(), reason), as_json)
+    record = _run_training("rollback", lambda: steps.rollback(get_settings(), reason, expect), as_json)
     _decision_table(record, "rollback")
     _emit(record, as_json)
 

@@ -155,9 +155,17 @@ def transaction_inputs(
     out["is_foreign"] = _per_pair(
         country, currency, lambda k, c: float((HOME_COUNTRIES.get(k) if k else None) != c)
     )
-    for column, codes in _CODES.items():
-        out[f"{column}_code"] = _per_value(categoricals[column], functools.partial(_code, codes))
+    out.update(categorical_codes(categoricals))
     return out
+
+
+def categorical_codes(categoricals: dict[str, Values]) -> dict[str, np.ndarray]:
+    """Each categorical column's `<column>_code` (an unknown or missing value is code 0), as the model takes
+    it; `categoricals` maps channel, merchant_category and country to their raw values."""
+    return {
+        f"{column}_code": _per_value(categoricals[column], functools.partial(_code, codes))
+        for column, codes in _CODES.items()
+    }
 
 
 def _code(codes: dict[str, int], value: str | None) -> float:

@@ -13,12 +13,19 @@ champion's scores only (another version's scores are not comparable with its ref
 `is_weekend` is left out of the drift tests: a one-day window is all weekend or none by construction,
 against a reference with two days in seven.
 
-**Rollback.** When the champion's live AUC-PR (on matured traffic it served, with at least
-`monitoring.min_labelled_frauds` frauds) is below the previous champion's by more than
-`monitoring.max_live_auc_pr_drop`, the gate's rollback (training/registry.py) restores the previous
-champion, with a reason naming both figures; the promotion history records it. The previous champion's
-figure is, in order: its shadow scores on the same window, its own served traffic in the window, or the
-latest check of earlier days that measured it while it served (the results table).
+**Rollback** (`apply_rollback_rule`), in this order:
+- label completeness (monitoring/performance.py): a late or partial chargeback feed gives no verdict;
+- at most one rollback per run (a catch-up over several dates), and none within
+  `monitoring.rollback_cooldown_hours` of any alias move (the promotion history's time);
+- the champion and the previous champion on the same rows: the confirmed, approved, matured traffic the
+  champion served, the previous champion's scores being its shadow scores where it shadowed all of those
+  rows, else its scores of the inputs the service logged, computed now. Figures of other windows are never
+  compared (a window's labels and mix differ);
+- a rollback needs the drop in AUC-PR above `monitoring.max_live_auc_pr_drop` and its paired bootstrap
+  interval (`monitoring.rollback_confidence`) above zero, with `monitoring.min_labelled_frauds` frauds;
+- the rollback is a compare-and-swap on the champion the check judged (training/registry.py): when a
+  promotion landed meanwhile, nothing moves, the refusal is in the promotion history and the outcome says
+  so. The promotion history records a rollback with both figures and the interval.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import numpy as np
 
 from model_contract.inputs import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 from monitoring.drift import DriftReport, InputDrift, compare_inputs, drift_report, numeric_drift
-from monitoring.performance import LivePerformance, VersionPerformance, live_performance
+from monitoring.performance import LivePerformance, live_performance
 from monitoring.reference import SCORE, categories_as_the_model_sees_them, model_matrix
 
 if TYPE_CHECKING:
@@ -42,6 +49,7 @@ if TYPE_CHECKING:
 
     from core.settings import Settings
     from monitoring.reference import Reference, Scorer
+    from training.ledger import Decision
 
 log = logging.getLogger(__name__)
 
@@ -215,62 +223,149 @@ def compare_with_reference(
 # --- rollback ---------------------------------------------------------------------------------------------
 
 
-def rollback_decision(
-    champion: str | None,
-    champion_live: VersionPerformance | None,
-    previous: str | None,
-    previous_auc_pr: tuple[float, str] | None,
-    max_drop: float,
-    min_frauds: int,
-) -> tuple[bool, str]:
-    """Whether to roll the champion back, and why (pure; the reason names both figures)."""
-    if champion is None or previous is None:
-        return False, "no previous champion to compare the champion with"
-    if champion_live is None or not champion_live.sufficient or champion_live.auc_pr is None:
-        frauds = 0 if champion_live is None else champion_live.frauds
-        return False, (
-            f"champion v{champion}: {frauds} labelled frauds in the matured traffic it served; a live "
-            f"verdict needs {min_frauds}"
+@dataclass(frozen=True)
+class Comparison:
+    """The champion and the previous champion on the same rows: the confirmed, approved, matured traffic
+    the champion served (monitoring/performance.py), with a paired bootstrap interval of the drop."""
+
+    champion: str
+    previous: str
+    source: str  # where the previous champion's scores came from
+    rows: int
+    frauds: int
+    champion_auc_pr: float
+    previous_auc_pr: float
+    low: float  # the interval of the drop (previous - champion) at monitoring.rollback_confidence
+    high: float
+
+    @property
+    def drop(self) -> float:
+        return self.previous_auc_pr - self.champion_auc_pr
+
+
+def paired_bootstrap(
+    labels: np.ndarray,
+    champion: np.ndarray,
+    previous: np.ndarray,
+    resamples: int,
+    confidence: float,
+    seed: int,
+) -> tuple[float, float]:
+    """The two-sided `confidence` interval of AP(previous) - AP(champion) over resamples of the same rows
+    (each resample scores both versions on the same draw; draws without both classes are skipped)."""
+    from training.metrics import average_precision
+
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    drops = []
+    for _ in range(resamples):
+        pick = rng.integers(0, n, n)
+        drawn = labels[pick]
+        if 0 < drawn.sum() < n:
+            drops.append(average_precision(drawn, previous[pick]) - average_precision(drawn, champion[pick]))
+    if not drops:
+        return float("nan"), float("nan")
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(np.asarray(drops), [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def previous_scores(settings: Settings, rows: pd.DataFrame, previous: str) -> tuple[np.ndarray, str]:
+    """The previous champion's scores of `rows`: its shadow scores where it scored all of them in shadow,
+    else scored offline from the inputs the service logged (the same inputs the champion was given)."""
+    from model_contract.inputs import categorical_codes
+    from monitoring.reference import version_scorer
+
+    shadow = rows["shadow_version"] == previous
+    if len(rows) and bool(shadow.all()) and bool(rows["shadow_score"].notna().all()):
+        return rows["shadow_score"].to_numpy("float64"), "its shadow scores"
+    inputs = rows[list(NUMERIC_FEATURES)].astype("float64").reset_index(drop=True)
+    codes = categorical_codes({c: rows[c].tolist() for c in CATEGORICAL_FEATURES})
+    for name, values in codes.items():
+        inputs[name] = values
+    scorer = version_scorer(settings, previous)
+    return scorer.score(model_matrix(inputs)).astype("float64"), f"scored offline ({scorer.kind})"
+
+
+def compare_versions(
+    settings: Settings, performance: LivePerformance, champion: str, previous: str, day: date
+) -> tuple[Comparison | None, str]:
+    """The champion against the previous champion on the rows the champion served, or None and why not."""
+    from training.metrics import average_precision
+
+    policy = settings.monitoring
+    frame = performance.frame
+    rows = frame[frame["model_version"] == champion] if frame is not None else None
+    labels = np.zeros(0, dtype=int) if rows is None else rows["label"].to_numpy().astype(int)
+    frauds = int(labels.sum())
+    if rows is None or frauds < policy.min_labelled_frauds or frauds == len(labels):
+        return None, (
+            f"champion v{champion}: {frauds} labelled frauds in the confirmed, approved matured traffic it "
+            f"served ({len(labels)} transactions); a live verdict needs {policy.min_labelled_frauds}"
         )
-    if previous_auc_pr is None:
-        return False, f"no live AUC-PR of the previous champion v{previous} with {min_frauds} frauds yet"
-    before, measured = previous_auc_pr
-    now = champion_live.auc_pr
-    drop = before - now
-    figures = (
-        f"live AUC-PR of champion v{champion} {now:.4f} ({champion_live.rows} matured transactions, "
-        f"{champion_live.frauds} frauds) vs previous champion v{previous}'s {before:.4f} ({measured})"
+    champion_scores = rows["score"].to_numpy("float64")
+    before, source = previous_scores(settings, rows, previous)
+    low, high = paired_bootstrap(
+        labels,
+        champion_scores,
+        before,
+        policy.bootstrap_resamples,
+        policy.rollback_confidence,
+        day.toordinal(),
     )
-    if drop > max_drop:
-        return True, f"{figures}: down {drop:.4f}, more than {max_drop}"
-    return False, f"{figures}: down {drop:.4f}, within {max_drop}"
+    return Comparison(
+        champion,
+        previous,
+        source,
+        len(labels),
+        frauds,
+        average_precision(labels, champion_scores),
+        average_precision(labels, before),
+        low,
+        high,
+    ), ""
 
 
-def previous_live_auc_pr(
-    settings: Settings, previous: str | None, performance: LivePerformance, day: date
-) -> tuple[float, str] | None:
-    """The previous champion's live AUC-PR and where it was measured (see the module docstring)."""
-    from monitoring.store import served_live_auc_pr
-
-    if previous is None:
-        return None
-    window = f"{performance.first}..{performance.last}"
-    shadow = performance.of(previous, "shadow")
-    if shadow is not None and shadow.sufficient and shadow.auc_pr is not None:
-        return shadow.auc_pr, f"scored in shadow on the same traffic, {window}"
-    served = performance.of(previous, "served")
-    if served is not None and served.sufficient and served.auc_pr is not None:
-        return served.auc_pr, f"traffic it served, {window}"
-    found = served_live_auc_pr(settings, previous, before=day)
-    return None if found is None else (found[0], f"traffic it served, check of {found[1]}")
+def rollback_decision(comparison: Comparison, max_drop: float, confidence: float) -> tuple[bool, str]:
+    """Whether to roll the champion back, and why (pure; the reason names both figures and the interval):
+    the drop is above `max_drop` and its interval lies above zero."""
+    c = comparison
+    figures = (
+        f"live AUC-PR of champion v{c.champion} {c.champion_auc_pr:.4f} vs previous champion v{c.previous}'s "
+        f"{c.previous_auc_pr:.4f} on the same {c.rows} confirmed, approved matured transactions "
+        f"({c.frauds} frauds; v{c.previous} {c.source}): down {c.drop:.4f}, "
+        f"{confidence:.0%} interval [{c.low:.4f}, {c.high:.4f}]"
+    )
+    if not c.drop > max_drop:
+        return False, f"{figures}: within {max_drop}"
+    if not c.low > 0:
+        return False, f"{figures}: more than {max_drop}, but not significant (the interval reaches zero)"
+    return True, f"{figures}: more than {max_drop} and significant"
 
 
-def champion_history(settings: Settings) -> list[str]:
-    """The champions as the promotion history replays them (last: the champion)."""
+def champion_history(settings: Settings) -> list[Decision]:
+    """The promotion history, oldest first."""
     from training import steps
-    from training.ledger import Decision, champion_stack
+    from training.ledger import Decision
 
-    return champion_stack([Decision(**row) for row in steps.history(settings)["history"]])
+    return [Decision(**row) for row in steps.history(settings)["history"]]
+
+
+def cooling_down(settings: Settings, history: Sequence[Decision]) -> str | None:
+    """Why no rollback may happen now, when the last alias move is younger than the cool-down."""
+    hours = settings.monitoring.rollback_cooldown_hours
+    moves = [row for row in history if row.decision in ("promoted", "rolled_back")]
+    if not moves or hours <= 0:
+        return None
+    last = moves[-1]
+    at = datetime.fromisoformat(last.recorded_at)
+    age = (datetime.now(UTC) - at).total_seconds() / 3600
+    if age >= hours:
+        return None
+    return (
+        f"cool-down: the alias moved {age:.1f} h ago ({last.action} to v{last.champion_after}, history row "
+        f"{last.id}); no rollback within {hours} h of a move (monitoring.rollback_cooldown_hours)"
+    )
 
 
 def apply_rollback_rule(
@@ -280,26 +375,49 @@ def apply_rollback_rule(
     performance: LivePerformance,
     dag_id: str,
     dag_run_id: str,
+    rolled_back_in_run: str | None = None,
 ) -> RollbackOutcome:
-    """Decide, and roll back through the gate when the rule says so."""
+    """Decide, and roll back through the gate when the rule says so: label completeness first, then one
+    rollback per run and the cool-down, then the two versions on the same rows with the significance test.
+    The rollback is a compare-and-swap on the champion this check judged: a promotion that lands meanwhile
+    stays, and the outcome says so."""
     from training import steps
+    from training.ledger import champion_stack
+    from training.registry import ChampionMovedError
 
-    stack = champion_history(settings)
-    previous = stack[-2] if len(stack) >= 2 and stack[-1] == champion else None
+    history = champion_history(settings)
+    stack = champion_stack(history)
+    if champion is None or len(stack) < 2:
+        return RollbackOutcome(False, "no previous champion to compare the champion with")
+    if stack[-1] != champion:
+        return RollbackOutcome(
+            False, f"the champion moved from v{champion} to v{stack[-1]} during the check: no verdict on it"
+        )
+    previous = stack[-2]
+    completeness = performance.completeness
+    if completeness is None or not completeness.complete:
+        return RollbackOutcome(False, completeness.reason if completeness else "no label completeness check")
+    if rolled_back_in_run is not None:
+        return RollbackOutcome(
+            False, f"this run already rolled back ({rolled_back_in_run}): one rollback a run"
+        )
+    waiting = cooling_down(settings, history)
+    if waiting is not None:
+        return RollbackOutcome(False, waiting)
+    comparison, why_not = compare_versions(settings, performance, champion, previous, day)
+    if comparison is None:
+        return RollbackOutcome(False, why_not)
     policy = settings.monitoring
-    roll, reason = rollback_decision(
-        champion,
-        performance.of(champion, "served"),
-        previous,
-        previous_live_auc_pr(settings, previous, performance, day),
-        policy.max_live_auc_pr_drop,
-        policy.min_labelled_frauds,
-    )
+    roll, reason = rollback_decision(comparison, policy.max_live_auc_pr_drop, policy.rollback_confidence)
     if not roll:
         return RollbackOutcome(False, reason)
     by = f" [monitoring check of {day}" + (f", {dag_id} run {dag_run_id}]" if dag_id else "]")
     log.warning("rolling back: %s", reason)
-    decision = steps.rollback(settings, f"live performance: {reason}{by}")
+    try:
+        decision = steps.rollback(settings, f"live performance: {reason}{by}", champion, dag_id, dag_run_id)
+    except ChampionMovedError as moved:
+        log.warning("rollback not done: %s", moved)
+        return RollbackOutcome(False, f"the rule asked for a rollback ({reason}), but {moved}")
     return RollbackOutcome(
         True, decision["reason"], champion, decision["champion_version"], decision["history_id"]
     )
@@ -308,7 +426,13 @@ def apply_rollback_rule(
 # --- the check --------------------------------------------------------------------------------------------
 
 
-def run_check(settings: Settings, day: date, dag_id: str = "", dag_run_id: str = "") -> CheckResult:
+def run_check(
+    settings: Settings,
+    day: date,
+    dag_id: str = "",
+    dag_run_id: str = "",
+    rolled_back_in_run: str | None = None,
+) -> CheckResult:
     """Check `day`: drift, live performance, the rollback rule; record the result in the results table and
     MLflow, and return it. A rollback refused by the gate (the alias was moved outside `mlops`) is recorded
     first, then raised."""
@@ -333,7 +457,9 @@ def run_check(settings: Settings, day: date, dag_id: str = "", dag_run_id: str =
     performance = live_performance(settings, day)
     failure: PromotionError | None = None
     try:
-        rollback = apply_rollback_rule(settings, day, champion, performance, dag_id, dag_run_id)
+        rollback = apply_rollback_rule(
+            settings, day, champion, performance, dag_id, dag_run_id, rolled_back_in_run
+        )
     except PromotionError as exc:
         failure = exc
         rollback = RollbackOutcome(False, f"the rollback the rule asked for failed: {exc}")
@@ -433,7 +559,15 @@ def result_rows(result: CheckResult) -> list[dict[str, Any]]:
 def run_checks(settings: Settings, days: Sequence[date], dag_id: str = "", dag_run_id: str = "") -> dict:
     """Check each day in turn; the JSON result a task or the CLI hands on: every check, whether any
     drifted, and the FRAUD_DRIFT asset event's `extra` (None without drift)."""
-    results = [run_check(settings, day, dag_id, dag_run_id) for day in sorted(set(days))]
+    results: list[CheckResult] = []
+    rolled_back: str | None = None  # at most one rollback a run: the first one's check
+    for day in sorted(set(days)):
+        result = run_check(settings, day, dag_id, dag_run_id, rolled_back)
+        if result.rollback.rolled_back and rolled_back is None:
+            rolled_back = (
+                f"check of {day}: v{result.rollback.champion_before} -> v{result.rollback.champion_after}"
+            )
+        results.append(result)
     return {
         "checks": [r.to_dict() for r in results],
         "drift": any(r.drifted for r in results),

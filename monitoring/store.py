@@ -130,28 +130,3 @@ def read_results(
     finally:
         engine.dispose()
     return pd.DataFrame([dict(r) for r in rows], columns=list(COLUMNS))
-
-
-def served_live_auc_pr(settings: Settings, version: str, before: date) -> tuple[float, str] | None:
-    """The latest live AUC-PR of `version` over traffic it served (so while it was the champion), with
-    enough labelled frauds, from checks of days before `before`; with the day it was measured."""
-    query = (
-        sa.select(results_table.c.auc_pr, results_table.c.day)
-        .where(
-            (results_table.c.kind == "performance")
-            & (results_table.c.role == "served")
-            & (results_table.c.model_version == version)
-            & results_table.c.sufficient.is_(True)
-            & results_table.c.auc_pr.is_not(None)
-            & (results_table.c.day < before.isoformat())
-        )
-        .order_by(results_table.c.day.desc(), results_table.c.id.desc())
-        .limit(1)
-    )
-    engine = _engine(settings)
-    try:
-        with engine.connect() as conn:
-            found = conn.execute(query).first()
-    finally:
-        engine.dispose()
-    return None if found is None else (float(found.auc_pr), str(found.day))

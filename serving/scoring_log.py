@@ -87,9 +87,12 @@ SCORED_BEFORE_EVENT_DAYS = 1
 SCORED_AFTER_EVENT_DAYS = 8
 
 
-def read_scoring_log(root: Path, first: date, last: date, columns: list[str] | None = None) -> pa.Table:
+def read_scoring_log(
+    root: Path, first: date, last: date, columns: list[str] | None = None, by_event_time: bool = True
+) -> pa.Table:
     """The rows of event dates first .. last (an empty table with the schema where there are none), read
-    from the scoring dates that can hold them."""
+    from the scoring dates that can hold them. `by_event_time=False`: every row of those scoring dates,
+    whatever event time its caller gave (a reader that dates rows by the feed's record, not the caller's)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -111,6 +114,9 @@ def read_scoring_log(root: Path, first: date, last: date, columns: list[str] | N
     tables = []
     for f in files:
         table = pq.read_table(f, columns=wanted, schema=schema())
+        if not by_event_time:
+            tables.append(table.select(target.names))
+            continue
         stamp = table["event_timestamp"]
         keep = pc.and_(
             pc.greater_equal(stamp, pa.scalar(start, stamp.type)), pc.less(stamp, pa.scalar(end, stamp.type))

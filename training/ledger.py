@@ -30,7 +30,9 @@ history_table = sa.Table(
     sa.Column("recorded_at", sa.String(40), nullable=False),
     sa.Column("model_name", sa.String(200), nullable=False, index=True),
     sa.Column("action", sa.String(20), nullable=False),  # gate | manual | rollback
-    sa.Column("decision", sa.String(20), nullable=False),  # promoted | rejected | rolled_back
+    sa.Column(
+        "decision", sa.String(20), nullable=False
+    ),  # promoted | rejected | rolled_back | refused (a compare-and-swap that found another champion)
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("candidate_version", sa.String(20)),
     sa.Column("champion_before", sa.String(20)),

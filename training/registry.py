@@ -40,6 +40,18 @@ class PromotionError(PipelineError):
     """A promotion or rollback that cannot be done; the message says why and what to do."""
 
 
+class ChampionMovedError(PromotionError):
+    """A compare-and-swap promotion or rollback found another champion than the one it was decided on."""
+
+    def __init__(self, action: str, expected: str | None, actual: str | None) -> None:
+        self.action, self.expected, self.actual = action, expected, actual
+        super().__init__(
+            f"{action} refused: it was decided for champion v{expected}, but the champion is now v{actual} "
+            "(another promotion or rollback landed since it was read); nothing was moved. Read the champion "
+            "again (`mlops history`) and decide anew."
+        )
+
+
 class AliasMovedOutsideError(PromotionError):
     """The alias points where the promotion history never put it: someone moved it outside `mlops`."""
 
@@ -267,10 +279,17 @@ def promote_with_gate(
         return decision
 
 
-def promote_manually(registry: ModelRegistry, ledger: Ledger, version: str, reason: str) -> Decision:
+def promote_manually(
+    registry: ModelRegistry,
+    ledger: Ledger,
+    version: str,
+    reason: str,
+    expected_champion: str | None = None,
+) -> Decision:
     """Make `version` the champion without the gate (a person's decision, recorded with their reason).
     This is also the way out when the alias was moved outside `mlops`: it goes ahead, and the row notes
-    where the alias was."""
+    where the alias was. With `expected_champion`, a compare-and-swap: refused (ChampionMovedError,
+    recorded as a `refused` row) when the champion is another one by the time the lock is held."""
     if not reason.strip():
         raise PromotionError("a manual promotion needs a reason (--reason); it is kept in the history")
     registry.client.get_model_version(registry.name, version)  # fails clearly if it does not exist
@@ -281,6 +300,8 @@ def promote_manually(registry: ModelRegistry, ledger: Ledger, version: str, reas
             champion = moved.alias
             reason += f" [the alias was at v{moved.alias} outside mlops; the history said v{moved.recorded}]"
             log.warning("manual promotion over a moved alias: %s", moved)
+        if expected_champion is not None and champion != expected_champion:
+            _refuse(registry, ledger, conn, "manual", version, reason, expected_champion, champion)
         return _record(
             registry,
             ledger,
@@ -297,11 +318,22 @@ def promote_manually(registry: ModelRegistry, ledger: Ledger, version: str, reas
         )
 
 
-def rollback(registry: ModelRegistry, ledger: Ledger, reason: str = "rollback") -> Decision:
+def rollback(
+    registry: ModelRegistry,
+    ledger: Ledger,
+    reason: str = "rollback",
+    expected_champion: str | None = None,
+    dag_id: str | None = None,
+    run_id: str | None = None,
+) -> Decision:
     """Put the previous champion back (as the history replays it) and record it. Refuses while the alias
-    points where the history never put it (AliasMovedOutsideError)."""
+    points where the history never put it (AliasMovedOutsideError). With `expected_champion` (what a
+    monitor judged), a compare-and-swap: when another version is champion by the time the lock is held
+    (a promotion landed meanwhile), nothing moves; the refusal is recorded and raised (ChampionMovedError)."""
     with ledger.exclusive(registry.name) as conn:
         current = sync_champion(registry, ledger, conn)
+        if expected_champion is not None and current != expected_champion:
+            _refuse(registry, ledger, conn, "rollback", expected_champion, reason, expected_champion, current)
         stack = champion_stack(ledger.history(registry.name, conn))
         if len(stack) < 2:
             raise PromotionError(
@@ -321,8 +353,38 @@ def rollback(registry: ModelRegistry, ledger: Ledger, reason: str = "rollback") 
                 candidate_version=current,
                 champion_before=current,
                 champion_after=target,
+                dag_id=dag_id,
+                run_id=run_id,
             ),
         )
+
+
+def _refuse(
+    registry: ModelRegistry,
+    ledger: Ledger,
+    conn,
+    action: str,
+    candidate: str | None,
+    reason: str,
+    expected: str | None,
+    actual: str | None,
+) -> None:
+    """Record a compare-and-swap that found another champion (decision `refused`, nothing moves) and raise."""
+    error = ChampionMovedError(action, expected, actual)
+    ledger.append(
+        conn,
+        Decision(
+            model_name=registry.name,
+            action=action,
+            decision="refused",
+            reason=f"{reason} [{error}]",
+            candidate_version=candidate,
+            champion_before=actual,
+            champion_after=actual,
+        ),
+    )
+    ledger.commit(conn)
+    raise error
 
 
 # --- the alias follows the history ----------------------------------------------------------------------

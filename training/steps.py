@@ -327,23 +327,40 @@ def _decision_record(decision) -> dict:
     }
 
 
-def promote_by_hand(settings: Settings, version: str, reason: str) -> dict:
+def promote_by_hand(
+    settings: Settings, version: str, reason: str, expected_champion: str | None = None
+) -> dict:
     from training.registry import promote_manually
 
     ledger = _ledger(settings)
     try:
-        decision = promote_manually(ModelRegistry(settings.mlflow_tracking_uri), ledger, version, reason)
+        decision = promote_manually(
+            ModelRegistry(settings.mlflow_tracking_uri), ledger, version, reason, expected_champion
+        )
     finally:
         ledger.dispose()
     return _decision_record(decision)
 
 
-def rollback(settings: Settings, reason: str = "rollback") -> dict:
+def rollback(
+    settings: Settings,
+    reason: str = "rollback",
+    expected_champion: str | None = None,
+    dag_id: str = "",
+    dag_run_id: str = "",
+) -> dict:
     from training.registry import rollback as roll_back
 
     ledger = _ledger(settings)
     try:
-        decision = roll_back(ModelRegistry(settings.mlflow_tracking_uri), ledger, reason)
+        decision = roll_back(
+            ModelRegistry(settings.mlflow_tracking_uri),
+            ledger,
+            reason,
+            expected_champion,
+            dag_id or None,
+            dag_run_id or None,
+        )
     finally:
         ledger.dispose()
     return _decision_record(decision)

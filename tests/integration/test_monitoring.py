@@ -8,13 +8,15 @@ as silver parquet partitions, MLflow and the promotion history on SQLite, the mo
 (a) drift: a day landed with the generator's `drift` fault (amount x2.5, channel online) drifts against
 the clean reference, the DAG emits `fraud_drift` with the figures, Airflow queues the retrain DAG on it,
 and the retrain run records the drift as why it started; a clean day does not drift.
-(b) degradation: v1 served well (recorded), v2 is promoted and serves badly on matured labels: the check
-rolls back to v1 through the gate, and the promotion history says why with both figures.
+(b) live verdicts on feeds written as ingest writes silver (transactions, and chargebacks only for approved
+frauds): v2 serving worse than v1 scores on the same confirmed rows is rolled back to v1 through the gate,
+with both figures and the interval; a partial chargeback feed gives no verdict; made-up, re-dated or
+re-assigned rows and declined frauds do not move the verdict; a promotion that lands during a check
+survives it (the rollback's compare-and-swap); no rollback within the cool-down of an alias move.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,9 +34,6 @@ DRIFT_DAY = date(2026, 3, 10)
 CLEAN_DAY = date(2026, 3, 11)
 ROWS_PER_DAY = 2500
 SEED = 13
-# (b): the check of GOOD_CHECK sees the matured traffic of GOOD_CHECK - 3 days (label maturity), v1 serving;
-# the check of BAD_CHECK the traffic of BAD_CHECK - 3 days, v2 serving.
-GOOD_CHECK, BAD_CHECK = date(2026, 3, 20), date(2026, 3, 25)
 
 
 def _land(day: date, faults: dict | None = None) -> pd.DataFrame:
@@ -305,20 +304,30 @@ def test_drifted_traffic_emits_the_drift_asset_and_starts_a_retrain_that_says_wh
         announce(checked={"drift": False, "checks": [clean.to_dict()], "drift_event": None})
 
 
-# --- (b) degradation and rollback --------------------------------------------------------------------------
+# --- (b) live verdicts, rollback ----------------------------------------------------------------------------
+#
+# Each scenario is a window day W (checked on W + 3, the label maturity) after HISTORY_DAYS days of history,
+# as the feed delivers them: silver transactions (arrival = event date) and, the next day, a chargeback for
+# each fraud the served model approved (a declined fraud never becomes a chargeback). The frauds are those
+# v1's own scores rank highest (plus noise), so v1 is the better model whenever the served one is not v1's
+# scores. v1 is exported; v2 and v3 are the same run registered again.
+
+HISTORY_DAYS = 7
+ROWS = 2000
+BAD_WINDOW = date(2026, 4, 10)  # v2 serves noise: a rollback is due
+PARTIAL_WINDOW = date(2026, 4, 25)  # the same, but only 30% of the window's chargebacks delivered
+FABRICATED_WINDOW = date(2026, 5, 10)  # v2 serves v1's scores; a caller posts made-up rows
+DECLINED_WINDOW = date(2026, 5, 25)  # v2 serves v1's scores and declines the top 3%
 
 
-def _labelled_traffic(
-    clean: pd.DataFrame, day: date, rows: int, fraud_rate: float, seed: int
-) -> tuple[pd.DataFrame, np.ndarray]:
-    """`rows` transactions of `day` (the clean day's, re-dated and renamed), and which are fraud."""
-    rng = np.random.default_rng(seed)
+def _redated(clean: pd.DataFrame, day: date, rows: int, prefix: str = "") -> pd.DataFrame:
+    """`rows` transactions of `day`: the clean day's, re-dated, with ids of their own."""
     transactions = clean.iloc[:rows].copy()
     transactions["event_timestamp"] = transactions["event_timestamp"] + pd.Timedelta(
         days=(day - CLEAN_DAY).days
     )
-    transactions["transaction_id"] = [f"{day:%Y%m%d}-{i:06d}" for i in range(len(transactions))]
-    return transactions.reset_index(drop=True), rng.random(len(transactions)) < fraud_rate
+    transactions["transaction_id"] = [f"{prefix}{day:%Y%m%d}-{i:06d}" for i in range(len(transactions))]
+    return transactions.reset_index(drop=True)
 
 
 def _chargebacks(day: date, ids: pd.Series) -> None:
@@ -341,59 +350,254 @@ def _chargebacks(day: date, ids: pd.Series) -> None:
     pq.write_table(table, folder / "part-00000.parquet")
 
 
-def _served_with_labels(
-    clean: pd.DataFrame, day: date, version: str, good: bool, shadow: str | None, seed: int
-) -> None:
-    transactions, fraud = _labelled_traffic(clean, day, 1500, 0.05, seed)
-    rng = np.random.default_rng(seed + 1)  # not the stream that drew the frauds
+def _silver(day: date, transactions: pd.DataFrame) -> None:
+    """Silver transactions as ingest writes them: one arrival partition (`day`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.contracts import TRANSACTION_COLUMNS
+    from pipelines.lake import Tables
+
+    folder = Tables.partition(Tables(get_settings().lake).silver, day)
+    folder.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(transactions[list(TRANSACTION_COLUMNS)], preserve_index=False)
+    pq.write_table(table, folder / "part-00000.parquet")
+
+
+def _day_of_traffic(clean: pd.DataFrame, day: date, seed: int):
+    """ROWS feed transactions of `day`, their logged model inputs, v1's real scores of them, and the frauds
+    (those v1 ranks highest, with noise)."""
+    from monitoring.reference import model_matrix, version_scorer
+
+    transactions = _redated(clean, day, ROWS)
     inputs = _model_inputs(transactions, seed)
-    noise = rng.random(len(fraud))
-    scores = np.clip(0.35 * fraud + 0.65 * noise, 0, 1) if good else noise  # bad: no better than chance
-    rows = _log_rows(transactions, inputs, version, scores)
-    if shadow is not None:
-        for row, score in zip(rows, rng.random(len(rows)), strict=True):
-            row.update(shadow_version=shadow, shadow_score=float(score))
-    _write_log(rows)
-    _chargebacks(day + timedelta(days=1), transactions["transaction_id"][fraud])
+    v1 = version_scorer(get_settings(), "1").score(model_matrix(inputs)).astype("float64")
+    rng = np.random.default_rng(seed + 7)
+    signal = pd.Series(v1).rank(pct=True).to_numpy() + rng.normal(0, 0.05, len(v1))
+    return transactions, inputs, v1, signal > np.quantile(signal, 0.95)
 
 
-def test_a_champion_that_serves_worse_than_its_predecessor_is_rolled_back_with_the_reason(home):
+def _scenario(clean: pd.DataFrame, window: date, serve, reported_share: float = 1.0) -> pd.DataFrame:
+    """HISTORY_DAYS days of feed before `window` and the window's day, served by
+    `serve(v1_scores, rng) -> (scores, declined)`; the window's rows go to the scoring log as v2's.
+    Returns the window's transactions."""
+    rng = np.random.default_rng(window.toordinal())
+    for offset in range(HISTORY_DAYS, -1, -1):
+        day = window - timedelta(days=offset)
+        transactions, inputs, v1, fraud = _day_of_traffic(clean, day, seed=day.toordinal())
+        scores, declined = serve(v1, rng)
+        _silver(day, transactions)
+        reported = fraud & ~declined
+        if offset == 0:
+            reported &= rng.random(len(reported)) < reported_share
+            rows = _log_rows(transactions, inputs, "2", scores)
+            for row, no in zip(rows, declined, strict=True):
+                row["decision"] = "decline" if no else "approve"
+            _write_log(rows)
+        _chargebacks(day + timedelta(days=1), transactions["transaction_id"][reported])
+    return transactions
+
+
+def _noise(v1: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
+    scores = rng.random(len(v1))
+    return scores, scores >= 0.5
+
+
+def _as_v1_declining_the_top(v1: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
+    return v1, v1 >= np.quantile(v1, 0.97)
+
+
+@pytest.fixture(scope="module")
+def scenarios(monitored_home):
+    patch = pytest.MonkeyPatch()
+    patch.setenv("MLOPS_HOME", str(monitored_home.home))
+    get_settings.cache_clear()
+    try:
+        _scenario(monitored_home.clean_day, BAD_WINDOW, _noise)
+        _scenario(monitored_home.clean_day, PARTIAL_WINDOW, _noise, reported_share=0.3)
+        fabricated = _scenario(monitored_home.clean_day, FABRICATED_WINDOW, lambda v1, rng: (v1, v1 > 2))
+        _scenario(monitored_home.clean_day, DECLINED_WINDOW, _as_v1_declining_the_top)
+        _fabricate(monitored_home.clean_day, fabricated)
+    finally:
+        patch.undo()
+        get_settings.cache_clear()
+    return monitored_home
+
+
+def _fabricate(clean: pd.DataFrame, window: pd.DataFrame) -> None:
+    """What a caller can post: 3,000 made-up transactions dated in the window, 100 of the window's real ids
+    under another customer, and 100 real ids of the day before re-dated into the window; all scored high
+    and approved, none ever charged back."""
+    made_up = pd.concat(
+        [
+            _redated(clean, FABRICATED_WINDOW, 1500, "made-up-a-"),
+            _redated(clean, FABRICATED_WINDOW, 1500, "made-up-b-"),
+        ],
+        ignore_index=True,
+    )
+    stolen = window.iloc[:100].copy()
+    stolen["customer_id"] = stolen["customer_id"].iloc[::-1].to_numpy() + "-other"
+    redated = window.iloc[100:200].copy()
+    redated["transaction_id"] = [
+        f"{FABRICATED_WINDOW - timedelta(days=1):%Y%m%d}-{i:06d}" for i in range(100)
+    ]
+    posted = pd.concat([made_up, stolen, redated], ignore_index=True)
+    inputs = _model_inputs(posted, seed=92)
+    _write_log(_log_rows(posted, inputs, "2", np.full(len(posted), 0.45)))  # approved (threshold 0.5)
+
+
+def _policy(monkeypatch, cooldown_hours: float | None = 0.0) -> None:
+    monkeypatch.setenv("MLOPS_MONITORING__LABEL_HISTORY_DAYS", str(HISTORY_DAYS))
+    if cooldown_hours is not None:
+        monkeypatch.setenv("MLOPS_MONITORING__ROLLBACK_COOLDOWN_HOURS", str(cooldown_hours))
+    get_settings.cache_clear()
+
+
+def _champion_v2(settings, why: str) -> None:
+    from training import steps
+
+    steps.promote_by_hand(settings, "1", f"monitoring test: v1 before {why}")
+    steps.promote_by_hand(settings, "2", f"monitoring test: v2 goes live ({why})")
+
+
+def _check_day(window: date) -> date:
+    return window + timedelta(days=get_settings().training.label_maturity_days)
+
+
+def test_a_champion_that_serves_worse_than_its_predecessor_on_the_same_rows_is_rolled_back(
+    scenarios, home, monkeypatch
+):
     from monitoring.check import run_check
-    from monitoring.reference import reference_dir
     from monitoring.store import read_results
     from training import steps
     from training.registry import ModelRegistry
 
+    _policy(monkeypatch)
     settings = get_settings()
-    maturity = timedelta(days=settings.training.label_maturity_days)
-    _served_with_labels(home.clean_day, GOOD_CHECK - maturity, home.v1, good=True, shadow=home.v2, seed=31)
-    first = run_check(settings, GOOD_CHECK)
-    served, shadow = first.performance.of(home.v1, "served"), first.performance.of(home.v2, "shadow")
-    assert (
-        served.sufficient and served.auc_pr > 0.6 and served.frauds >= settings.monitoring.min_labelled_frauds
-    )
-    assert shadow.sufficient and shadow.auc_pr < 0.3 and shadow.rows == served.rows
-    assert not first.rollback.rolled_back and "no previous champion" in first.rollback.reason
-    assert first.drift.verdict == "insufficient"  # no traffic of the checked day itself
+    _champion_v2(settings, "a rollback")
+    day = _check_day(BAD_WINDOW)
+    result = run_check(settings, day)
 
-    steps.promote_by_hand(settings, home.v2, "monitoring test: the new model goes live")
-    _served_with_labels(home.clean_day, BAD_CHECK - maturity, home.v2, good=False, shadow=None, seed=32)
-    second = run_check(settings, BAD_CHECK)
-
-    champion = second.performance.of(home.v2, "served")
-    assert champion.sufficient and champion.auc_pr < 0.3
-    assert second.rollback.rolled_back, second.rollback.reason
-    assert (second.rollback.champion_before, second.rollback.champion_after) == (home.v2, home.v1)
-    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == home.v1
+    performance = result.performance
+    assert performance.completeness.complete, performance.completeness.reason
+    assert performance.unconfirmed == 0 and 800 < performance.declined < 1200  # noise declines half
+    served = performance.of("2", "served")
+    assert served.rows == performance.rows == ROWS - performance.declined
+    assert served.sufficient and served.auc_pr < 0.2
+    assert result.rollback.rolled_back, result.rollback.reason
+    assert (result.rollback.champion_before, result.rollback.champion_after) == ("2", "1")
+    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "1"
     last = steps.history(settings)["history"][-1]
-    assert (last["action"], last["decision"], last["champion_after"]) == ("rollback", "rolled_back", home.v1)
-    assert f"{champion.auc_pr:.4f}" in last["reason"] and f"{served.auc_pr:.4f}" in last["reason"]
-    assert f"check of {GOOD_CHECK}" in last["reason"] and f"monitoring check of {BAD_CHECK}" in last["reason"]
-    note = read_results(settings, BAD_CHECK, BAD_CHECK, kinds=["check"])["note"].item()
-    assert f"rollback: live performance: live AUC-PR of champion v{home.v2}" in note
-    # the champion's reference was scored by its run's ONNX export (v2 is the same run, so the same file)
-    recorded = json.loads((reference_dir(settings) / f"fraud-detector-v{home.v2}.json").read_text())
-    assert recorded["scorer"] == "onnx" and recorded["version"] == home.v2
+    assert (last["action"], last["decision"], last["champion_after"]) == ("rollback", "rolled_back", "1")
+    assert f"{served.auc_pr:.4f}" in last["reason"] and "scored offline (onnx)" in last["reason"]
+    assert "significant" in last["reason"] and "90% interval [" in last["reason"]
+    assert f"monitoring check of {day}" in last["reason"]
+    note = read_results(settings, day, day, kinds=["check"])["note"].item()
+    assert "rollback: live performance: live AUC-PR of champion v2" in note
+
+
+def test_a_partial_chargeback_feed_gives_no_verdict(scenarios, home, monkeypatch):
+    from monitoring.check import run_check
+    from training.registry import ModelRegistry
+
+    _policy(monkeypatch)
+    settings = get_settings()
+    _champion_v2(settings, "a partial feed")
+    result = run_check(settings, _check_day(PARTIAL_WINDOW))
+
+    completeness = result.performance.completeness
+    assert not completeness.complete and completeness.ratio < 0.5, completeness
+    assert 0.9 < completeness.expected / (ROWS * 0.05 * 0.5) < 1.1  # the history: half the frauds approved
+    assert not result.rollback.rolled_back
+    assert (
+        result.rollback.reason.startswith("labels incomplete: ")
+        and "late or partial" in result.rollback.reason
+    )
+    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "2"
+
+
+def test_made_up_and_redated_rows_cannot_move_a_verdict(scenarios, home, monkeypatch):
+    from monitoring.check import run_check
+    from training.registry import ModelRegistry
+
+    _policy(monkeypatch)
+    settings = get_settings()
+    _champion_v2(settings, "made-up traffic")
+    result = run_check(settings, _check_day(FABRICATED_WINDOW))
+
+    performance = result.performance
+    assert performance.unconfirmed == 3200 and performance.rows == ROWS and performance.declined == 0
+    assert performance.of("2", "served").auc_pr > 0.3
+    assert not result.rollback.rolled_back
+    assert "down 0.0000" in result.rollback.reason and "within 0.05" in result.rollback.reason
+    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "2"
+
+
+def test_declined_frauds_are_left_out_rather_than_counted_as_legitimate(scenarios, home, monkeypatch):
+    from monitoring.check import run_check
+    from training.registry import ModelRegistry
+
+    _policy(monkeypatch)
+    settings = get_settings()
+    _champion_v2(settings, "declined traffic")
+    result = run_check(settings, _check_day(DECLINED_WINDOW))
+
+    performance = result.performance
+    assert 55 <= performance.declined <= 65 and performance.rows == ROWS - performance.declined  # the top 3%
+    assert performance.completeness.complete, performance.completeness.reason
+    assert not result.rollback.rolled_back
+    assert "down 0.0000" in result.rollback.reason, result.rollback.reason
+    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "2"
+
+
+def test_a_promotion_that_lands_during_the_check_survives_it(scenarios, home, monkeypatch):
+    from monitoring import check
+    from training import steps
+    from training.registry import ModelRegistry
+
+    _policy(monkeypatch)
+    settings = get_settings()
+    _champion_v2(settings, "a promotion mid-check")
+    third = steps.register(
+        settings,
+        ModelRegistry(settings.mlflow_tracking_uri).client.get_model_version("fraud-detector", "1").run_id,
+    )["model_version"]
+    scoring = check.previous_scores
+
+    def promoted_meanwhile(*args, **kwargs):
+        steps.promote_by_hand(settings, third, "monitoring test: a person promotes during the check")
+        return scoring(*args, **kwargs)
+
+    monkeypatch.setattr(check, "previous_scores", promoted_meanwhile)
+    result = check.run_check(settings, _check_day(BAD_WINDOW))
+
+    assert not result.rollback.rolled_back
+    assert f"now v{third}" in result.rollback.reason and "nothing was moved" in result.rollback.reason
+    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == third
+    history = steps.history(settings)
+    assert history["champion_version"] == third
+    refused = history["history"][-1]
+    assert (refused["action"], refused["decision"], refused["champion_after"]) == (
+        "rollback",
+        "refused",
+        third,
+    )
+
+
+def test_no_rollback_within_the_cool_down_of_an_alias_move(scenarios, home, monkeypatch):
+    from monitoring.check import run_check
+    from training.registry import ModelRegistry
+
+    _policy(monkeypatch, cooldown_hours=None)  # the default
+    settings = get_settings()
+    assert settings.monitoring.rollback_cooldown_hours == 12
+    _champion_v2(settings, "the cool-down")
+    result = run_check(settings, _check_day(BAD_WINDOW))
+
+    assert not result.rollback.rolled_back and result.rollback.reason.startswith(
+        "cool-down: the alias moved 0.0 h"
+    )
+    assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "2"
 
 
 def test_the_cluster_profile_runs_the_check_as_a_restricted_pod_of_the_monitoring_cli(monkeypatch):

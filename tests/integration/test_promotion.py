@@ -154,6 +154,36 @@ def test_rollback_refuses_when_the_alias_was_moved_behind_its_back(local_registr
         rollback(registry, ledger)
 
 
+def test_rollback_and_promotion_are_compare_and_swap_on_the_champion_they_name(local_registry, models):
+    from training.registry import ChampionMovedError
+
+    registry, ledger, artifacts = local_registry
+    one = _log_and_register(registry.tracking_uri, artifacts, models["weaker"])
+    two = _log_and_register(registry.tracking_uri, artifacts, models["good"])
+    three = _log_and_register(registry.tracking_uri, artifacts, models["untrained"])
+    promote_manually(registry, ledger, one, "first")
+    promote_manually(registry, ledger, two, "second")
+    promote_manually(registry, ledger, three, "a person's hotfix, landed after a monitor judged v2")
+
+    with pytest.raises(
+        ChampionMovedError, match=f"decided for champion v{two}, but the champion is now v{three}"
+    ):
+        rollback(registry, ledger, "monitor: v2 serves badly", expected_champion=two)
+    with pytest.raises(ChampionMovedError, match="nothing was moved"):
+        promote_manually(registry, ledger, one, "back to v1", expected_champion=two)
+    assert registry.champion() == three
+    refused = ledger.history(registry.name)[-2:]
+    assert [(h.action, h.decision, h.champion_before, h.champion_after) for h in refused] == [
+        ("rollback", "refused", three, three),
+        ("manual", "refused", three, three),
+    ]
+    assert "monitor: v2 serves badly" in refused[0].reason
+
+    back = rollback(registry, ledger, "the hotfix misbehaves", expected_champion=three)
+    assert (back.champion_before, back.champion_after) == (three, two)  # refused rows replay as nothing
+    assert registry.champion() == two
+
+
 # --- parallel candidates on PostgreSQL ------------------------------------------------------------------
 
 

@@ -135,29 +135,51 @@ def test_the_verdict_needs_min_rows_and_min_drifted_inputs():
 # --- the rollback rule -----------------------------------------------------------------------------------
 
 
-def _live(auc_pr: float | None, frauds: int = 40, rows: int = 2000):
-    from monitoring.performance import VersionPerformance
+def _compared(champion: float, previous: float, low: float, high: float):
+    from monitoring.check import Comparison
 
-    return VersionPerformance("2", "served", rows, frauds, auc_pr, 0.5, frauds >= 20)
+    return Comparison("2", "1", "its shadow scores", 900, 40, champion, previous, low, high)
 
 
 @pytest.mark.parametrize(
-    ("champion_live", "previous", "previous_auc", "roll", "says"),
+    ("comparison", "roll", "says"),
     [
-        (_live(0.40), "1", (0.80, "check of 2026-03-20"), True, "down 0.4000, more than 0.05"),
-        (_live(0.77), "1", (0.80, "check of 2026-03-20"), False, "within 0.05"),
-        (_live(0.10, frauds=5), "1", (0.80, "x"), False, "5 labelled frauds"),
-        (None, "1", (0.80, "x"), False, "0 labelled frauds"),
-        (_live(0.10), None, None, False, "no previous champion"),
-        (_live(0.10), "1", None, False, "no live AUC-PR of the previous champion v1"),
+        (
+            _compared(0.40, 0.80, 0.31, 0.49),
+            True,
+            "down 0.4000, 90% interval [0.3100, 0.4900]: more than 0.05 and significant",
+        ),
+        (
+            _compared(0.77, 0.80, -0.01, 0.07),
+            False,
+            "down 0.0300, 90% interval [-0.0100, 0.0700]: within 0.05",
+        ),
+        (_compared(0.70, 0.80, -0.02, 0.21), False, "more than 0.05, but not significant"),
+        (_compared(0.80, 0.70, -0.15, -0.05), False, "down -0.1000"),
     ],
-    ids=["worse", "within-margin", "few-frauds", "no-traffic", "first-champion", "no-figure"],
+    ids=["worse", "within-margin", "not-significant", "better"],
 )
-def test_the_rollback_rule(champion_live, previous, previous_auc, roll, says):
+def test_the_rollback_rule(comparison, roll, says):
     from monitoring.check import rollback_decision
 
-    decided, reason = rollback_decision("2", champion_live, previous, previous_auc, 0.05, 20)
+    decided, reason = rollback_decision(comparison, 0.05, 0.9)
     assert decided is roll
-    assert says in reason
-    if roll:
-        assert "0.4000" in reason and "0.8000" in reason and "v2" in reason and "v1" in reason
+    assert says in reason, reason
+    assert "v2" in reason and "v1" in reason and "same 900 confirmed, approved" in reason
+
+
+def test_the_paired_bootstrap_interval_covers_the_drop_it_measures():
+    from monitoring.check import paired_bootstrap
+    from training.metrics import average_precision
+
+    rng = np.random.default_rng(3)
+    labels = (rng.random(3000) < 0.05).astype(int)
+    strong = labels * 0.5 + rng.random(3000)
+    weak = labels * 0.1 + rng.random(3000)
+    drop = average_precision(labels, strong) - average_precision(labels, weak)
+    low, high = paired_bootstrap(labels, weak, strong, 300, 0.9, seed=1)
+    assert 0 < low < drop < high
+    same_low, same_high = paired_bootstrap(labels, strong, strong, 300, 0.9, seed=1)
+    assert same_low == same_high == 0.0
+    noise_low, noise_high = paired_bootstrap(labels, rng.random(3000), rng.random(3000), 300, 0.9, seed=1)
+    assert noise_low < 0 < noise_high
