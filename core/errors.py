@@ -5,6 +5,9 @@ from __future__ import annotations
 # The exit status of a command (`python -m training ...`) that stopped on a PipelineError: its launcher fails
 # the task without retries instead of treating the exit as a crash that a retry might get past.
 EXIT_PIPELINE_ERROR = 3
+# The exit status of `python -m training identical` when a registered version was trained from the same
+# inputs: the launching pod task is skipped (KubernetesPodOperator skip_on_exit_code), and the steps after it.
+EXIT_SKIPPED = 99
 
 
 class PipelineError(Exception):

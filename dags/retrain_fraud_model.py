@@ -15,6 +15,12 @@ triggering events name (feature event dates, drifted days), else the day before 
   When there is nothing to train on yet (no silver transactions in the window, or none older than the label
   maturity: the first days of a feed) the task and everything after it are skipped, not failed; the reason
   is in the task's log and its `skipped` XCom.
+- **skip_identical**: when a registered version was trained from the same training-set revision, code
+  commit, configuration (every argument that changes the result) and image, training would give it again:
+  the task and everything after it are skipped, with the reason in the log, the `skipped` XCom and an MLflow
+  run (`retrain.skipped`). A drift event for an as-of already trained therefore registers nothing new.
+  Cluster profile: a CPU pod of `python -m training identical` (exit 99: skipped). Code with uncommitted
+  changes has no identity and always trains.
 - **train**: `python -m training train --training-set-rev ...`. Cluster profile: a KubernetesPodOperator on a
   GPU node (`torchrun` with one process per GPU when it has several; restricted pod, the shared volume
   read-only, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
@@ -40,6 +46,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
 
+from core.errors import EXIT_SKIPPED
 from core.settings import get_settings
 from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES, FRAUD_MODEL
 from orchestration.tasks import (
@@ -58,6 +65,7 @@ from orchestration.training_task import (
     training_pod_operator,
 )
 
+SKIP_IDENTICAL = "skip_identical"
 DEFAULT_ARGS = {
     "owner": "ml-platform",
     "retries": 2,
@@ -116,6 +124,20 @@ with DAG(
         # Training and the steps after it run in the training image (torch, MLflow), each its own pod; the
         # Airflow image carries neither. Their results come back through XCom files.
         settings = get_settings()
+        same = step_pod_operator(
+            settings,
+            "identical",
+            [
+                "--training-set-rev",
+                TRAINING_SET_REV,
+                "--dag-id",
+                "{{ dag.dag_id }}",
+                "--dag-run-id",
+                "{{ run_id }}",
+            ],
+            task_id=SKIP_IDENTICAL,
+            skip_on_exit_code=EXIT_SKIPPED,
+        )
         trained = training_pod_operator(settings, TRAINING_SET_REV, retries=2)
         evaluated = step_pod_operator(settings, "evaluate", ["--run-id", RUN_ID])
         registered = step_pod_operator(settings, "register", ["--run-id", RUN_ID])
@@ -135,7 +157,7 @@ with DAG(
             }
             return exported
 
-        training_set(as_of_date()) >> trained
+        training_set(as_of_date()) >> same >> trained
         trained >> evaluated >> registered >> decision >> exported
         publish_model(registered.output, decision.output, exported.output)
     else:
@@ -187,8 +209,28 @@ with DAG(
             }
             return result
 
+        @task(
+            task_id=SKIP_IDENTICAL,
+            doc_md="Skip the training and the steps after it when a registered version came from the same "
+            "training set, code commit, configuration and image; the reason in the log, the `skipped` XCom "
+            "and an MLflow run.",
+        )
+        def skip_identical(ti=None, dag_run=None) -> dict:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            from training import steps
+            from training.tuning import train_config
+
+            settings = get_settings()
+            rev = ti.xcom_pull(task_ids="training_set")["training_set_rev"]
+            same = run_step(steps.identical, rev, train_config(settings), dag_run.dag_id, dag_run.run_id)
+            if same["identical"]:
+                ti.xcom_push(key="skipped", value=same["reason"])
+                raise AirflowSkipException(same["reason"])
+            return same
+
         trained_locally = train_locally()
-        training_set(as_of_date()) >> trained_locally
+        training_set(as_of_date()) >> skip_identical() >> trained_locally
         evaluated_locally = evaluate(trained_locally)
         registered_locally = register(trained_locally)
         evaluated_locally >> registered_locally

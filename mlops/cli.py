@@ -307,6 +307,13 @@ def retrain(
     batch_size: Annotated[int | None, typer.Option(min=1)] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="train even when a registered version came from the same training set, code commit, "
+            "configuration and image (by default such a retrain is skipped and says so)"
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Training set -> train -> evaluate -> register -> gate -> ONNX export, in this process."""
@@ -321,7 +328,7 @@ def retrain(
         )
     record = _run_training(
         "retrain",
-        lambda: run_retrain(settings, _date(day), config, window_days, training_set_rev),
+        lambda: run_retrain(settings, _date(day), config, window_days, training_set_rev, force=force),
         as_json,
     )
     _decision_table(record, f"retrain as of {_date(day)}: {record.get('status')}")

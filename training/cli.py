@@ -107,6 +107,26 @@ def train(
 
 
 @app.command()
+def identical(
+    training_set_rev: Annotated[str, typer.Option(help="DVC revision of the training set")],
+    dag_id: DagId = "",
+    dag_run_id: DagRunId = "",
+    xcom_path: XcomPath = None,
+) -> None:
+    """Whether a registered version was trained from the same training set, code commit, configuration and
+    image as `train` would be now; exit EXIT_SKIPPED (the pod task skips, and the steps after it) when so."""
+    from core.errors import EXIT_SKIPPED
+    from training import steps
+    from training.tuning import train_config
+
+    settings = get_settings()
+    result = steps.identical(settings, training_set_rev, train_config(settings), dag_id, dag_run_id)
+    emit(result, xcom_path)
+    if result["identical"]:
+        raise SystemExit(EXIT_SKIPPED)
+
+
+@app.command()
 def evaluate(run_id: Annotated[str, typer.Option(help="MLflow run id")], xcom_path: XcomPath = None) -> None:
     """Score the run's model on its holdout; log metrics and curves."""
     from training import steps

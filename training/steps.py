@@ -137,9 +137,10 @@ def train(
         gx_suites=suites,
         gx_success=gx_success,
         git_commit=git_commit(),
-        image=settings.training.image if settings.profile.value == "cluster" else "local",
+        image=_image(settings),
         dag_id=dag_id,
         dag_run_id=dag_run_id,
+        retrain_key=retrain_key(retrain_identity(settings, training_set_rev, config)) or "",
     )
     torch.manual_seed(config.seed)
     model_config = ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout)
@@ -391,6 +392,98 @@ def export(settings: Settings, version: str) -> dict:
     return export_version(settings, version)
 
 
+# --- identical retrains ------------------------------------------------------------------------------------
+
+RETRAIN_KEY_TAG = "lineage.retrain_key"
+
+
+def _image(settings: Settings) -> str:
+    return settings.training.image if settings.profile.value == "cluster" else "local"
+
+
+def retrain_identity(settings: Settings, training_set_rev: str, config: TrainConfig) -> dict[str, str]:
+    """What decides a trained model: the training set's revision, the code's commit, the training
+    configuration (every argument that changes the result, TrainConfig.fingerprint) and the image."""
+    from training.tracking import code_is_committed
+
+    commit = git_commit()
+    return {
+        "training_set_rev": training_set_rev,
+        "git_commit": commit if code_is_committed() else f"{commit}+uncommitted",
+        "config": config.fingerprint(training_set_rev),
+        "image": _image(settings),
+    }
+
+
+def retrain_key(identity: dict[str, str]) -> str | None:
+    """A digest of the identity; None when the code is not exactly a known commit (nothing to match)."""
+    import hashlib
+    import json
+
+    commit = identity["git_commit"]
+    if commit in ("", "unknown") or commit.endswith("+uncommitted"):
+        return None
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def identical(
+    settings: Settings, training_set_rev: str, config: TrainConfig, dag_id: str = "", dag_run_id: str = ""
+) -> dict:
+    """Whether a registered version was trained from the same identity (retrain_identity). When one was, the
+    skip is recorded as an MLflow run of its own (tags `retrain.*`: why, and which version) and the result
+    says `identical` with the reason; otherwise `identical` is False."""
+    import mlflow
+
+    identity = retrain_identity(settings, training_set_rev, config)
+    key = retrain_key(identity)
+    if key is None:
+        unknown = f"code {identity['git_commit']} is not exactly a known commit"
+        return {"identical": False, "reason": unknown, **identity}
+    from mlflow.exceptions import MlflowException
+
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    try:
+        versions = registry.client.search_model_versions(f"name='{registry.name}'")
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        versions = []
+    same = sorted((v for v in versions if v.tags.get(RETRAIN_KEY_TAG) == key), key=lambda v: int(v.version))
+    if not same:
+        return {"identical": False, "retrain_key": key, **identity}
+    found = same[0]
+    reason = (
+        f"identical to v{found.version} (run {found.run_id}): training set {training_set_rev}, code "
+        f"{identity['git_commit'][:12]}, configuration {identity['config']} and image {identity['image']} "
+        "are all the same, so training would give the same model again; skipped (`mlops retrain --force` "
+        "trains anyway)"
+    )
+    log.info("retrain skipped: %s", reason)
+    experiment_id = configure(settings)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"skipped-{training_set_rev}") as run:
+        mlflow.set_tags(
+            {
+                "retrain.skipped": "true",
+                "retrain.reason": reason,
+                "retrain.identical_to_version": str(found.version),
+                **{f"lineage.{k}": v for k, v in identity.items()},
+                RETRAIN_KEY_TAG: key,
+                "lineage.dag_id": dag_id,
+                "lineage.dag_run_id": dag_run_id,
+            }
+        )
+    return {
+        "identical": True,
+        "status": "skipped",
+        "reason": reason,
+        "model_version": str(found.version),
+        "run_id": found.run_id,
+        "skip_run_id": run.info.run_id,
+        "retrain_key": key,
+        **identity,
+    }
+
+
 def retrain(
     settings: Settings,
     day: date,
@@ -399,8 +492,10 @@ def retrain(
     training_set_rev: str | None = None,
     dag_id: str = "",
     dag_run_id: str = "",
+    force: bool = False,
 ) -> dict:
-    """All steps in turn, in this process (what `mlops retrain` and the local profile run)."""
+    """All steps in turn, in this process (what `mlops retrain` and the local profile run). Unless `force`,
+    a retrain whose identity equals a registered version's stops after the training set, `skipped`."""
     clock = StageClock()  # seconds per step, as the retrain DAG's tasks
     record: dict = {"experiment": EXPERIMENT, "as_of": day.isoformat(), "seconds_per_step": clock.seconds}
     if training_set_rev is None:
@@ -410,6 +505,10 @@ def retrain(
         record["splits"] = built["splits"]
         record["negative_sample_rate"] = built.get("negative_sample_rate", 1.0)
     record["training_set_rev"] = training_set_rev
+    if not force:
+        same = identical(settings, training_set_rev, config, dag_id, dag_run_id)
+        if same["identical"]:
+            return {**record, **same}
     built_in = clock.seconds.get("training_set")
     trained = clock.run(
         "train",

@@ -34,6 +34,9 @@ class Lineage:
     image: str
     dag_id: str
     dag_run_id: str
+    # The retrain's identity (training/steps.py retrain_identity): equal keys, equal inputs; "" when the
+    # code's commit is unknown or the checkout has uncommitted changes (no identity, never skipped).
+    retrain_key: str = ""
 
     def tags(self) -> dict[str, str]:
         return {f"lineage.{key}": str(value) for key, value in self.__dict__.items()}
@@ -55,6 +58,25 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return done.stdout.strip()
+
+
+def code_is_committed() -> bool:
+    """Whether the code is exactly its commit: an image's baked-in commit is; a checkout is when git sees no
+    change to tracked files."""
+    if os.environ.get("MLOPS_GIT_COMMIT"):
+        return True
+    try:
+        done = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.stdout.strip() == ""
 
 
 def configure(settings: Settings) -> str:

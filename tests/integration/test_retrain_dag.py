@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -115,7 +116,16 @@ def test_retrain_dag_trains_registers_gates_and_exports(dag_retrain, monkeypatch
     _point_at(dag_retrain.home, monkeypatch)
     assert dag_retrain.states == {
         task: "success"
-        for task in ("as_of_date", "training_set", "train", "evaluate", "register", "promote", "export")
+        for task in (
+            "as_of_date",
+            "training_set",
+            "skip_identical",
+            "train",
+            "evaluate",
+            "register",
+            "promote",
+            "export",
+        )
     }
 
     settings = get_settings()
@@ -142,6 +152,26 @@ def test_retrain_dag_trains_registers_gates_and_exports(dag_retrain, monkeypatch
         k.removeprefix("stage_seconds.") for k in run_data.metrics if k.startswith("stage_seconds.")
     } == stages
     assert all(run_data.metrics[f"stage_seconds.{s}"] > 0 for s in stages)
+
+    # The same as-of again (a drift event for a date already trained): the DAG's skip_identical task skips
+    # the training and everything after it, and says why.
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    pushed: dict = {}
+    ti = SimpleNamespace(
+        xcom_pull=lambda task_ids: {"training_set_rev": run_data.tags["lineage.training_set_rev"]},
+        xcom_push=lambda key, value: pushed.update({key: value}),
+    )
+    dag = DagBag(dag_folder="dags").dags["retrain_fraud_model"]
+    assert dag.task_dict["train"].upstream_task_ids == {"skip_identical"}
+    with pytest.raises(AirflowSkipException, match=f"identical to v{version.version}"):
+        dag.task_dict["skip_identical"].python_callable(
+            ti=ti, dag_run=SimpleNamespace(dag_id="retrain_fraud_model", run_id="manual__again")
+        )
+    assert f"identical to v{version.version} (run {version.run_id})" in pushed["skipped"]
+    assert run_data.tags["lineage.retrain_key"] == version.tags["lineage.retrain_key"] != ""
+    assert len(client.search_model_versions("name='fraud-detector'")) == 1  # nothing new registered
 
     code, recorded = _mlops("history")
     assert code == 0
@@ -177,8 +207,16 @@ def test_cli_retrain_history_and_rollback(home, monkeypatch):
     logged = mlflow.MlflowClient(get_settings().mlflow_tracking_uri).get_run(first["run_id"]).data.metrics
     assert {f"stage_seconds.{s}" for s in steps} <= set(logged)
     assert logged["stage_seconds.training_set"] == pytest.approx(first["seconds_per_step"]["training_set"])
-    # the same training set again: the checkpoint of these arguments is finished, so it resumes at the end
-    code, second = _mlops("retrain", "--date", LAST.isoformat())
+    # the same training set, code, configuration and image again: nothing would change, so nothing trains
+    code, same = _mlops("retrain", "--date", LAST.isoformat())
+    assert code == 0, same
+    assert (same["status"], same["identical"], same["model_version"]) == ("skipped", True, "1"), same
+    assert same["training_set_rev"] == first["training_set_rev"] and "identical to v1" in same["reason"]
+    assert "train" not in same["seconds_per_step"]
+    skipped = mlflow.MlflowClient(get_settings().mlflow_tracking_uri).get_run(same["skip_run_id"]).data.tags
+    assert skipped["retrain.skipped"] == "true" and skipped["retrain.identical_to_version"] == "1"
+    # --force trains anyway: the checkpoint of these arguments is finished, so it resumes at the end
+    code, second = _mlops("retrain", "--date", LAST.isoformat(), "--force")
     assert code == 0, second
     assert second["training_set_rev"] == first["training_set_rev"]
     assert second["resumed_from_step"] is not None
@@ -226,7 +264,7 @@ def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):
             )
             .scalar()
         )
-    after = ("training_set", "train", "evaluate", "register", "promote", "export")
+    after = ("training_set", "skip_identical", "train", "evaluate", "register", "promote", "export")
     assert states == {"as_of_date": "success", **{task: "skipped" for task in after}}
     assert str(run.state) == "success"
     assert "no silver transactions yet" in str(reason)

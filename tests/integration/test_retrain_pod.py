@@ -137,7 +137,7 @@ def test_train_is_a_deferrable_pod_operator_that_reattaches_returns_its_result_a
     assert task.startup_timeout_seconds == settings.training.startup_timeout_seconds
     assert task.execution_timeout == timedelta(minutes=settings.training.execution_timeout_minutes)
     assert task.retries >= 1
-    assert task.upstream_task_ids == {"training_set"}
+    assert task.upstream_task_ids == {"skip_identical"}
 
 
 def test_the_pod_stops_by_itself_when_airflow_would_time_the_task_out(task, pod):
@@ -168,7 +168,7 @@ def test_the_cluster_profile_trains_in_a_local_process_where_told_to(monkeypatch
     assert bag.import_errors == {}
     train = bag.dags[DAG_ID].get_task("train")
     assert not isinstance(train, KubernetesPodOperator)
-    assert train.upstream_task_ids == {"training_set"}
+    assert train.upstream_task_ids == {"skip_identical"}
 
 
 # --- what the API server checks ---------------------------------------------------------------------------
@@ -456,6 +456,29 @@ def test_each_step_after_training_is_a_cpu_pod_of_the_training_image_running_the
     assert contract.restricted_profile_violations(pod["spec"]) == []
     assert trainer(pod)["envFrom"] == [{"secretRef": {"name": settings.training.credentials_secret}}]
     assert credentials_in_the_spec(pod, settings.training.credentials_secret) == []
+
+
+def test_an_identical_retrain_is_skipped_by_a_cpu_pod_before_training(step_pods, settings):
+    """`python -m training identical` exits EXIT_SKIPPED when a registered version has the same training
+    set, commit, configuration and image: the pod task is skipped, and with it train and the steps after."""
+    import typer
+
+    from core.errors import EXIT_SKIPPED
+    from training.cli import app
+
+    dag = step_pods["evaluate"][0].dag
+    task = dag.get_task("skip_identical")
+    assert task.upstream_task_ids == {"training_set"} and task.downstream_task_ids == {"train"}
+    assert list(task.skip_on_exit_code) == [EXIT_SKIPPED]
+    pod = render_pod(task)
+    container = trainer(pod)
+    assert container["image"] == settings.training.image
+    assert container["args"][:3] == ["identical", "--training-set-rev", TRAINING_SET_REV]
+    command = typer.main.get_command(app).commands["identical"]
+    with command.make_context("identical", container["args"][1:]) as context:
+        assert context.params["dag_id"] == DAG_ID and context.params["dag_run_id"] == RUN_ID
+    assert contract.GPU_RESOURCE not in container["resources"]["limits"]
+    assert contract.restricted_profile_violations(pod["spec"]) == []
 
 
 def test_the_step_pods_chain_after_train_and_publish_the_model_asset(step_pods):
