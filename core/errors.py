@@ -14,6 +14,10 @@ class PipelineError(Exception):
     """Base class: a data problem that must stop the run, explained for a person."""
 
 
+class RunParameterError(PipelineError, ValueError):
+    """A run's parameter or triggering events name no usable date: retrying cannot fix it."""
+
+
 class ArrivalNotFoundError(PipelineError):
     pass
 

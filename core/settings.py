@@ -243,6 +243,25 @@ class MonitoringSettings(BaseModel):
     window_days: int = Field(default=1, ge=1, le=90, description="days of scoring log per check")
 
 
+class AlertSettings(BaseModel):
+    """Where alerts go (core/alerts.py): task failures, drift, rollbacks, label lag, estimate drops, service
+    objectives. No channel set: alerts are only logged."""
+
+    webhook_url: str | None = Field(default=None, description="each alert POSTed here as JSON")
+    email_to: list[str] = Field(default_factory=list, description="addresses each alert is mailed to")
+    email_from: str = "mlops@localhost"
+    smtp_host: str = "127.0.0.1"
+    smtp_port: int = Field(default=25, ge=1, le=65535)
+    timeout_s: float = Field(default=10.0, gt=0, description="per channel and alert")
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _http_only(cls, url: str | None) -> str | None:
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError(f"alerts.webhook_url must be an http:// or https:// URL, not {url!r}")
+        return url or None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MLOPS_", env_nested_delimiter="__", extra="ignore")
 
@@ -271,6 +290,7 @@ class Settings(BaseSettings):
     compression: CompressionSettings = CompressionSettings()
     serving: ServingSettings = ServingSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
+    alerts: AlertSettings = AlertSettings()
     cluster: ClusterServices = ClusterServices()
     # Data residency: every configured storage location must lie in an allowed region or endpoint.
     storage_policy: StoragePolicy = StoragePolicy()

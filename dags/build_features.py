@@ -45,10 +45,12 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task, task_group
 
+from orchestration.alerts import failure_alerts
 from orchestration.assets import FRAUD_FEATURES, FRAUD_FEATURES_ONLINE, SILVER_TRANSACTIONS
 from orchestration.tasks import MAP_INDEX_BY_DATE, label_mapped_date, run_step
 
 DEFAULT_ARGS = {
+    "on_failure_callback": failure_alerts(),  # core/alerts.py: to the webhook and mail the settings name
     "owner": "data-platform",
     "retries": 2,
     "retry_delay": timedelta(minutes=2),

@@ -27,10 +27,12 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
+from orchestration.alerts import failure_alerts
 from orchestration.assets import SILVER_LABELS, SILVER_TRANSACTIONS
 from orchestration.tasks import ArrivalSensor, run_step
 
 DEFAULT_ARGS = {
+    "on_failure_callback": failure_alerts(),  # core/alerts.py: to the webhook and mail the settings name
     "owner": "data-platform",
     "retries": 2,
     "retry_delay": timedelta(minutes=2),

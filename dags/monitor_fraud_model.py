@@ -37,10 +37,17 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from core.settings import get_settings
+from orchestration.alerts import failure_alerts
 from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES_ONLINE, SCORING_LOG
-from orchestration.tasks import dates_from_param_or_events, monitor_pod_operator, run_step
+from orchestration.tasks import (
+    dates_from_param_or_events,
+    fail_fast_on_bad_data,
+    monitor_pod_operator,
+    run_step,
+)
 
 DEFAULT_ARGS = {
+    "on_failure_callback": failure_alerts(),  # core/alerts.py: to the webhook and mail the settings name
     "owner": "ml-platform",
     "retries": 2,
     "retry_delay": timedelta(minutes=2),
@@ -64,7 +71,10 @@ with DAG(
 
     @task(doc_md="The dates to check: the date param, else the dates the triggering events name.")
     def dates_to_check(params: dict, triggering_asset_events=None) -> list[str]:
-        return dates_from_param_or_events(params.get("date", ""), triggering_asset_events)
+        # a malformed date fails the task at once (no retries can fix it), and alerts
+        return fail_fast_on_bad_data(
+            lambda: dates_from_param_or_events(params.get("date", ""), triggering_asset_events)
+        )
 
     if get_settings().profile.value == "cluster":
         checked = monitor_pod_operator(get_settings(), DATES)

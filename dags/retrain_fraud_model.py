@@ -48,6 +48,7 @@ from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, t
 
 from core.errors import EXIT_SKIPPED
 from core.settings import get_settings
+from orchestration.alerts import failure_alerts
 from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES, FRAUD_MODEL
 from orchestration.tasks import (
     event_dates,
@@ -67,6 +68,7 @@ from orchestration.training_task import (
 
 SKIP_IDENTICAL = "skip_identical"
 DEFAULT_ARGS = {
+    "on_failure_callback": failure_alerts(),  # core/alerts.py: to the webhook and mail the settings name
     "owner": "ml-platform",
     "retries": 2,
     "retry_delay": timedelta(minutes=2),

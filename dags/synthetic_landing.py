@@ -20,7 +20,10 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
+from orchestration.alerts import failure_alerts
+
 DEFAULT_ARGS = {
+    "on_failure_callback": failure_alerts(),  # core/alerts.py: to the webhook and mail the settings name
     "owner": "data-platform",
     "retries": 2,
     "retry_delay": timedelta(minutes=1),

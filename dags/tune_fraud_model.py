@@ -29,6 +29,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from core.settings import get_settings
+from orchestration.alerts import failure_alerts
 from orchestration.tasks import (
     MAP_INDEX_LABEL,
     fail_fast_on_bad_data,
@@ -44,6 +45,7 @@ from orchestration.training_task import (
 )
 
 DEFAULT_ARGS = {
+    "on_failure_callback": failure_alerts(),  # core/alerts.py: to the webhook and mail the settings name
     "owner": "ml-platform",
     "retries": 2,
     "retry_delay": timedelta(minutes=1),

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from core.alerts import Alert, send
 from model_contract.inputs import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 from monitoring.drift import DriftReport, InputDrift, compare_inputs, drift_report, numeric_drift
 from monitoring.performance import LivePerformance, live_performance
@@ -77,6 +78,7 @@ class RollbackOutcome:
     champion_before: str | None = None
     champion_after: str | None = None
     history_id: int | None = None
+    refused: bool = False  # the rule asked for a rollback, and the compare-and-swap found another champion
 
 
 @dataclass(frozen=True)
@@ -417,7 +419,7 @@ def apply_rollback_rule(
         decision = steps.rollback(settings, f"live performance: {reason}{by}", champion, dag_id, dag_run_id)
     except ChampionMovedError as moved:
         log.warning("rollback not done: %s", moved)
-        return RollbackOutcome(False, f"the rule asked for a rollback ({reason}), but {moved}")
+        return RollbackOutcome(False, f"the rule asked for a rollback ({reason}), but {moved}", refused=True)
     return RollbackOutcome(
         True, decision["reason"], champion, decision["champion_version"], decision["history_id"]
     )
@@ -478,9 +480,51 @@ def run_check(
     )
     result = record(settings, result)
     log.info("monitoring check of %s: %s; rollback: %s", day, result.summary(), rollback.reason)
+    for alert in alerts_of(result):
+        send(settings, alert)
     if failure is not None:
         raise failure
     return result
+
+
+def alerts_of(result: CheckResult) -> list[Alert]:
+    """What a person must hear of a check: drift, a rollback done or refused, and labels that are late or
+    partial against their history (a withheld verdict; not a feed's first weeks, which have no history)."""
+    where = {
+        "day": result.day.isoformat(),
+        "check_id": result.check_id,
+        "mlflow_run_id": result.mlflow_run_id,
+    }
+    found = []
+    if result.drifted:
+        found.append(Alert("drift", f"drift in the check of {result.day}", result.summary(), where))
+    rollback = result.rollback
+    if rollback.rolled_back:
+        found.append(
+            Alert(
+                "rollback",
+                f"champion rolled back v{rollback.champion_before} -> v{rollback.champion_after}",
+                rollback.reason,
+                {**where, "history_id": rollback.history_id},
+            )
+        )
+    elif rollback.refused:
+        found.append(
+            Alert(
+                "rollback_refused", f"rollback refused in the check of {result.day}", rollback.reason, where
+            )
+        )
+    completeness = result.performance.completeness
+    if completeness is not None and not completeness.complete and completeness.expected is not None:
+        found.append(
+            Alert(
+                "label_lag",
+                f"chargebacks late or partial for {result.performance.first}..{result.performance.last}",
+                completeness.reason,
+                {**where, **completeness.to_dict()},
+            )
+        )
+    return found
 
 
 def record(settings: Settings, result: CheckResult) -> CheckResult:

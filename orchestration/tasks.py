@@ -139,8 +139,11 @@ def event_dates(events: Iterable[Any]) -> list[str]:
 
 def dates_from_param_or_events(param: str, triggering_asset_events: Mapping[Any, Any] | None) -> list[str]:
     """The dates a run works on: the comma-separated `param` of a manual run, else the dates its triggering
-    asset events name (every asset's). Raises ValueError when there are none, or a date is malformed."""
+    asset events name (every asset's). Raises RunParameterError (a ValueError, and a PipelineError: the task
+    fails at once, without retries) when there are none, or a date is malformed."""
     from datetime import date
+
+    from core.errors import RunParameterError
 
     if param:
         dates = sorted({d.strip() for d in param.split(",") if d.strip()})
@@ -148,12 +151,16 @@ def dates_from_param_or_events(param: str, triggering_asset_events: Mapping[Any,
         events = triggering_asset_events or {}
         dates = event_dates(e for asset in events for e in events[asset])
     if not dates:
-        raise ValueError("no date to work on: the run has no triggering event naming one and no date param")
+        raise RunParameterError(
+            "no date to work on: the run has no triggering event naming one and no date param"
+        )
     for value in dates:
         try:
             date.fromisoformat(value)
         except ValueError:
-            raise ValueError(f"{value!r} is not a date; give YYYY-MM-DD, several comma-separated") from None
+            raise RunParameterError(
+                f"{value!r} is not a date; give YYYY-MM-DD, several comma-separated"
+            ) from None
     return dates
 
 

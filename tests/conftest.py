@@ -228,6 +228,22 @@ def _fresh_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     get_settings.cache_clear()
 
 
+@pytest.fixture
+def alert_receiver(monkeypatch: pytest.MonkeyPatch):
+    """A webhook and a mail server on 127.0.0.1 (tests/receivers.py), with the alert settings pointing at
+    them for this test."""
+    from core.settings import get_settings
+    from tests.receivers import AlertReceiver
+
+    receiver = AlertReceiver()
+    for name, value in receiver.environment().items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    yield receiver
+    receiver.close()
+    get_settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the test process, configured as the pipeline configures it."""

@@ -465,7 +465,7 @@ def _check_day(window: date) -> date:
 
 
 def test_a_champion_that_serves_worse_than_its_predecessor_on_the_same_rows_is_rolled_back(
-    scenarios, home, monkeypatch
+    scenarios, home, monkeypatch, alert_receiver
 ):
     from monitoring.check import run_check
     from monitoring.store import read_results
@@ -494,9 +494,13 @@ def test_a_champion_that_serves_worse_than_its_predecessor_on_the_same_rows_is_r
     assert f"monitoring check of {day}" in last["reason"]
     note = read_results(settings, day, day, kinds=["check"])["note"].item()
     assert "rollback: live performance: live AUC-PR of champion v2" in note
+    (alert,) = alert_receiver.received.posts  # the risk team hears of it
+    assert (alert["kind"], alert["subject"]) == ("rollback", "champion rolled back v2 -> v1")
+    assert alert["details"]["history_id"] == last["id"] and alert["text"] == result.rollback.reason
+    assert alert_receiver.received.mails[0]["Subject"] == "[mlops rollback] champion rolled back v2 -> v1"
 
 
-def test_a_partial_chargeback_feed_gives_no_verdict(scenarios, home, monkeypatch):
+def test_a_partial_chargeback_feed_gives_no_verdict(scenarios, home, monkeypatch, alert_receiver):
     from monitoring.check import run_check
     from training.registry import ModelRegistry
 
@@ -550,7 +554,7 @@ def test_declined_frauds_are_left_out_rather_than_counted_as_legitimate(scenario
     assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "2"
 
 
-def test_a_promotion_that_lands_during_the_check_survives_it(scenarios, home, monkeypatch):
+def test_a_promotion_that_lands_during_the_check_survives_it(scenarios, home, monkeypatch, alert_receiver):
     from monitoring import check
     from training import steps
     from training.registry import ModelRegistry

@@ -1,0 +1,98 @@
+"""Alerts: what a person must hear about, sent to a webhook (a JSON POST) and by email, as the settings say
+(`alerts.webhook_url`, `alerts.email_to`, core/settings.py AlertSettings).
+
+Kinds: `task_failed` (any DAG task's last try, through orchestration/alerts.py's Airflow notifier), `drift`,
+`rollback`, `rollback_refused`, `label_lag` (a check withheld its verdict: the chargebacks are late or
+partial), `estimate_drop` (the label-free performance estimate fell), `service` (the scoring service missed
+an objective). Sending never raises: a channel that fails is logged with the reason and reported in the
+result, and the pipeline goes on; an alert is bounded (its text to MAX_TEXT characters).
+
+Only the standard library: the Airflow image and the training image both send.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import smtplib
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+KINDS = ("task_failed", "drift", "rollback", "rollback_refused", "label_lag", "estimate_drop", "service")
+MAX_TEXT = 8000
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str
+    subject: str
+    text: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown alert kind {self.kind!r}; one of {', '.join(KINDS)}")
+
+    def payload(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["text"] = self.text[:MAX_TEXT]
+        body["sent_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        return body
+
+
+def send(settings: Settings, alert: Alert) -> dict[str, str]:
+    """Send `alert` on every configured channel; per channel "sent" or why it failed (also logged)."""
+    policy = settings.alerts
+    outcome: dict[str, str] = {}
+    log.warning("alert %s: %s", alert.kind, alert.subject)
+    payload = alert.payload()
+    if policy.webhook_url:
+        outcome["webhook"] = _post(policy.webhook_url, payload, policy.timeout_s)
+    if policy.email_to:
+        outcome["email"] = _mail(settings, payload)
+    for channel, result in outcome.items():
+        if result != "sent":
+            log.error("alert %s not delivered by %s: %s", alert.kind, channel, result)
+    return outcome
+
+
+def _post(url: str, payload: dict[str, Any], timeout_s: float) -> str:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(payload, default=str).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        return f"the webhook answered {exc.code} {exc.reason}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"the webhook could not be reached: {exc}"
+    return "sent" if 200 <= status < 300 else f"the webhook answered {status}"
+
+
+def _mail(settings: Settings, payload: dict[str, Any]) -> str:
+    policy = settings.alerts
+    message = EmailMessage()
+    message["Subject"] = f"[mlops {payload['kind']}] {payload['subject']}"[:250]
+    message["From"] = policy.email_from
+    message["To"] = ", ".join(policy.email_to)
+    details = json.dumps(payload["details"], indent=2, sort_keys=True, default=str)
+    message.set_content(f"{payload['text']}\n\n{details}\n")
+    try:
+        with smtplib.SMTP(policy.smtp_host, policy.smtp_port, timeout=policy.timeout_s) as smtp:
+            smtp.send_message(message)
+    except (smtplib.SMTPException, OSError) as exc:
+        return f"the mail server {policy.smtp_host}:{policy.smtp_port} refused or was unreachable: {exc}"
+    return "sent"

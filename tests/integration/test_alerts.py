@@ -1,0 +1,57 @@
+"""Alerts (core/alerts.py, orchestration/alerts.py) against a webhook and a mail server on 127.0.0.1
+(tests/receivers.py): a task that fails on its last try in a real Airflow run, and a channel that cannot be
+reached, which is reported, not raised. The monitoring check's alerts are in test_monitoring.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.settings import get_settings
+
+
+def test_a_task_that_fails_its_last_try_alerts_the_webhook_and_the_mail(airflow_db, alert_receiver):
+    """The monitor DAG run with a malformed date: dates_to_check fails at once (no retry can fix a bad
+    parameter) and its failure callback, the DAGs' notifier, sends the alert."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.integration.conftest import dag_run_states
+
+    dag = DagBag(dag_folder="dags").dags["monitor_fraud_model"]
+    run = dag.test(run_conf={"date": "2026-02-30"})
+    assert dag_run_states(run)["dates_to_check"] == "failed"
+    received = alert_receiver.received
+    (post,) = received.posts
+    assert post["kind"] == "task_failed"
+    assert post["subject"].startswith("monitor_fraud_model.dates_to_check failed")
+    assert post["details"]["error"] == (
+        "RunParameterError: '2026-02-30' is not a date; give YYYY-MM-DD, several comma-separated"
+    )
+    assert post["details"]["run_id"] == run.run_id and post["details"]["try_number"] == 1
+    (mail,) = received.mails
+    assert mail["Subject"].startswith("[mlops task_failed] monitor_fraud_model.dates_to_check failed")
+    assert received.recipients == [["risk-team@example.com"]]
+    assert "'2026-02-30' is not a date" in mail.get_payload()
+
+
+def test_an_unreachable_channel_is_reported_and_the_caller_goes_on(monkeypatch):
+    import socket
+
+    from core.alerts import Alert, send
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("MLOPS_ALERTS__WEBHOOK_URL", f"http://127.0.0.1:{port}/hook")
+    monkeypatch.setenv("MLOPS_ALERTS__EMAIL_TO", '["ops@example.com"]')
+    monkeypatch.setenv("MLOPS_ALERTS__SMTP_PORT", str(port))
+    monkeypatch.setenv("MLOPS_ALERTS__TIMEOUT_S", "2")
+    get_settings.cache_clear()
+    outcome = send(get_settings(), Alert("drift", "drift in the check of 2026-03-10", "two inputs drifted"))
+    assert outcome["webhook"].startswith("the webhook could not be reached")
+    assert outcome["email"].startswith(f"the mail server 127.0.0.1:{port} refused or was unreachable")
+    with pytest.raises(ValueError, match="unknown alert kind"):
+        Alert("whatever", "s", "t")
+    monkeypatch.setenv("MLOPS_ALERTS__WEBHOOK_URL", "file:///etc/passwd")
+    get_settings.cache_clear()
+    with pytest.raises(ValueError, match="must be an http:// or https:// URL"):
+        get_settings()
