@@ -241,6 +241,13 @@ class MonitoringSettings(BaseModel):
     label_history_days: int = Field(default=28, ge=1, le=365)
     min_label_ratio: float = Field(default=0.6, gt=0.0, le=1.0)
     window_days: int = Field(default=1, ge=1, le=90, description="days of scoring log per check")
+    # The scoring service's objectives per day (monitoring/service.py): server-side latency of a scored
+    # transaction (the scoring log's), and of the scoring routes' responses, the share of errors (5xx but
+    # 503) and of refusals (4xx and 503: bad input, auth, overload, loading); fewer requests: no verdict.
+    max_latency_p99_ms: float = Field(default=25.0, gt=0)
+    max_error_rate: float = Field(default=0.001, ge=0.0, le=1.0)
+    max_refusal_rate: float = Field(default=0.02, ge=0.0, le=1.0)
+    min_requests: int = Field(default=100, ge=1)
 
 
 class AlertSettings(BaseModel):

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from core.settings import Settings
     from monitoring.reference import Reference, Scorer
+    from monitoring.service import ServiceDay
     from training.ledger import Decision
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class CheckResult:
     performance: LivePerformance
     rollback: RollbackOutcome
     notes: tuple[str, ...] = ()
+    service: ServiceDay | None = None  # the scoring service's objectives of the day
     dag_id: str = ""
     dag_run_id: str = ""
     mlflow_run_id: str | None = field(default=None, compare=False)
@@ -123,6 +125,7 @@ class CheckResult:
             "performance": self.performance.to_dict(),
             "rollback": asdict(self.rollback),
             "notes": list(self.notes),
+            "service": None if self.service is None else self.service.to_dict(),
             "mlflow_run_id": self.mlflow_run_id,
         }
 
@@ -465,7 +468,10 @@ def run_check(
     except PromotionError as exc:
         failure = exc
         rollback = RollbackOutcome(False, f"the rollback the rule asked for failed: {exc}")
+    from monitoring.service import service_day
+
     result = CheckResult(
+        service=service_day(settings, day),
         check_id=uuid.uuid4().hex[:16],
         day=day,
         model_name=registry.name,
@@ -512,6 +518,15 @@ def alerts_of(result: CheckResult) -> list[Alert]:
         found.append(
             Alert(
                 "rollback_refused", f"rollback refused in the check of {result.day}", rollback.reason, where
+            )
+        )
+    if result.service is not None and result.service.verdict == "missed":
+        found.append(
+            Alert(
+                "service",
+                f"scoring service missed its objectives on {result.day}",
+                result.service.reason,
+                {**where, **result.service.to_dict()},
             )
         )
     completeness = result.performance.completeness
@@ -584,6 +599,17 @@ def result_rows(result: CheckResult) -> list[dict[str, Any]]:
         }
         for v in result.performance.versions
     ]
+    if result.service is not None:
+        rows.append(
+            {
+                **common,
+                "kind": "service",
+                "name": "objectives",
+                "rows": result.service.requests,
+                "verdict": result.service.verdict,
+                "note": result.service.reason,
+            }
+        )
     note = " | ".join([result.drift.reason, *result.notes, f"rollback: {result.rollback.reason}"])
     rows.append(
         {

@@ -170,6 +170,18 @@ def log_check(settings: Settings, result: CheckResult, threshold: float) -> str:
             metrics.append(Metric(f"{prefix}.auc_pr", v.auc_pr, now, 0))
         if v.recall_at_1pct_fpr is not None:
             metrics.append(Metric(f"{prefix}.recall_at_1pct_fpr", v.recall_at_1pct_fpr, now, 0))
+    service = result.service
+    if service is not None and service.requests:
+        for name, value in (
+            ("service.requests", service.requests),
+            ("service.error_rate", service.error_rate),
+            ("service.refusal_rate", service.refusal_rate),
+            ("service.latency_p50_ms", service.latency_p50_ms),
+            ("service.latency_p95_ms", service.latency_p95_ms),
+            ("service.latency_p99_ms", service.latency_p99_ms),
+        ):
+            if value is not None:
+                metrics.append(Metric(name, float(value), now, 0))
     params = [
         Param("reference.version", str(result.champion_version)),
         Param("reference.rows", str(result.drift.reference_rows)),

@@ -32,6 +32,7 @@ from serving.auth import Guard, open_callers
 from serving.clock import ServiceClock
 from serving.contract import ContractError, Violation, validate_request
 from serving.models import Models, ModelUnavailableError
+from serving.outcomes import CountOutcomes, RequestOutcomes
 from serving.scorer import MicroBatcher, OverloadedError, Scorer, TransactionRefusedError
 
 if TYPE_CHECKING:
@@ -153,6 +154,12 @@ class Service:
         self.scorer = Scorer(
             self.models, PendingState(), self.scoring_log, settings.serving.threshold, clock=self.clock
         )
+        # Every response counted per minute, beside the scoring log (serving/outcomes.py).
+        self.outcomes = (
+            RequestOutcomes(settings.scoring_log_dir, self.clock, settings.serving.log_retention_days)
+            if settings.serving.scoring_log
+            else None
+        )
         self.batcher = MicroBatcher(
             self.scorer,
             settings.serving.max_batch_size,
@@ -201,6 +208,8 @@ class Service:
         self.scorer.close()  # the shadow's backlog reaches the scoring log first
         if self.scoring_log is not None:
             self.scoring_log.close()
+        if self.outcomes is not None:
+            self.outcomes.close()
         if self._loader.is_alive():
             self._loader.join(timeout=60)
         self.state.close()
@@ -544,7 +553,14 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         allowed_hosts=settings.serving.allowed_hosts,
         max_in_flight=settings.serving.max_in_flight,
     )
+    # Outermost: a response Guard refuses is counted too.
+    app.add_middleware(CountOutcomes, outcomes_of=_outcomes_of)
     return app
+
+
+def _outcomes_of(scope: Scope) -> RequestOutcomes | None:
+    service = getattr(scope["app"].state, "service", None)
+    return None if service is None else service.outcomes
 
 
 class Direct:
