@@ -3,9 +3,10 @@
 
 Kinds: `task_failed` (any DAG task's last try, through orchestration/alerts.py's Airflow notifier), `drift`,
 `rollback`, `rollback_refused`, `label_lag` (a check withheld its verdict: the chargebacks are late or
-partial), `estimate_drop` (the label-free performance estimate fell), `service` (the scoring service missed
-an objective). Sending never raises: a channel that fails is logged with the reason and reported in the
-result, and the pipeline goes on; an alert is bounded (its text to MAX_TEXT characters).
+partial), `estimate_drop` (the label-free performance estimate fell), `estimate_unreliable` (the scores imply
+a fraud rate far from the holdout's), `service` (the scoring service missed an objective). Sending never
+raises: a channel that fails is logged with the reason and reported in the result, and the pipeline goes
+on; an alert is bounded (its text to MAX_TEXT characters).
 
 Only the standard library: the Airflow image and the training image both send.
 """
@@ -27,7 +28,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = ("task_failed", "drift", "rollback", "rollback_refused", "label_lag", "estimate_drop", "service")
+KINDS = (
+    "task_failed",
+    "drift",
+    "rollback",
+    "rollback_refused",
+    "label_lag",
+    "estimate_drop",
+    "estimate_unreliable",
+    "service",
+)
 MAX_TEXT = 8000
 
 

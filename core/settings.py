@@ -244,6 +244,12 @@ class MonitoringSettings(BaseModel):
     # The scoring service's objectives per day (monitoring/service.py): server-side latency of a scored
     # transaction (the scoring log's), and of the scoring routes' responses, the share of errors (5xx but
     # 503) and of refusals (4xx and 503: bad input, auth, overload, loading); fewer requests: no verdict.
+    # The label-free estimate (monitoring/estimate.py): recalibrate above this expected calibration error;
+    # draws of labels per estimate; alert when the estimated AUC-PR is this much below the holdout's.
+    max_calibration_error: float = Field(default=0.02, ge=0.0, le=1.0)
+    estimate_samples: int = Field(default=100, ge=10, le=10_000)
+    max_estimated_auc_pr_drop: float = Field(default=0.1, ge=0.0, le=1.0)
+    max_implied_fraud_rate_ratio: float = Field(default=1.5, gt=1.0)
     max_latency_p99_ms: float = Field(default=25.0, gt=0)
     max_error_rate: float = Field(default=0.001, ge=0.0, le=1.0)
     max_refusal_rate: float = Field(default=0.02, ge=0.0, le=1.0)

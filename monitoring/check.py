@@ -68,6 +68,7 @@ class CurrentInputs:
     source: str  # scoring_log | lake
     first: date
     last: date
+    score_ids: np.ndarray | None = None  # the transaction ids of `scores`, in their order
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class CheckResult:
     rollback: RollbackOutcome
     notes: tuple[str, ...] = ()
     service: ServiceDay | None = None  # the scoring service's objectives of the day
+    estimate: dict[str, Any] | None = None  # performance_estimate's
     dag_id: str = ""
     dag_run_id: str = ""
     mlflow_run_id: str | None = field(default=None, compare=False)
@@ -126,6 +128,7 @@ class CheckResult:
             "rollback": asdict(self.rollback),
             "notes": list(self.notes),
             "service": None if self.service is None else self.service.to_dict(),
+            "estimate": self.estimate,
             "mlflow_run_id": self.mlflow_run_id,
         }
 
@@ -162,7 +165,8 @@ def scoring_log_inputs(settings: Settings, day: date, champion: str | None) -> C
     scores = rows.loc[served, "score"].to_numpy("float64") if champion is not None else None
     if scores is not None and len(scores) < settings.monitoring.min_rows:
         scores = None
-    return CurrentInputs(frame, scores, "scoring_log", first, last)
+    ids = None if scores is None else rows.loc[served, "transaction_id"].to_numpy()
+    return CurrentInputs(frame, scores, "scoring_log", first, last, ids)
 
 
 def lake_inputs(settings: Settings, day: date, scorer: Scorer | None) -> CurrentInputs:
@@ -182,7 +186,8 @@ def lake_inputs(settings: Settings, day: date, scorer: Scorer | None) -> Current
         categories_as_the_model_sees_them(transactions).reset_index(drop=True)
     )
     scores = scorer.score(model_matrix(inputs)).astype("float64") if scorer is not None else None
-    return CurrentInputs(frame, scores, "lake", first, last)
+    ids = None if scores is None else transactions["transaction_id"].to_numpy()
+    return CurrentInputs(frame, scores, "lake", first, last, ids)
 
 
 def current_inputs(settings: Settings, day: date, champion: str | None) -> CurrentInputs:
@@ -428,6 +433,68 @@ def apply_rollback_rule(
     )
 
 
+# --- the label-free estimate -----------------------------------------------------------------------------
+
+
+def performance_estimate(
+    settings: Settings, day: date, champion: str, current: CurrentInputs, matured: tuple[date, date]
+) -> dict[str, Any] | None:
+    """The champion's estimated AUC-PR and recall at the threshold on the day's traffic (monitoring/
+    estimate.py; None without its scores of the day), and for the matured window's traffic (a one-day
+    window) the same estimate beside the realised figure (labels as reported by the end of `day`) and its
+    error."""
+    from monitoring.estimate import calibration, estimate, reliability
+    from monitoring.performance import _fraud_reports
+    from training.dataset import NothingToTrainError
+    from training.metrics import average_precision
+
+    policy = settings.monitoring
+    fitted = calibration(settings, champion)
+
+    def of(scores: np.ndarray, seed: int):
+        probabilities = fitted.apply(scores)
+        return estimate(probabilities, scores, settings.serving.threshold, policy.estimate_samples, seed)
+
+    found: dict[str, Any] = {
+        "day": day.isoformat(),
+        "version": champion,
+        "calibration": {k: v for k, v in asdict(fitted).items() if k not in ("x", "y")},
+        "estimate": None,
+        "reliable": None,
+        "reliability": None,
+        "matured": None,
+    }
+    if current.scores is not None:
+        today = of(current.scores, day.toordinal())
+        found["estimate"] = today.to_dict()
+        found["reliable"], found["reliability"] = reliability(
+            today, fitted, policy.max_implied_fraud_rate_ratio
+        )
+    first, last = matured
+    try:
+        earlier = current_inputs(settings, last, champion) if first == last else None
+    except NothingToTrainError:
+        earlier = None
+    if earlier is not None and earlier.scores is not None and earlier.score_ids is not None:
+        reported = set(_fraud_reports(settings, first - timedelta(days=1), day)["transaction_id"].to_pylist())
+        labels = np.fromiter(
+            (i in reported for i in earlier.score_ids), dtype=bool, count=len(earlier.score_ids)
+        )
+        then = of(earlier.scores, last.toordinal())  # what the check of `last` estimated
+        realised = (
+            average_precision(labels.astype(int), earlier.scores) if 0 < labels.sum() < len(labels) else None
+        )
+        found["matured"] = {
+            "day": last.isoformat(),
+            "rows": len(labels),
+            "frauds": int(labels.sum()),
+            "estimate": then.to_dict(),
+            "realised_auc_pr": realised,
+            "error": None if realised is None or then.auc_pr is None else then.auc_pr - realised,
+        }
+    return found
+
+
 # --- the check --------------------------------------------------------------------------------------------
 
 
@@ -460,6 +527,11 @@ def run_check(
         )
     drift = compare_with_reference(settings, reference, current)
     performance = live_performance(settings, day)
+    estimated = (
+        performance_estimate(settings, day, champion, current, (performance.first, performance.last))
+        if champion is not None
+        else None
+    )
     failure: PromotionError | None = None
     try:
         rollback = apply_rollback_rule(
@@ -472,6 +544,7 @@ def run_check(
 
     result = CheckResult(
         service=service_day(settings, day),
+        estimate=estimated,
         check_id=uuid.uuid4().hex[:16],
         day=day,
         model_name=registry.name,
@@ -486,14 +559,14 @@ def run_check(
     )
     result = record(settings, result)
     log.info("monitoring check of %s: %s; rollback: %s", day, result.summary(), rollback.reason)
-    for alert in alerts_of(result):
+    for alert in alerts_of(result, settings.monitoring.max_estimated_auc_pr_drop):
         send(settings, alert)
     if failure is not None:
         raise failure
     return result
 
 
-def alerts_of(result: CheckResult) -> list[Alert]:
+def alerts_of(result: CheckResult, max_estimate_drop: float = 0.1) -> list[Alert]:
     """What a person must hear of a check: drift, a rollback done or refused, and labels that are late or
     partial against their history (a withheld verdict; not a feed's first weeks, which have no history)."""
     where = {
@@ -518,6 +591,29 @@ def alerts_of(result: CheckResult) -> list[Alert]:
         found.append(
             Alert(
                 "rollback_refused", f"rollback refused in the check of {result.day}", rollback.reason, where
+            )
+        )
+    estimated = result.estimate
+    if estimated is not None and (estimated["estimate"] or {}).get("auc_pr") is not None:
+        now, holdout = estimated["estimate"]["auc_pr"], estimated["calibration"]["holdout_auc_pr"]
+        if now < holdout - max_estimate_drop:
+            found.append(
+                Alert(
+                    "estimate_drop",
+                    f"estimated AUC-PR of v{estimated['version']} fell to {now:.4f} on {result.day}",
+                    f"the label-free estimate of champion v{estimated['version']}'s AUC-PR on the traffic "
+                    f"of {result.day} is {now:.4f}, {holdout - now:.4f} below its holdout's {holdout:.4f} "
+                    f"(alert beyond {max_estimate_drop}); labels will confirm it in the days to come",
+                    {**where, **estimated},
+                )
+            )
+    if estimated is not None and estimated["reliable"] is False:
+        found.append(
+            Alert(
+                "estimate_unreliable",
+                f"v{estimated['version']}'s scores imply another fraud rate on {result.day}",
+                estimated["reliability"],
+                {**where, **estimated},
             )
         )
     if result.service is not None and result.service.verdict == "missed":
@@ -599,6 +695,37 @@ def result_rows(result: CheckResult) -> list[dict[str, Any]]:
         }
         for v in result.performance.versions
     ]
+    if result.estimate is not None and result.estimate["estimate"] is not None:
+        import json
+
+        estimated = result.estimate["estimate"]
+        rows.append(
+            {
+                **common,
+                "kind": "estimate",
+                "name": "auc_pr",
+                "model_version": result.estimate["version"],
+                "rows": estimated["rows"],
+                "auc_pr": estimated["auc_pr"],
+                "note": json.dumps(result.estimate, default=str, sort_keys=True),
+            }
+        )
+    matured = (result.estimate or {}).get("matured")
+    if matured is not None:
+        import json
+
+        rows.append(
+            {
+                **common,
+                "kind": "estimate",
+                "name": "matured_auc_pr",  # auc_pr: the realised figure; the estimate and error in the note
+                "model_version": result.estimate["version"] if result.estimate else None,
+                "rows": matured["rows"],
+                "labelled_frauds": matured["frauds"],
+                "auc_pr": matured["realised_auc_pr"],
+                "note": json.dumps(matured, default=str, sort_keys=True),
+            }
+        )
     if result.service is not None:
         rows.append(
             {

@@ -170,6 +170,18 @@ def log_check(settings: Settings, result: CheckResult, threshold: float) -> str:
             metrics.append(Metric(f"{prefix}.auc_pr", v.auc_pr, now, 0))
         if v.recall_at_1pct_fpr is not None:
             metrics.append(Metric(f"{prefix}.recall_at_1pct_fpr", v.recall_at_1pct_fpr, now, 0))
+    estimated = result.estimate or {}
+    figures = {
+        "estimate.auc_pr": (estimated.get("estimate") or {}).get("auc_pr"),
+        "estimate.auc_pr_spread": (estimated.get("estimate") or {}).get("auc_pr_spread"),
+        "estimate.recall_at_threshold": (estimated.get("estimate") or {}).get("recall_at_threshold"),
+        "calibration.ece_before": (estimated.get("calibration") or {}).get("ece_before"),
+        "calibration.ece_after": (estimated.get("calibration") or {}).get("ece_after"),
+        "matured.estimate.auc_pr": ((estimated.get("matured") or {}).get("estimate") or {}).get("auc_pr"),
+        "matured.realised.auc_pr": (estimated.get("matured") or {}).get("realised_auc_pr"),
+        "matured.estimate_error": (estimated.get("matured") or {}).get("error"),
+    }
+    metrics += [Metric(name, float(value), now, 0) for name, value in figures.items() if value is not None]
     service = result.service
     if service is not None and service.requests:
         for name, value in (

@@ -39,7 +39,9 @@ results_table = sa.Table(
     sa.Column("model_name", sa.String(200), nullable=False),
     sa.Column("champion_version", sa.String(20)),  # the champion when the check ran
     sa.Column("feature_source", sa.String(20)),  # scoring_log | lake
-    sa.Column("kind", sa.String(20), nullable=False),  # numeric | categorical | score | performance | service | check
+    sa.Column(
+        "kind", sa.String(20), nullable=False
+    ),  # numeric | categorical | score | performance | service | check
     sa.Column("name", sa.String(200), nullable=False),  # the input, the role, or "verdict"
     sa.Column("model_version", sa.String(20)),  # whose scores (score drift, performance)
     sa.Column("role", sa.String(10)),  # served | shadow (performance)

@@ -604,6 +604,137 @@ def test_no_rollback_within_the_cool_down_of_an_alias_move(scenarios, home, monk
     assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "2"
 
 
+# --- (c) the label-free estimate ---------------------------------------------------------------------------
+#
+# A champion trained on the generator's own labels (every chargeback its transactions get) over three larger
+# days of a world of its own; then a clean day and a day with the generator's drift fault (amounts x2.5 and
+# online, on 60% of the rows) are served through the scoring log, and all their chargebacks are in by the
+# check three days later, which puts the estimate made of each day beside the realised AUC-PR.
+
+# |estimate - realised| accepted on a clean day (measured 0.04-0.06), and how far the estimate may overstate
+# on the drift fault (measured 0.09-0.11): docs/monitoring.md.
+ESTIMATE_ERROR = 0.1
+DRIFT_OVERSTATEMENT = 0.15
+GENERATOR = {"seed": 21, "customers": 3000, "merchants": 200, "rows_per_day": 20_000}
+GENERATOR_TRAIN_DAYS = (date(2026, 2, 2), date(2026, 2, 3), date(2026, 2, 4))
+GENERATOR_CLEAN, GENERATOR_DRIFT = date(2026, 2, 10), date(2026, 2, 11)
+
+
+def _generated(day: date, faults: dict | None = None) -> tuple[pd.DataFrame, np.ndarray]:
+    """One day of the larger world, as the feed's transactions of that date, and which get a chargeback."""
+    from pipelines.synthetic.simulate import chargebacks_of_day, rows_for_day, transaction_ids
+    from pipelines.synthetic.world import build_world
+
+    settings = get_settings()
+    generate_landing(
+        GenerateRequest(
+            start=day,
+            days=1,
+            rows_per_day=GENERATOR["rows_per_day"],
+            seed=GENERATOR["seed"],
+            landing=settings.landing,
+            customers=GENERATOR["customers"],
+            merchants=GENERATOR["merchants"],
+            feed_start=GENERATOR_TRAIN_DAYS[0],
+            faults=faults or {},
+        )
+    )
+    files = sorted((settings.landing / day.isoformat()).glob("transactions-*.csv"))
+    frame = pd.concat([pd.read_csv(f, dtype={"amount": "float64"}) for f in files], ignore_index=True)
+    frame["event_timestamp"] = pd.to_datetime(frame["event_timestamp"], utc=True)
+    frame = frame[frame["event_timestamp"].dt.date == day].reset_index(drop=True)
+    world = build_world(GENERATOR["seed"], GENERATOR["customers"], GENERATOR["merchants"])
+    rows = rows_for_day(GENERATOR["rows_per_day"], day)
+    keys, _ = chargebacks_of_day(world, day, rows, GENERATOR["seed"])
+    return frame, frame["transaction_id"].isin(set(transaction_ids(keys))).to_numpy()
+
+
+@pytest.fixture(scope="module")
+def generator_champion(monitored_home):
+    from training import steps
+    from training.dataset import LABEL, SPLIT, WEIGHT, version_training_frame
+    from training.loop import TrainConfig
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("MLOPS_HOME", str(monitored_home.home))
+    get_settings.cache_clear()
+    try:
+        settings = get_settings()
+        parts = []
+        for offset, day in enumerate(GENERATOR_TRAIN_DAYS):
+            transactions, frauds = _generated(day)
+            inputs = _model_inputs(transactions, seed=100 + offset)
+            inputs["transaction_id"] = transactions["transaction_id"]
+            inputs["event_timestamp"] = transactions["event_timestamp"]
+            inputs[LABEL] = frauds.astype(int)
+            parts.append(inputs)
+        frame = pd.concat(parts, ignore_index=True).sort_values("event_timestamp", ignore_index=True)
+        position = np.arange(len(frame)) / len(frame)
+        frame[SPLIT] = np.where(position < 0.6, "train", np.where(position < 0.7, "validation", "holdout"))
+        frame[WEIGHT] = 1.0
+        rev, _ = version_training_frame(
+            settings, GENERATOR_TRAIN_DAYS[-1], frame, {"window_days": 3, "labels": "generator"}
+        )
+        trained = steps.train(settings, rev, TrainConfig(epochs=6, batch_size=512, device="cpu", seed=3))
+        version = steps.register(settings, trained["run_id"])["model_version"]
+        steps.export(settings, version)
+        served = {
+            name: _generated(day, faults)
+            for name, day, faults in (
+                ("clean", GENERATOR_CLEAN, None),
+                ("drift", GENERATOR_DRIFT, {FaultKind.DRIFT: 0.6}),
+            )
+        }
+    finally:
+        patch.undo()
+        get_settings.cache_clear()
+    return SimpleNamespace(version=version, served=served)
+
+
+def test_the_label_free_estimate_tracks_the_realised_auc_pr_and_flags_the_drift_fault(
+    home, generator_champion, monkeypatch, alert_receiver
+):
+    """The day's own check estimates from the scores alone (and flags the drifted day, whose scores imply
+    far more fraud than the holdout's rate); the check three days later, with the labels in, puts that
+    estimate beside the realised AUC-PR. Clean: within ESTIMATE_ERROR. Drift fault: the scores of
+    legitimate rows rise, so the estimate overstates, by at most DRIFT_OVERSTATEMENT (measured 0.09-0.11)."""
+    from monitoring.check import run_check
+    from monitoring.reference import model_matrix, version_scorer
+    from monitoring.store import read_results
+    from training import steps
+
+    _policy(monkeypatch)
+    settings = get_settings()
+    version = generator_champion.version
+    steps.promote_by_hand(settings, version, "monitoring test: the estimate's champion")
+    scorer = version_scorer(settings, version)
+    for name, day in (("clean", GENERATOR_CLEAN), ("drift", GENERATOR_DRIFT)):
+        transactions, frauds = generator_champion.served[name]
+        inputs = _model_inputs(transactions, seed=7)
+        scores = scorer.score(model_matrix(inputs)).astype("float64")
+        _write_log(_log_rows(transactions, inputs, version, scores))
+        _chargebacks(day + timedelta(days=1), transactions["transaction_id"][frauds])
+
+        same_day = run_check(settings, day).estimate
+        assert same_day["estimate"]["rows"] == len(transactions) and same_day["matured"] is None
+        assert same_day["reliable"] is (name == "clean"), same_day["reliability"]
+        assert same_day["calibration"]["method"] == "isotonic" and same_day["calibration"]["ece_after"] < 0.01
+        flagged = [p for p in alert_receiver.received.posts if p["kind"] == "estimate_unreliable"]
+        assert len(flagged) == (name == "drift")
+
+        check = _check_day(day)
+        matured = run_check(settings, check).estimate["matured"]
+        assert matured["day"] == day.isoformat() and matured["rows"] == len(transactions)
+        assert matured["frauds"] == int(frauds.sum()) >= 100
+        assert matured["estimate"] == same_day["estimate"]  # what the day's check said, now beside the labels
+        row = read_results(settings, check, check, kinds=["estimate"]).set_index("name").loc["matured_auc_pr"]
+        assert row["auc_pr"] == pytest.approx(matured["realised_auc_pr"])
+        if name == "clean":
+            assert abs(matured["error"]) <= ESTIMATE_ERROR, matured
+        else:
+            assert 0 < matured["error"] <= DRIFT_OVERSTATEMENT, matured
+
+
 def test_the_cluster_profile_runs_the_check_as_a_restricted_pod_of_the_monitoring_cli(monkeypatch):
     """Parsed as the DAG processor would under the cluster profile, rendered as the worker would."""
     import typer
