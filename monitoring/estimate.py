@@ -102,7 +102,7 @@ def expected_calibration_error(
     weights = np.ones(len(labels)) if weights is None else np.asarray(weights, dtype="float64")
     order = np.argsort(probabilities, kind="stable")
     cumulative = np.cumsum(weights[order])
-    edges = np.searchsorted(cumulative, np.linspace(0, cumulative[-1], bins + 1)[1:-1])
+    edges = np.searchsorted(cumulative, np.linspace(0, cumulative[-1], bins + 1)[1:-1], side="right")
     total, error = weights.sum(), 0.0
     for part in np.split(order, edges):
         if len(part):
