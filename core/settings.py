@@ -141,6 +141,13 @@ class GateSettings(BaseModel):
     max_latency_ms: float = Field(default=20.0, gt=0.0, description="median CPU scoring time, one row")
 
 
+class ApprovalSettings(BaseModel):
+    """A person's sign-off before a gate pass serves (dags/approve_fraud_model.py, training/registry.py)."""
+
+    enabled: bool = Field(default=False, description="a gate pass waits for approval in the Airflow UI")
+    timeout_hours: float = Field(default=24.0, gt=0, le=168, description="no answer then: nothing promoted")
+
+
 class CompressionSettings(BaseModel):
     """The export's smaller variants of a version (training/compress.py, training/export.py): a student
     distilled from its scores and a structurally pruned copy, each exported to ONNX beside fp32 and int8.
@@ -304,6 +311,7 @@ class Settings(BaseSettings):
     serving: ServingSettings = ServingSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
     alerts: AlertSettings = AlertSettings()
+    approval: ApprovalSettings = ApprovalSettings()
     cluster: ClusterServices = ClusterServices()
     # Data residency: every configured storage location must lie in an allowed region or endpoint.
     storage_policy: StoragePolicy = StoragePolicy()

@@ -37,6 +37,9 @@ triggering events name (feature event dates, drifted days), else the day before 
   only if the challenger wins by the margin within the guardrails; every decision goes to the promotion
   history (`mlops history`; `mlops rollback` undoes the last promotion).
 - **export**: ONNX with a parity check, int8 only where it pays. Emits the `fraud_model` asset.
+- **ask_approval**: with `approval.enabled` (MLOPS_APPROVAL__ENABLED=true) a gate pass moves nothing: it is
+  recorded as `awaiting_approval` and this task emits `fraud_model_candidate`, which starts
+  `approve_fraud_model`, where a person approves or rejects it. Skipped otherwise.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, t
 from core.errors import EXIT_SKIPPED
 from core.settings import get_settings
 from orchestration.alerts import failure_alerts
-from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES, FRAUD_MODEL
+from orchestration.assets import FRAUD_DRIFT, FRAUD_FEATURES, FRAUD_MODEL, FRAUD_MODEL_CANDIDATE
 from orchestration.tasks import (
     event_dates,
     fail_fast_on_bad_data,
@@ -122,6 +125,28 @@ with DAG(
 
         return training_set_or_skip(build_training_set, as_of, ti)
 
+    @task(
+        outlets=[FRAUD_MODEL_CANDIDATE],
+        doc_md="With `approval.enabled`: a gate pass waits for a person; emit `fraud_model_candidate`, which "
+        "starts the approval DAG. Skipped otherwise.",
+    )
+    def ask_approval(decision: dict, outlet_events=None, dag_run=None) -> dict:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        if decision["decision"] != "awaiting_approval":
+            raise AirflowSkipException(f"the gate's decision is {decision['decision']}: no approval to ask")
+        asked = {
+            "model_version": decision["model_version"],
+            "champion_version": decision["previous_champion"],
+            "reason": decision["reason"],
+            "history_id": decision["history_id"],
+            "triggered_by": getattr(dag_run, "triggering_user_name", None),
+            "dag_id": dag_run.dag_id,
+            "run_id": dag_run.run_id,
+        }
+        outlet_events[FRAUD_MODEL_CANDIDATE].extra = asked
+        return asked
+
     if get_settings().training_runner == "kubernetes":
         # Training and the steps after it run in the training image (torch, MLflow), each its own pod; the
         # Airflow image carries neither. Their results come back through XCom files.
@@ -146,8 +171,11 @@ with DAG(
         decision = step_pod_operator(
             settings,
             "promote",
-            ["--version", MODEL_VERSION, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}"],
-        )
+            [
+                "--version", MODEL_VERSION, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}",
+                "--triggered-by", "{{ dag_run.triggering_user_name or '' }}",
+            ],
+        )  # fmt: skip
         exported = step_pod_operator(settings, "export", ["--version", MODEL_VERSION])
 
         @task(outlets=[FRAUD_MODEL], doc_md="Announce the exported model (the `fraud_model` asset).")
@@ -162,6 +190,7 @@ with DAG(
         training_set(as_of_date()) >> same >> trained
         trained >> evaluated >> registered >> decision >> exported
         publish_model(registered.output, decision.output, exported.output)
+        ask_approval(decision.output)
     else:
 
         @task(
@@ -197,7 +226,13 @@ with DAG(
         def promote(registered: dict, dag_run=None) -> dict:
             from training import steps
 
-            return run_step(steps.promote, registered["model_version"], dag_run.dag_id, dag_run.run_id)
+            return run_step(
+                steps.promote,
+                registered["model_version"],
+                dag_run.dag_id,
+                dag_run.run_id,
+                getattr(dag_run, "triggering_user_name", None),
+            )
 
         @task(outlets=[FRAUD_MODEL], doc_md="ONNX export with parity check; int8 where it pays.")
         def export(registered: dict, decision: dict, outlet_events=None) -> dict:
@@ -236,4 +271,6 @@ with DAG(
         evaluated_locally = evaluate(trained_locally)
         registered_locally = register(trained_locally)
         evaluated_locally >> registered_locally
-        export(registered_locally, promote(registered_locally))
+        decided_locally = promote(registered_locally)
+        export(registered_locally, decided_locally)
+        ask_approval(decided_locally)

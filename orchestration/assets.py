@@ -21,3 +21,8 @@ SCORING_LOG = Asset(name="scoring_log", uri="x-mlops://scoring_log", group="frau
 # The monitor DAG found drift against the champion's training reference: its extra names the days, the
 # drifted inputs with their PSI and KS, and a one-line summary; the retrain DAG starts on it.
 FRAUD_DRIFT = Asset(name="fraud_drift", uri="x-mlops://monitoring/drift", group="fraud")
+# A candidate passed the gate and waits for a person (settings `approval.enabled`): its extra names the
+# version, the champion it was compared with and who started the run; the approval DAG starts on it.
+FRAUD_MODEL_CANDIDATE = Asset(
+    name="fraud_model_candidate", uri="x-mlops://mlflow/models/fraud-detector/candidates", group="fraud"
+)

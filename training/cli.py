@@ -147,12 +147,36 @@ def promote(
     version: Annotated[str, typer.Option(help="model version to put through the gate")],
     dag_id: DagId = "",
     dag_run_id: DagRunId = "",
+    triggered_by: Annotated[str, typer.Option(help="who started the run (may not approve it)")] = "",
     xcom_path: XcomPath = None,
 ) -> None:
     """The champion/challenger gate for one version."""
     from training import steps
 
-    emit(steps.promote(get_settings(), version, dag_id, dag_run_id), xcom_path)
+    emit(steps.promote(get_settings(), version, dag_id, dag_run_id, triggered_by or None), xcom_path)
+
+
+@app.command()
+def approve(
+    version: Annotated[str, typer.Option(help="the version waiting for approval")],
+    choice: Annotated[str, typer.Option(help="Approve | Reject | none (no answer in time)")] = "",
+    decided_by: Annotated[str, typer.Option(help="who answered")] = "",
+    comment: Annotated[str, typer.Option(help="what they wrote")] = "",
+    started_by: Annotated[str, typer.Option(help="who started the approval run (may not approve)")] = "",
+    dag_id: DagId = "",
+    dag_run_id: DagRunId = "",
+    xcom_path: XcomPath = None,
+) -> None:
+    """Record a person's answer to a gate pass waiting for approval; an approval promotes it."""
+    from training import steps
+
+    emit(
+        steps.approve(
+            get_settings(), version, choice or None, decided_by or None, comment, (started_by or None,),
+            dag_id, dag_run_id,
+        ),
+        xcom_path,
+    )  # fmt: skip
 
 
 @app.command()

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 TABLE = "promotion_history"
+APPROVE, REJECT = "Approve", "Reject"  # the approval task's options (dags/approve_fraud_model.py)
 
 _metadata = sa.MetaData()
 history_table = sa.Table(
@@ -29,10 +30,10 @@ history_table = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("recorded_at", sa.String(40), nullable=False),
     sa.Column("model_name", sa.String(200), nullable=False, index=True),
-    sa.Column("action", sa.String(20), nullable=False),  # gate | manual | rollback
-    sa.Column(
-        "decision", sa.String(20), nullable=False
-    ),  # promoted | rejected | rolled_back | refused (a compare-and-swap that found another champion)
+    sa.Column("action", sa.String(20), nullable=False),  # gate | manual | rollback | approval
+    # promoted | rejected | rolled_back | awaiting_approval (a gate pass waiting for a person) | refused (a
+    # compare-and-swap that found another champion, or an approval by the person who started the run)
+    sa.Column("decision", sa.String(20), nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("candidate_version", sa.String(20)),
     sa.Column("champion_before", sa.String(20)),
@@ -42,7 +43,15 @@ history_table = sa.Table(
     sa.Column("training_set_rev", sa.String(64)),
     sa.Column("dag_id", sa.String(250)),
     sa.Column("run_id", sa.String(250)),
+    # Human approval (training/registry.py decide_approval): who started the run that asked, who decided
+    # (an approver, or the person a refusal names), and what they wrote.
+    sa.Column("triggered_by", sa.String(250)),
+    sa.Column("decided_by", sa.String(250)),
+    sa.Column("comment", sa.Text),
 )
+# Columns added since the table was first created: `create` adds them to an older table (an ADD COLUMN,
+# which the append-only triggers do not forbid: no row changes).
+_ADDED_COLUMNS = ("triggered_by", "decided_by", "comment")
 
 _SQLITE_TRIGGERS = [
     f"CREATE TRIGGER IF NOT EXISTS {TABLE}_no_update BEFORE UPDATE ON {TABLE} "
@@ -75,6 +84,9 @@ class Decision:
     training_set_rev: str | None = None
     dag_id: str | None = None
     run_id: str | None = None
+    triggered_by: str | None = None
+    decided_by: str | None = None
+    comment: str | None = None
     recorded_at: str = ""
     id: int | None = None
 
@@ -104,6 +116,12 @@ class Ledger:
             if self.dialect == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key("create")})
             _metadata.create_all(conn)
+            present = {c["name"] for c in sa.inspect(conn).get_columns(TABLE)}
+            for name in _ADDED_COLUMNS:
+                if name not in present:
+                    column = history_table.c[name]
+                    kind = column.type.compile(dialect=conn.dialect)
+                    conn.exec_driver_sql(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
             for statement in _SQLITE_TRIGGERS if self.dialect == "sqlite" else _POSTGRES_TRIGGERS:
                 conn.exec_driver_sql(statement)
 
@@ -191,3 +209,16 @@ def _lock_key(name: str) -> int:
 
 def _sqlite_autocommit_off(dbapi_connection, _record) -> None:
     dbapi_connection.isolation_level = None
+
+
+def pending_approval(history: list[Decision], version: str) -> Decision | None:
+    """The gate row of `version` waiting for a person, if no approval decision about it followed."""
+    waiting = None
+    for row in history:
+        if row.candidate_version != version:
+            continue
+        if row.action == "gate" and row.decision == "awaiting_approval":
+            waiting = row
+        elif row.action == "approval" and row.decision in ("promoted", "rejected"):
+            waiting = None
+    return waiting

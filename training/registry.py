@@ -17,7 +17,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -27,7 +27,7 @@ from core.errors import PipelineError
 # The names training writes and serving reads (model_contract.onnx), also this module's.
 from model_contract.onnx import CHAMPION_ALIAS as CHAMPION_ALIAS
 from model_contract.onnx import MODEL_NAME as MODEL_NAME
-from training.ledger import Decision, Ledger, champion_stack
+from training.ledger import Decision, Ledger, champion_stack, pending_approval
 from training.metrics import PRIMARY_METRIC, evaluate
 
 if TYPE_CHECKING:
@@ -222,10 +222,14 @@ def promote_with_gate(
     dag_id: str | None = None,
     run_id: str | None = None,
     holdout_weights: np.ndarray | None = None,
+    require_approval: bool = False,
+    triggered_by: str | None = None,
 ) -> Decision:
     """Decide candidate vs champion on the same holdout (rows weighted by `holdout_weights`, if given),
     record the decision, move the alias if it wins. Refuses (AliasMovedOutsideError) while the alias
-    points where the history never put it: the gate would compare against a champion nobody recorded."""
+    points where the history never put it: the gate would compare against a champion nobody recorded.
+    With `require_approval`, a win is recorded as `awaiting_approval` and moves nothing: a person decides
+    (decide_approval); `triggered_by`, the person who started the run, may not be that person."""
     with ledger.exclusive(registry.name) as conn:
         champion = sync_champion(registry, ledger, conn)
         candidate_model = registry.load(candidate_version)
@@ -257,6 +261,7 @@ def promote_with_gate(
                 promoted, reason = gate_decision(candidate_metrics, champion_metrics, latency, policy)
         else:
             promoted, reason = gate_decision(candidate_metrics, None, latency, policy)
+        waits = promoted and require_approval
         decision = _record(
             registry,
             ledger,
@@ -264,19 +269,96 @@ def promote_with_gate(
             Decision(
                 model_name=registry.name,
                 action="gate",
-                decision="promoted" if promoted else "rejected",
-                reason=reason,
+                decision="awaiting_approval" if waits else "promoted" if promoted else "rejected",
+                reason=f"{reason}; waiting for a person's approval" if waits else reason,
                 candidate_version=candidate_version,
                 champion_before=champion,
-                champion_after=candidate_version if promoted else champion,
+                champion_after=candidate_version if promoted and not waits else champion,
                 candidate_metrics=candidate_metrics,
                 champion_metrics=champion_metrics or {},
                 training_set_rev=training_set_rev,
                 dag_id=dag_id,
                 run_id=run_id,
+                triggered_by=triggered_by,
             ),
         )
         return decision
+
+
+def decide_approval(
+    registry: ModelRegistry,
+    ledger: Ledger,
+    version: str,
+    approved: bool,
+    decided_by: str | None,
+    comment: str = "",
+    started_by: tuple[str | None, ...] = (),
+    dag_id: str | None = None,
+    run_id: str | None = None,
+) -> Decision:
+    """A person's decision on a gate pass waiting for approval, recorded with who and why. Approval is a
+    compare-and-swap on the champion the gate compared with: promoted only if it is still the champion
+    (else `refused`, ChampionMovedError). Refused (PromotionError) as well when the approver started the
+    run that asked, or the approval run (`started_by`, with the gate row's `triggered_by`): model-risk
+    rules want an independent sign-off. A rejection or a timeout (`decided_by` None) promotes nothing."""
+    with ledger.exclusive(registry.name) as conn:
+        champion = sync_champion(registry, ledger, conn)
+        waiting = pending_approval(ledger.history(registry.name, conn), version)
+        if waiting is None:
+            raise PromotionError(
+                f"v{version} has no gate pass waiting for approval (`mlops history` shows its decisions); "
+                "put it through the gate again (`mlops promote --version ... --gate`) to ask anew"
+            )
+        starters = {s for s in (waiting.triggered_by, *started_by) if s}
+        row = Decision(
+            model_name=registry.name,
+            action="approval",
+            decision="rejected",
+            reason="",
+            candidate_version=version,
+            champion_before=champion,
+            champion_after=champion,
+            candidate_metrics=waiting.candidate_metrics,
+            champion_metrics=waiting.champion_metrics,
+            training_set_rev=waiting.training_set_rev,
+            dag_id=dag_id,
+            run_id=run_id,
+            triggered_by=waiting.triggered_by,
+            decided_by=decided_by,
+            comment=comment or None,
+        )
+        said = f" ({comment})" if comment else ""
+        if approved and decided_by in starters:
+            refused = PromotionError(
+                f"{decided_by} started the run that asked for this approval and cannot approve it: an "
+                "independent sign-off is required; another person must approve (nothing was promoted)"
+            )
+            ledger.append(conn, replace(row, decision="refused", reason=str(refused)))
+            ledger.commit(conn)
+            raise refused
+        if approved and champion != waiting.champion_before:
+            moved = ChampionMovedError("approval", waiting.champion_before, champion)
+            ledger.append(
+                conn, replace(row, decision="refused", reason=f"approved by {decided_by}{said} [{moved}]")
+            )
+            ledger.commit(conn)
+            raise moved
+        if not approved:
+            who = f"rejected by {decided_by}" if decided_by else "no decision in time"
+            return _record(
+                registry, ledger, conn, replace(row, reason=f"{who}{said}; the gate said: {waiting.reason}")
+            )
+        return _record(
+            registry,
+            ledger,
+            conn,
+            replace(
+                row,
+                decision="promoted",
+                champion_after=version,
+                reason=f"approved by {decided_by}{said}; the gate said: {waiting.reason}",
+            ),
+        )
 
 
 def promote_manually(

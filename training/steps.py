@@ -282,8 +282,11 @@ def _ledger(settings: Settings):
 
 
 @_timed("promote", _run_of_version)
-def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str = "") -> dict:
-    """Run the gate for `version` against the champion on the holdout of the version's training set."""
+def promote(
+    settings: Settings, version: str, dag_id: str = "", dag_run_id: str = "", triggered_by: str | None = None
+) -> dict:
+    """Run the gate for `version` against the champion on the holdout of the version's training set. With
+    `approval.enabled`, a pass waits for a person (`awaiting_approval`); `triggered_by` started the run."""
     from training.registry import promote_with_gate
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
@@ -306,6 +309,8 @@ def promote(settings: Settings, version: str, dag_id: str = "", dag_run_id: str 
             training_set_rev=holdout.rev,
             dag_id=dag_id or None,
             run_id=dag_run_id or None,
+            require_approval=settings.approval.enabled,
+            triggered_by=triggered_by or None,
         )
     finally:
         ledger.dispose()
@@ -326,6 +331,40 @@ def _decision_record(decision) -> dict:
         "champion_" + PRIMARY_METRIC: decision.champion_metrics.get(PRIMARY_METRIC),
         "history_id": decision.id,
     }
+
+
+def approve(
+    settings: Settings,
+    version: str,
+    choice: str | None,
+    decided_by: str | None,
+    comment: str = "",
+    started_by: tuple[str | None, ...] = (),
+    dag_id: str = "",
+    dag_run_id: str = "",
+) -> dict:
+    """Record a person's answer to a gate pass waiting for approval: `choice` "Approve" promotes (a
+    compare-and-swap on the champion the gate compared with), "Reject" or none (no answer in time)
+    promotes nothing. training/registry.py decide_approval."""
+    from training.ledger import APPROVE
+    from training.registry import decide_approval
+
+    ledger = _ledger(settings)
+    try:
+        decision = decide_approval(
+            ModelRegistry(settings.mlflow_tracking_uri),
+            ledger,
+            version,
+            choice == APPROVE,
+            decided_by,
+            comment,
+            started_by,
+            dag_id or None,
+            dag_run_id or None,
+        )
+    finally:
+        ledger.dispose()
+    return {**_decision_record(decision), "decided_by": decision.decided_by, "comment": decision.comment}
 
 
 def promote_by_hand(

@@ -73,6 +73,15 @@ def check_owner_tags_and_docs(dag) -> None:
 
 def check_retries_and_timeouts(dag) -> None:
     for task in dag.tasks:
+        if hasattr(task, "response_timeout"):  # a person's answer (HITL): not retried, bounded by its timeout
+            assert task.retries == 0, f"{dag.dag_id}.{task.task_id}: a human decision is not retried"
+            assert isinstance(task.response_timeout, timedelta), (
+                f"{dag.dag_id}.{task.task_id}: set response_timeout"
+            )
+            assert task.response_timeout <= timedelta(days=7), (
+                f"{dag.dag_id}.{task.task_id}: timeout too long"
+            )
+            continue
         assert task.retries >= 1, f"{dag.dag_id}.{task.task_id}: set retries"
         assert isinstance(task.execution_timeout, timedelta), (
             f"{dag.dag_id}.{task.task_id}: set execution_timeout"

@@ -36,6 +36,7 @@ TRAINING_IMAGE = podman.PROJECT_IMAGES["training_image"][1]
 DAGS_FOLDER = "/opt/airflow/dags"
 AIRFLOW_UID = 50000
 DAG_IDS = {
+    "approve_fraud_model",
     "ingest_transactions",
     "build_features",
     "retrain_fraud_model",
@@ -277,7 +278,7 @@ def test_the_retrain_dag_runs_its_training_steps_as_pods_of_the_training_image(d
     pods = {task_id for task_id, task in tasks.items() if "KubernetesPodOperator" in task["bases"]}
     assert pods == POD_STEPS
     python = {task_id for task_id, task in tasks.items() if "PythonOperator" in task["bases"]}
-    assert python == {"as_of_date", "training_set", "publish_model"}
+    assert python == {"as_of_date", "training_set", "publish_model", "ask_approval"}
     assert set(tasks) == pods | python
 
 

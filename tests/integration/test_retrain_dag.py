@@ -264,7 +264,16 @@ def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):
             )
             .scalar()
         )
-    after = ("training_set", "skip_identical", "train", "evaluate", "register", "promote", "export")
+    after = (
+        "training_set",
+        "skip_identical",
+        "train",
+        "evaluate",
+        "register",
+        "promote",
+        "export",
+        "ask_approval",
+    )
     assert states == {"as_of_date": "success", **{task: "skipped" for task in after}}
     assert str(run.state) == "success"
     assert "no silver transactions yet" in str(reason)

@@ -1,0 +1,211 @@
+"""A person's sign-off before a gate pass serves (dags/approve_fraud_model.py, training/registry.py
+decide_approval), through Airflow: the approval DAG runs with `dag.test()` while the answer comes as the
+Airflow UI sends it, a PATCH of the task's Human-in-the-loop details on Airflow's own REST API (its FastAPI
+app in this process, over the same metadata database, with two users of its simple auth manager); the
+timeout is the scheduler's own sweep. MLflow and the promotion history on SQLite.
+
+- approve: the version is promoted; the approver and the comment are in the promotion history;
+- reject, and no answer in time: nothing is promoted, though the recording task runs whatever the
+  approval's outcome (its trigger rule);
+- the person who started the retrain run cannot approve it: refused, the task fails, nothing promoted;
+  another person can still approve.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from core.settings import get_settings
+from tests.integration.conftest import dag_run_states
+from tests.integration.test_promotion import POLICY, _log_and_register, _model
+from tests.model.tensors import make_split
+
+USERS = {"risk-officer": "r1sk-pw", "ml-engineer": "ml-pw"}
+DAG_ID = "approve_fraud_model"
+
+
+@pytest.fixture
+def approval_home(airflow_db, tmp_path, monkeypatch):
+    """An installation with champion v1 and v2 (a better model) registered; Airflow's API with two users."""
+    from training.ledger import Ledger
+    from training.registry import ModelRegistry, promote_manually
+
+    passwords = tmp_path / "passwords.json"
+    passwords.write_text(json.dumps(USERS))
+    monkeypatch.setenv(
+        "AIRFLOW__CORE__AUTH_MANAGER",
+        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+    )
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", ",".join(f"{u}:admin" for u in USERS))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
+    monkeypatch.setenv("MLOPS_APPROVAL__ENABLED", "true")
+    get_settings.cache_clear()
+    settings = get_settings()
+    settings.ensure_dirs()
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    weaker = _log_and_register(settings.mlflow_tracking_uri, tmp_path / "artifacts", _model(12, 6, tmp_path))
+    good = _log_and_register(settings.mlflow_tracking_uri, tmp_path / "artifacts", _model(None, 5, tmp_path))
+    ledger = Ledger(settings.promotion_ledger_url)
+    promote_manually(registry, ledger, weaker, "the champion before the approval tests")
+    data = make_split(4_000, seed=3)
+    yield SimpleNamespace(
+        settings=settings,
+        registry=registry,
+        ledger=ledger,
+        v1=weaker,
+        v2=good,
+        holdout=(data.x, data.y.numpy()),
+    )
+    ledger.dispose()
+
+
+def _gate(home, triggered_by: str | None = "ml-engineer"):
+    from training.registry import promote_with_gate
+
+    x, y = home.holdout
+    decision = promote_with_gate(
+        home.registry, home.ledger, home.v2, x, y, POLICY, require_approval=True, triggered_by=triggered_by
+    )
+    assert decision.decision == "awaiting_approval" and home.registry.champion() == home.v1, decision
+    return decision
+
+
+def _api_client():
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app("core,simple-auth-manager"))
+
+
+def _token(client, user: str) -> str:
+    answer = client.post("/auth/token", json={"username": user, "password": USERS[user]})
+    assert answer.status_code in (200, 201), answer.text
+    return answer.json()["access_token"]
+
+
+def _awaiting(run_id_box: dict, timeout: float = 120.0):
+    """The approval task instance once it waits for input (its dag run id in `run_id_box`)."""
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with create_session() as session:
+            ti = (
+                session.query(TaskInstance)
+                .filter(TaskInstance.dag_id == DAG_ID, TaskInstance.task_id == "approval")
+                .order_by(TaskInstance.queued_dttm.desc().nulls_last())
+                .filter(TaskInstance.state == TaskInstanceState.AWAITING_INPUT)
+                .first()
+            )
+            if ti is not None:
+                run_id_box["run_id"] = ti.run_id
+                return ti.run_id
+        time.sleep(0.5)
+    raise AssertionError(f"the approval task did not wait for input within {timeout} s")
+
+
+def _run_and_answer(home, answer) -> tuple[dict[str, str], object]:
+    """Run the approval DAG for v2 (in this thread: a task runner sets signal handlers); `answer(run_id)`,
+    in another thread, responds once the approval task waits."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder="dags").dags[DAG_ID]
+    failure: dict = {}
+
+    def respond() -> None:
+        try:
+            answer(_awaiting({}))
+        except BaseException as exc:  # surfaced in the main thread
+            failure["error"] = exc
+
+    responder = threading.Thread(target=respond, daemon=True)
+    responder.start()
+    run = dag.test(run_conf={"version": home.v2})
+    responder.join(timeout=60)
+    if "error" in failure:
+        raise failure["error"]
+    return dag_run_states(run), run
+
+
+def _respond(run_id: str, user: str, choice: str, comment: str) -> None:
+    client = _api_client()
+    headers = {"Authorization": f"Bearer {_token(client, user)}"}
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval/-1/hitlDetails"
+    answered = client.patch(
+        path, json={"chosen_options": [choice], "params_input": {"comment": comment}}, headers=headers
+    )
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["responded_by"]["name"] == user
+
+
+def _history(home) -> list:
+    return home.ledger.history(home.registry.name)
+
+
+def test_a_rejection_and_no_answer_in_time_promote_nothing(approval_home, monkeypatch):
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+
+    home = approval_home
+    _gate(home)
+    states, _ = _run_and_answer(
+        home, lambda run_id: _respond(run_id, "risk-officer", "Reject", "recall too low")
+    )
+    assert states == {"candidate": "success", "approval": "success", "record_decision": "success"}
+    assert home.registry.champion() == home.v1
+    rejected = _history(home)[-1]
+    assert (rejected.action, rejected.decision, rejected.decided_by) == (
+        "approval",
+        "rejected",
+        "risk-officer",
+    )
+    assert rejected.comment == "recall too low" and rejected.reason.startswith("rejected by risk-officer")
+
+    monkeypatch.setenv("MLOPS_APPROVAL__TIMEOUT_HOURS", str(1 / 3600))  # a second
+    get_settings.cache_clear()
+    _gate(home)
+
+    def nobody_answers(run_id: str) -> None:
+        time.sleep(2)
+        SchedulerJobRunner(job=Job()).check_awaiting_input_timeouts()  # the scheduler's sweep
+
+    states, _ = _run_and_answer(home, nobody_answers)
+    assert states == {"candidate": "success", "approval": "failed", "record_decision": "success"}
+    assert home.registry.champion() == home.v1
+    timed_out = _history(home)[-1]
+    assert (timed_out.action, timed_out.decision, timed_out.decided_by) == ("approval", "rejected", None)
+    assert timed_out.reason.startswith("no decision in time")
+
+
+def test_the_person_who_started_the_run_cannot_approve_it_and_another_can(approval_home):
+    home = approval_home
+    _gate(home, triggered_by="ml-engineer")
+    states, _ = _run_and_answer(
+        home, lambda run_id: _respond(run_id, "ml-engineer", "Approve", "mine, looks good")
+    )
+    assert states == {"candidate": "success", "approval": "success", "record_decision": "failed"}
+    assert home.registry.champion() == home.v1
+    refused = _history(home)[-1]
+    assert (refused.action, refused.decision, refused.decided_by) == ("approval", "refused", "ml-engineer")
+    assert "cannot approve it" in refused.reason
+
+    states, _ = _run_and_answer(
+        home, lambda run_id: _respond(run_id, "risk-officer", "Approve", "MRM-7 signed")
+    )
+    assert states == {"candidate": "success", "approval": "success", "record_decision": "success"}
+    assert home.registry.champion() == home.v2
+    approved = _history(home)[-1]
+    assert (approved.action, approved.decision, approved.champion_after) == ("approval", "promoted", home.v2)
+    assert (approved.decided_by, approved.comment, approved.triggered_by) == (
+        "risk-officer",
+        "MRM-7 signed",
+        "ml-engineer",
+    )
+    assert approved.reason.startswith("approved by risk-officer (MRM-7 signed); the gate said: AUC-PR")
