@@ -209,3 +209,39 @@ def test_the_person_who_started_the_run_cannot_approve_it_and_another_can(approv
         "ml-engineer",
     )
     assert approved.reason.startswith("approved by risk-officer (MRM-7 signed); the gate said: AUC-PR")
+
+
+def test_the_cluster_profile_records_the_answer_in_a_restricted_pod_of_the_training_cli(monkeypatch):
+    """Parsed as the DAG processor would under the cluster profile, rendered as the worker would: the answer
+    task hands the person's choice to `python -m training approve` (the Airflow image has no MLflow)."""
+    import typer
+    from airflow.dag_processing.dagbag import DagBag
+    from kubernetes.client import ApiClient
+
+    from orchestration import k8s_contract as contract
+    from training.cli import app
+
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_TRAINING__IMAGE", contract.training_image("registry.example.com", "0.1.0"))
+    get_settings.cache_clear()
+    bag = DagBag(dag_folder="dags/approve_fraud_model.py")
+    assert bag.import_errors == {}
+    dag = bag.dags[DAG_ID]
+    recorded = dag.get_task("record_decision")
+    assert recorded.upstream_task_ids == {"answer"} and dag.get_task("answer").trigger_rule == "all_done"
+    answered = {
+        "version": "7", "choice": "Approve", "decided_by": "risk-officer", "comment": "MRM-7; ok",
+        "started_by": "",
+    }  # fmt: skip
+    stand_in = SimpleNamespace(xcom_pull=lambda task_ids: answered if task_ids == "answer" else None)
+    recorded.render_template_fields({"ti": stand_in, "dag": dag, "run_id": "asset_triggered__x"})
+    pod = ApiClient().sanitize_for_serialization(recorded.build_pod_request_obj(dry_run=True))
+    assert contract.restricted_profile_violations(pod["spec"]) == []
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == contract.TRAINING_CONTAINER]
+    subcommand, *arguments = container["args"]
+    assert subcommand == "approve"
+    command = typer.main.get_command(app).commands[subcommand]  # the CLI's own parser: nothing runs
+    with command.make_context(subcommand, arguments) as context:
+        assert (context.params["version"], context.params["choice"]) == ("7", "Approve")
+        assert (context.params["decided_by"], context.params["comment"]) == ("risk-officer", "MRM-7; ok")
+        assert context.params["dag_run_id"] == "asset_triggered__x"

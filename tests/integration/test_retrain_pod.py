@@ -15,6 +15,7 @@ import json
 import re
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ SECRET_VALUE = re.compile(r"://[^/@\s:]+:[^/@\s]+@|-----BEGIN|AKIA[0-9A-Z]{16}")
 
 MLFLOW_RUN = "0f3a9c1d2e4b"  # what `train` returns as `run_id`
 MODEL_VERSION = "7"  # what `register` returns as `model_version`
+TRIGGERED_BY = "ml-engineer"  # the user who triggered the run (the gate records it: they may not approve)
 
 
 class StandInTaskInstance:
@@ -73,7 +75,10 @@ def render_pod(task) -> dict[str, Any]:
     """The pod the worker would create: templates rendered, then the operator's own pod builder."""
     from kubernetes.client import ApiClient
 
-    task.render_template_fields({"ti": StandInTaskInstance(), "dag": task.dag, "run_id": RUN_ID})
+    dag_run = SimpleNamespace(triggering_user_name=TRIGGERED_BY)
+    task.render_template_fields(
+        {"ti": StandInTaskInstance(), "dag": task.dag, "run_id": RUN_ID, "dag_run": dag_run}
+    )
     return ApiClient().sanitize_for_serialization(task.build_pod_request_obj(dry_run=True))
 
 
@@ -417,7 +422,17 @@ def test_before_rendering_the_arguments_are_templates_of_the_upstream_xcom(monke
 STEP_ARGUMENTS = {
     "evaluate": ["evaluate", "--run-id", MLFLOW_RUN],
     "register": ["register", "--run-id", MLFLOW_RUN],
-    "promote": ["promote", "--version", MODEL_VERSION, "--dag-id", DAG_ID, "--dag-run-id", RUN_ID],
+    "promote": [
+        "promote",
+        "--version",
+        MODEL_VERSION,
+        "--dag-id",
+        DAG_ID,
+        "--dag-run-id",
+        RUN_ID,
+        "--triggered-by",
+        TRIGGERED_BY,
+    ],
     "export": ["export", "--version", MODEL_VERSION],
 }
 
