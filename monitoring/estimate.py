@@ -20,8 +20,8 @@ once labels mature, shows and the estimate cannot. The check logs both, with the
 more than `monitoring.max_implied_fraud_rate_ratio` times the holdout's (or less than its inverse), either
 fraud surged or the scores no longer mean what they meant: the estimate is marked unreliable and the check
 alerts. On the generator's drift fault (amounts x2.5, online) the scores rise on legitimate rows, the
-implied rate goes up by about half and the estimate overstates the realised AUC-PR (docs/monitoring.md has
-the figures): the mark is how that shows on the day, before any label.
+implied rate goes up by about half and the estimate overstates the realised AUC-PR (the figures are in
+docs/operations.md, "Monitoring"): the mark is how that shows on the day, before any label.
 """
 
 from __future__ import annotations

@@ -612,7 +612,7 @@ def test_no_rollback_within_the_cool_down_of_an_alias_move(scenarios, home, monk
 # check three days later, which puts the estimate made of each day beside the realised AUC-PR.
 
 # |estimate - realised| accepted on a clean day (measured 0.04-0.06), and how far the estimate may overstate
-# on the drift fault (measured 0.09-0.11): docs/monitoring.md.
+# on the drift fault (measured 0.09-0.11): docs/operations.md, "Monitoring".
 ESTIMATE_ERROR = 0.1
 DRIFT_OVERSTATEMENT = 0.15
 GENERATOR = {"seed": 21, "customers": 3000, "merchants": 200, "rows_per_day": 20_000}
