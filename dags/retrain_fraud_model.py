@@ -18,9 +18,10 @@ triggering events name (feature event dates, drifted days), else the day before 
 - **skip_identical**: when a registered version was trained from the same training-set revision, code
   commit, configuration (every argument that changes the result) and image, training would give it again:
   the task and everything after it are skipped, with the reason in the log, the `skipped` XCom and an MLflow
-  run (`retrain.skipped`). A drift event for an as-of already trained therefore registers nothing new.
-  Cluster profile: a CPU pod of `python -m training identical` (exit 99: skipped). Code with uncommitted
-  changes has no identity and always trains.
+  run (`retrain.skipped`). A drift event for an as-of already trained therefore registers nothing new. The
+  `force` param of a manual run trains anyway.
+  Cluster profile: a CPU pod of `python -m training identical` (exit 99: skipped). Uncommitted changes to
+  the code count (a digest of the diff is part of its identity).
 - **train**: `python -m training train --training-set-rev ...`. Cluster profile: a KubernetesPodOperator on a
   GPU node (`torchrun` with one process per GPU when it has several; restricted pod, the shared volume
   read-only, credentials from a Secret, checkpoints on a volume claim so a retry resumes,
@@ -93,7 +94,12 @@ with DAG(
     default_args=DEFAULT_ARGS,
     tags=["fraud", "training", "mlflow", "kubernetes"],
     doc_md=__doc__,
-    params={"as_of": Param("", type="string", description="YYYY-MM-DD; empty: from the trigger")},
+    params={
+        "as_of": Param("", type="string", description="YYYY-MM-DD; empty: from the trigger"),
+        "force": Param(
+            False, type="boolean", description="train even when identical to a registered version"
+        ),
+    },
 ):
 
     @task(
@@ -252,7 +258,7 @@ with DAG(
             "training set, code commit, configuration and image; the reason in the log, the `skipped` XCom "
             "and an MLflow run.",
         )
-        def skip_identical(ti=None, dag_run=None) -> dict:
+        def skip_identical(params: dict, ti=None, dag_run=None) -> dict:
             from airflow.sdk.exceptions import AirflowSkipException
 
             from training import steps
@@ -260,6 +266,8 @@ with DAG(
 
             settings = get_settings()
             rev = ti.xcom_pull(task_ids="training_set")["training_set_rev"]
+            if params.get("force"):
+                return {"identical": None, "forced": True, "training_set_rev": rev}
             same = run_step(steps.identical, rev, train_config(settings), dag_run.dag_id, dag_run.run_id)
             if same["identical"]:
                 ti.xcom_push(key="skipped", value=same["reason"])

@@ -434,10 +434,12 @@ def _drift_drill(
         record = _retrain_record(api, started.run_id)
         reason = api.xcom(RETRAIN, started.run_id, "as_of_date", key="start_reason")
         retrain = {**_retrain_row(record), "dag_run_id": started.run_id, "start_reason": reason["reason"]}
-        console.print(
-            f"{RETRAIN} started by drift ({reason['reason']}): model {record.get('model_version')} "
-            f"{record['decision']} in {run.duration:.0f}s"
+        outcome = (
+            f"skipped, {record['reason']}"
+            if record["decision"] == "skipped"
+            else f"model {record.get('model_version')} {record['decision']}"
         )
+        console.print(f"{RETRAIN} started by drift ({reason['reason']}): {outcome} in {run.duration:.0f}s")
     else:
         console.print(f"[yellow]the drifted day did not cross the drift thresholds: {shifted['summary']}[/]")
     return {
@@ -647,6 +649,15 @@ def _retrain_record(api, run_id: str) -> dict:
             "dag_run_id": run_id,
         }
     built = api.xcom(RETRAIN, run_id, "training_set")
+    if api.task_instance(RETRAIN, run_id, "skip_identical").state == "skipped":  # trained from the same
+        return {
+            "as_of": as_of,
+            "training_set_rev": built["training_set_rev"],
+            "decision": "skipped",
+            "reason": api.xcom(RETRAIN, run_id, "skip_identical", key="skipped"),
+            "status": "skipped",
+            "dag_run_id": run_id,
+        }
     trained = api.xcom(RETRAIN, run_id, "train")
     decision = api.xcom(RETRAIN, run_id, "promote")
     return {

@@ -111,6 +111,7 @@ def identical(
     training_set_rev: Annotated[str, typer.Option(help="DVC revision of the training set")],
     dag_id: DagId = "",
     dag_run_id: DagRunId = "",
+    force: Annotated[str, typer.Option(help="True: train anyway (the DAG's `force` param)")] = "False",
     xcom_path: XcomPath = None,
 ) -> None:
     """Whether a registered version was trained from the same training set, code commit, configuration and
@@ -119,6 +120,9 @@ def identical(
     from training import steps
     from training.tuning import train_config
 
+    if force.strip().lower() == "true":
+        emit({"identical": None, "forced": True, "training_set_rev": training_set_rev}, xcom_path)
+        return
     settings = get_settings()
     result = steps.identical(settings, training_set_rev, train_config(settings), dag_id, dag_run_id)
     emit(result, xcom_path)

@@ -441,26 +441,25 @@ def _image(settings: Settings) -> str:
 
 
 def retrain_identity(settings: Settings, training_set_rev: str, config: TrainConfig) -> dict[str, str]:
-    """What decides a trained model: the training set's revision, the code's commit, the training
-    configuration (every argument that changes the result, TrainConfig.fingerprint) and the image."""
-    from training.tracking import code_is_committed
+    """What decides a trained model: the training set's revision, the code (its commit, with a digest of
+    any uncommitted change), the training configuration (every argument that changes the result,
+    TrainConfig.fingerprint) and the image."""
+    from training.tracking import code_identity
 
-    commit = git_commit()
     return {
         "training_set_rev": training_set_rev,
-        "git_commit": commit if code_is_committed() else f"{commit}+uncommitted",
+        "git_commit": code_identity(),
         "config": config.fingerprint(training_set_rev),
         "image": _image(settings),
     }
 
 
 def retrain_key(identity: dict[str, str]) -> str | None:
-    """A digest of the identity; None when the code is not exactly a known commit (nothing to match)."""
+    """A digest of the identity; None when the code's commit is unknown (nothing to match)."""
     import hashlib
     import json
 
-    commit = identity["git_commit"]
-    if commit in ("", "unknown") or commit.endswith("+uncommitted"):
+    if identity["git_commit"] in ("", "unknown"):
         return None
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -476,7 +475,7 @@ def identical(
     identity = retrain_identity(settings, training_set_rev, config)
     key = retrain_key(identity)
     if key is None:
-        unknown = f"code {identity['git_commit']} is not exactly a known commit"
+        unknown = "the code's commit is unknown (no git, no MLOPS_GIT_COMMIT): nothing to compare with"
         return {"identical": False, "reason": unknown, **identity}
     from mlflow.exceptions import MlflowException
 

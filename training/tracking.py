@@ -35,7 +35,7 @@ class Lineage:
     dag_id: str
     dag_run_id: str
     # The retrain's identity (training/steps.py retrain_identity): equal keys, equal inputs; "" when the
-    # code's commit is unknown or the checkout has uncommitted changes (no identity, never skipped).
+    # code's commit is unknown (no identity, never skipped).
     retrain_key: str = ""
 
     def tags(self) -> dict[str, str]:
@@ -60,23 +60,28 @@ def git_commit() -> str:
     return done.stdout.strip()
 
 
-def code_is_committed() -> bool:
-    """Whether the code is exactly its commit: an image's baked-in commit is; a checkout is when git sees no
-    change to tracked files."""
-    if os.environ.get("MLOPS_GIT_COMMIT"):
-        return True
+def code_identity() -> str:
+    """The code as it is: its commit (an image's baked-in one, or the checkout's), and where the checkout has
+    changes to tracked files, `<commit>+<digest of the diff>` (the same changes, the same identity); "unknown"
+    when git cannot say."""
+    commit = git_commit()
+    if os.environ.get("MLOPS_GIT_COMMIT") or commit == "unknown":
+        return commit
     try:
-        done = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+        diff = subprocess.run(
+            ["git", "diff", "HEAD", "--no-ext-diff", "--binary"],
             cwd=REPO_ROOT,
             capture_output=True,
-            text=True,
-            timeout=10,
+            timeout=30,
             check=True,
-        )
+        ).stdout
     except (OSError, subprocess.SubprocessError):
-        return False
-    return done.stdout.strip() == ""
+        return "unknown"
+    if not diff:
+        return commit
+    import hashlib
+
+    return f"{commit}+{hashlib.sha256(diff).hexdigest()[:12]}"
 
 
 def configure(settings: Settings) -> str:

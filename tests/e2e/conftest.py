@@ -26,6 +26,7 @@ from tests.conftest import free_port
 REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "mlflow", "spark-connect", "serving")
 DAG_IDS = {
+    "approve_fraud_model",
     "synthetic_landing",
     "ingest_transactions",
     "build_features",

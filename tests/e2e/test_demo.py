@@ -80,14 +80,11 @@ def test_the_demo_runs_the_chain_through_airflow_and_reports_one_json_line(demo_
     assert drill["drifted_check"]["verdict"] == "drift" and "channel PSI" in drill["drifted_check"]["summary"]
     retrained = drill["retrain"]
     assert retrained["start_reason"].startswith("drift:") and retrained["as_of"] == days[-1]
-    assert int(retrained["model_version"]) == 3
-    # the champion's own training set again (the drifted copy was scored, not ingested): the same model, which
-    # cannot beat itself by the margin
+    # the champion's own training set again (the drifted copy was scored, not ingested), the same code,
+    # configuration and image: it would train the champion again, so the run skips training and says why
     assert retrained["training_set_rev"] == second["training_set_rev"]
-    assert retrained["auc_pr"] == retrained["champion_auc_pr"] == second["auc_pr"]
-    expected = decision_by_auc_pr(retrained["auc_pr"], retrained["champion_auc_pr"], policy)
-    assert retrained["decision"] == expected == "rejected", retrained
-    assert (retrained["previous_champion"], retrained["champion_version"]) == ("2", "2")
+    assert (retrained["decision"], retrained["model_version"]) == ("skipped", None), retrained
+    assert retrained["reason"].startswith("identical to v2 (run "), retrained
     # the human summary went to stderr
     assert "time per stage" in demo_stack.stderr and "make down" in demo_stack.stderr
 
@@ -148,9 +145,9 @@ def test_continue_lands_the_next_day_on_the_running_stack_and_the_gate_decides(d
     assert len(summary["dag_runs"][INGEST]) == 1 and summary["phases"]["history"][FEATURES] == []
     (retrain,) = summary["retrains"]
     assert retrain["as_of"] == next_day
-    drilled = demo_stack.summary["drift_drill"]["retrain"]  # the demo's drift drill registered one more
-    assert retrain["previous_champion"] == (drilled or demo_stack.summary)["champion_version"]
-    assert int(retrain["model_version"]) == (4 if drilled else 3)
+    # the demo's drift drill registered nothing (an identical retrain is skipped): the third version
+    assert retrain["previous_champion"] == demo_stack.summary["champion_version"]
+    assert int(retrain["model_version"]) == 3
     # On the seeded feed the new day's model does not beat the champion by the margin (both scored AUC-PR 0.0
     # on the new day's holdout when measured): rejected, and the champion stays.
     policy = GatePolicy(floor=float(demo_stack.env["MLOPS_GATE__FLOOR"]))

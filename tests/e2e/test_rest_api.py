@@ -67,9 +67,10 @@ def test_a_retrain_triggered_through_the_rest_api_runs_to_success(api_client, de
     runs = DagRunApi(api_client)
     as_of = DEMO_DATES[-1].isoformat()
     run = runs.trigger_dag_run(
-        RETRAIN, TriggerDAGRunPostBody(logical_date=None, conf={"as_of": as_of}, note="e2e: REST API")
+        RETRAIN,
+        TriggerDAGRunPostBody(logical_date=None, conf={"as_of": as_of, "force": True}, note="e2e: REST API"),
     )
-    assert run.run_type == "manual" and run.conf == {"as_of": as_of}
+    assert run.run_type == "manual" and run.conf == {"as_of": as_of, "force": True}
 
     def finished() -> bool:
         return runs.get_dag_run(RETRAIN, run.dag_run_id).state in ("success", "failed")
@@ -80,7 +81,8 @@ def test_a_retrain_triggered_through_the_rest_api_runs_to_success(api_client, de
     instances = TaskInstanceApi(api_client).get_task_instances(RETRAIN, run.dag_run_id).task_instances
     states = {ti.task_id: ti.state for ti in instances}
     assert state == "success", states
-    assert set(states.values()) == {"success"}, states
+    # trained although identical to the champion (the `force` param); approval is off: ask_approval skips
+    assert states.pop("ask_approval") == "skipped" and set(states.values()) == {"success"}, states
     xcoms = XComApi(api_client)
 
     def xcom(task_id: str):
@@ -93,6 +95,7 @@ def test_a_retrain_triggered_through_the_rest_api_runs_to_success(api_client, de
     decision = xcom("promote")
     # The demo's champion was trained as of this date (a later day's arrival leaves its training set as it
     # was): the same training set, the same model, which cannot beat itself by the margin.
+    assert xcom("skip_identical")["forced"] is True
     champion = [r for r in demo_stack.summary["retrains"] if r["decision"] == "promoted"][-1]
     assert champion["as_of"] == as_of
     assert xcom("training_set")["training_set_rev"] == champion["training_set_rev"]

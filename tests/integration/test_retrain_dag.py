@@ -167,7 +167,9 @@ def test_retrain_dag_trains_registers_gates_and_exports(dag_retrain, monkeypatch
     assert dag.task_dict["train"].upstream_task_ids == {"skip_identical"}
     with pytest.raises(AirflowSkipException, match=f"identical to v{version.version}"):
         dag.task_dict["skip_identical"].python_callable(
-            ti=ti, dag_run=SimpleNamespace(dag_id="retrain_fraud_model", run_id="manual__again")
+            params={"force": False},
+            ti=ti,
+            dag_run=SimpleNamespace(dag_id="retrain_fraud_model", run_id="again"),
         )
     assert f"identical to v{version.version} (run {version.run_id})" in pushed["skipped"]
     assert run_data.tags["lineage.retrain_key"] == version.tags["lineage.retrain_key"] != ""

@@ -39,6 +39,7 @@ SECRET_VALUE = re.compile(r"://[^/@\s:]+:[^/@\s]+@|-----BEGIN|AKIA[0-9A-Z]{16}")
 
 MLFLOW_RUN = "0f3a9c1d2e4b"  # what `train` returns as `run_id`
 MODEL_VERSION = "7"  # what `register` returns as `model_version`
+PARAMS = {"as_of": "", "force": False}  # the retrain DAG's params of a run that set none
 TRIGGERED_BY = "ml-engineer"  # the user who triggered the run (the gate records it: they may not approve)
 
 
@@ -492,6 +493,7 @@ def test_an_identical_retrain_is_skipped_by_a_cpu_pod_before_training(step_pods,
     command = typer.main.get_command(app).commands["identical"]
     with command.make_context("identical", container["args"][1:]) as context:
         assert context.params["dag_id"] == DAG_ID and context.params["dag_run_id"] == RUN_ID
+        assert context.params["force"] == "False"
     assert contract.GPU_RESOURCE not in container["resources"]["limits"]
     assert contract.restricted_profile_violations(pod["spec"]) == []
 
