@@ -101,7 +101,7 @@ def _mail(settings: Settings, payload: dict[str, Any]) -> str:
     details = json.dumps(payload["details"], indent=2, sort_keys=True, default=str)
     message.set_content(f"{payload['text']}\n\n{details}\n")
     try:
-        with smtplib.SMTP(policy.smtp_host, policy.smtp_port, timeout=policy.timeout_s) as smtp:
+        with smtplib.SMTP(policy.smtp_host or "", policy.smtp_port, timeout=policy.timeout_s) as smtp:
             smtp.send_message(message)
     except (smtplib.SMTPException, OSError) as exc:
         return f"the mail server {policy.smtp_host}:{policy.smtp_port} refused or was unreachable: {exc}"

@@ -270,9 +270,18 @@ class AlertSettings(BaseModel):
     webhook_url: str | None = Field(default=None, description="each alert POSTed here as JSON")
     email_to: list[str] = Field(default_factory=list, description="addresses each alert is mailed to")
     email_from: str = "mlops@localhost"
-    smtp_host: str = "127.0.0.1"
+    smtp_host: str | None = Field(default=None, description="the mail server; needed with email_to")
     smtp_port: int = Field(default=25, ge=1, le=65535)
     timeout_s: float = Field(default=10.0, gt=0, description="per channel and alert")
+
+    @model_validator(mode="after")
+    def _mail_needs_a_server(self) -> AlertSettings:
+        if self.email_to and not self.smtp_host:
+            raise ValueError(
+                "alerts.email_to is set but alerts.smtp_host is not: name the mail server "
+                "(MLOPS_ALERTS__SMTP_HOST) or leave email_to empty"
+            )
+        return self
 
     @field_validator("webhook_url")
     @classmethod

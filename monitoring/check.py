@@ -444,7 +444,7 @@ def performance_estimate(
     window) the same estimate beside the realised figure (labels as reported by the end of `day`) and its
     error."""
     from monitoring.estimate import calibration, estimate, reliability
-    from monitoring.performance import _fraud_reports
+    from monitoring.performance import fraud_reports
     from training.dataset import NothingToTrainError
     from training.metrics import average_precision
 
@@ -476,7 +476,7 @@ def performance_estimate(
     except NothingToTrainError:
         earlier = None
     if earlier is not None and earlier.scores is not None and earlier.score_ids is not None:
-        reported = set(_fraud_reports(settings, first - timedelta(days=1), day)["transaction_id"].to_pylist())
+        reported = set(fraud_reports(settings, first - timedelta(days=1), day)["transaction_id"].to_pylist())
         labels = np.fromiter(
             (i in reported for i in earlier.score_ids), dtype=bool, count=len(earlier.score_ids)
         )
@@ -527,11 +527,15 @@ def run_check(
         )
     drift = compare_with_reference(settings, reference, current)
     performance = live_performance(settings, day)
-    estimated = (
-        performance_estimate(settings, day, champion, current, (performance.first, performance.last))
-        if champion is not None
-        else None
-    )
+    estimated = None
+    if champion is not None:
+        try:
+            estimated = performance_estimate(
+                settings, day, champion, current, (performance.first, performance.last)
+            )
+        except Exception as exc:  # the estimate is one part of the check: its failure fails only itself
+            log.exception("no label-free estimate for the check of %s", day)
+            notes.append(f"no label-free estimate: {type(exc).__name__}: {exc}")
     failure: PromotionError | None = None
     try:
         rollback = apply_rollback_rule(

@@ -6,7 +6,8 @@ champion's holdout (its training set's, weighted back to the population where it
 its scores are: the expected calibration error (ECE, equal-mass bins, weighted). Above
 `monitoring.max_calibration_error` the scores are recalibrated by isotonic regression fitted on that holdout
 (scikit-learn's IsotonicRegression), and the ECE after it is measured by two-fold cross-fitting, not on the
-rows it was fitted to. The result is cached per version (`<monitoring>/calibration/`).
+rows it was fitted to. The result is cached per version (`<monitoring>/calibration/`; where that cannot be
+written, as in the cluster's read-only step pods, it is fitted each check).
 
 **The estimate of a day's traffic**, from its calibrated probabilities p and scores s:
 - AUC-PR: the mean average precision over `monitoring.estimate_samples` draws of labels y ~ Bernoulli(p),
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -175,10 +177,13 @@ def calibration(settings: Settings, version: str) -> Calibration:
         "v%s calibration: ECE %.4f on its holdout; %s (ECE %.4f after)",
         version, fitted.ece_before, fitted.method, fitted.ece_after,
     )  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(asdict(fitted)))
-    temporary.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(asdict(fitted)))
+        temporary.replace(path)
+    except OSError as exc:  # the cluster's step pods mount the shared volume read-only: fitted each check
+        log.info("the calibration of v%s is not cached (%s): fitted again next time", version, exc)
     return fitted
 
 

@@ -120,7 +120,7 @@ def matured_window(settings: Settings, day: date) -> tuple[date, date]:
     return last - timedelta(days=settings.monitoring.window_days - 1), last
 
 
-def _fraud_reports(settings: Settings, first: date, day: date) -> pa.Table:
+def fraud_reports(settings: Settings, first: date, day: date) -> pa.Table:
     """transaction_id and label_timestamp of the fraud chargebacks reported before the end of `day`, from
     the silver label arrivals first .. day (a chargeback is reported on or after its transaction's date);
     the first report of a transaction where it was reported twice."""
@@ -341,7 +341,7 @@ def live_performance(settings: Settings, day: date) -> LivePerformance:
     )
     approved = confirmed[confirmed["decision"] != DECLINE].reset_index(drop=True)
     declined = len(confirmed) - len(approved)
-    reports = _fraud_reports(settings, first - timedelta(days=policy.label_history_days), day)
+    reports = fraud_reports(settings, first - timedelta(days=policy.label_history_days), day)
     fraud_ids = set(reports["transaction_id"].to_pylist())
     window_times = feed["event_timestamp"].astype("datetime64[us, UTC]").astype("int64").to_numpy()
     completeness = label_completeness(

@@ -62,14 +62,25 @@ def git_commit() -> str:
 
 def code_identity() -> str:
     """The code as it is: its commit (an image's baked-in one, or the checkout's), and where the checkout has
-    changes to tracked files, `<commit>+<digest of the diff>` (the same changes, the same identity); "unknown"
-    when git cannot say."""
+    changes to tracked files other than documentation, `<commit>+<digest of the diff>` (the same changes, the
+    same identity); "unknown" when git cannot say."""
     commit = git_commit()
     if os.environ.get("MLOPS_GIT_COMMIT") or commit == "unknown":
         return commit
     try:
         diff = subprocess.run(
-            ["git", "diff", "HEAD", "--no-ext-diff", "--binary"],
+            # documentation changes no model: left out of the digest
+            [
+                "git",
+                "diff",
+                "HEAD",
+                "--no-ext-diff",
+                "--binary",
+                "--",
+                ".",
+                ":(exclude)docs",
+                ":(exclude)*.md",
+            ],
             cwd=REPO_ROOT,
             capture_output=True,
             timeout=30,

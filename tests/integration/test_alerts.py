@@ -43,6 +43,7 @@ def test_an_unreachable_channel_is_reported_and_the_caller_goes_on(monkeypatch):
         port = closed.getsockname()[1]
     monkeypatch.setenv("MLOPS_ALERTS__WEBHOOK_URL", f"http://127.0.0.1:{port}/hook")
     monkeypatch.setenv("MLOPS_ALERTS__EMAIL_TO", '["ops@example.com"]')
+    monkeypatch.setenv("MLOPS_ALERTS__SMTP_HOST", "127.0.0.1")
     monkeypatch.setenv("MLOPS_ALERTS__SMTP_PORT", str(port))
     monkeypatch.setenv("MLOPS_ALERTS__TIMEOUT_S", "2")
     get_settings.cache_clear()
@@ -54,4 +55,9 @@ def test_an_unreachable_channel_is_reported_and_the_caller_goes_on(monkeypatch):
     monkeypatch.setenv("MLOPS_ALERTS__WEBHOOK_URL", "file:///etc/passwd")
     get_settings.cache_clear()
     with pytest.raises(ValueError, match="must be an http:// or https:// URL"):
+        get_settings()
+    monkeypatch.setenv("MLOPS_ALERTS__WEBHOOK_URL", "https://hooks.example.com/x")
+    monkeypatch.delenv("MLOPS_ALERTS__SMTP_HOST")
+    get_settings.cache_clear()
+    with pytest.raises(ValueError, match=r"email_to is set but alerts\.smtp_host is not"):
         get_settings()

@@ -198,6 +198,9 @@ UNSET_MEANS = {
     # The scoring service's live entity state takes over from the lake's history when it starts; a time is
     # set only to replay a past day through it.
     "MLOPS_SERVING__LIVE_FROM": "the scoring service's start time",
+    # Alerts go nowhere until an operator names a receiver: they are only logged (core/alerts.py).
+    "MLOPS_ALERTS__WEBHOOK_URL": "no webhook: alerts are logged, not posted",
+    "MLOPS_ALERTS__SMTP_HOST": "no mail server: alerts are not mailed (email_to needs one)",
 }
 # Settings whose cluster value differs from the code's default on purpose; every other one in values.yaml
 # repeats the default, so a default changed in code and not here fails below instead of drifting apart.

@@ -735,6 +735,30 @@ def test_the_label_free_estimate_tracks_the_realised_auc_pr_and_flags_the_drift_
             assert 0 < matured["error"] <= DRIFT_OVERSTATEMENT, matured
 
 
+def test_an_estimate_that_cannot_be_made_fails_only_itself(scenarios, home, monkeypatch):
+    """The calibration of a champion whose holdout cannot be read raises: the check still records its drift,
+    live figures and rollback verdict, and says why there is no estimate."""
+    from monitoring import estimate
+    from monitoring.check import run_check
+    from monitoring.store import read_results
+
+    _policy(monkeypatch)
+    settings = get_settings()
+    _champion_v2(settings, "an estimate that fails")
+
+    def unreadable(settings, version):
+        raise FileNotFoundError(f"the holdout of v{version} is gone")
+
+    monkeypatch.setattr(estimate, "calibration", unreadable)
+    day = _check_day(BAD_WINDOW)
+    result = run_check(settings, day)
+    assert result.estimate is None
+    assert "no label-free estimate: FileNotFoundError: the holdout of v2 is gone" in result.notes
+    assert result.rollback.rolled_back, result.rollback.reason  # the rest of the check went on
+    note = read_results(settings, day, day, kinds=["check"])["note"].iloc[-1]
+    assert "no label-free estimate" in note
+
+
 def test_the_cluster_profile_runs_the_check_as_a_restricted_pod_of_the_monitoring_cli(monkeypatch):
     """Parsed as the DAG processor would under the cluster profile, rendered as the worker would."""
     import typer
