@@ -168,6 +168,7 @@ def calibration(settings: Settings, version: str) -> Calibration:
         return Calibration(**{**stored, "x": tuple(stored["x"]), "y": tuple(stored["y"])})
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
+    assert run_id is not None, "versions are registered from training runs"
     holdout = read_holdout(settings, training_set_rev(settings, run_id))
     scores = version_scorer(settings, version).score(holdout.x).astype("float64")
     fitted = fit_calibration(

@@ -481,7 +481,7 @@ def identical(
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     try:
-        versions = registry.client.search_model_versions(f"name='{registry.name}'")
+        versions = list(registry.client.search_model_versions(f"name='{registry.name}'"))
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
