@@ -335,6 +335,16 @@ def retrain(
     _emit(record, as_json)
 
 
+# The champion a promotion or rollback was decided for: refused, and nothing moves, if it is another by then.
+Expect = Annotated[
+    str | None,
+    typer.Option(
+        help="the champion version you decided this for: refused, and nothing moves, if it is another "
+        "one by then (compare-and-swap)"
+    ),
+]
+
+
 @app.command()
 def promote(
     version: Annotated[str, typer.Option(help="model version of fraud-detector")],
@@ -342,13 +352,7 @@ def promote(
     gate: Annotated[
         bool, typer.Option(help="put the version through the gate instead of promoting it")
     ] = False,
-    expect: Annotated[
-        str | None,
-        typer.Option(
-            help="the champion version you decided this for: refused, and nothing moves, if it is another "
-            "one by then (compare-and-swap)"
-        ),
-    ] = None,
+    expect: Expect = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Make a version the champion by hand (recorded with its reason), or put it through the gate."""
@@ -412,13 +416,7 @@ def serve(
 @app.command()
 def rollback(
     reason: Annotated[str, typer.Option(help="why; kept in the promotion history")] = "rollback",
-    expect: Annotated[
-        str | None,
-        typer.Option(
-            help="the champion version you decided this for: refused, and nothing moves, if it is another "
-            "one by then (compare-and-swap)"
-        ),
-    ] = None,
+    expect: Expect = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Put the previous champion back (the rollback is itself recorded)."""

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
 
 from core.settings import get_settings
+from tests.conftest import wait_for
 from tests.integration.conftest import dag_run_states
 from tests.integration.test_promotion import POLICY, _log_and_register, _model
 from tests.model.tensors import make_split
@@ -88,27 +88,48 @@ def _token(client, user: str) -> str:
     return answer.json()["access_token"]
 
 
-def _awaiting(run_id_box: dict, timeout: float = 120.0):
-    """The approval task instance once it waits for input (its dag run id in `run_id_box`)."""
+def _awaiting(timeout: float = 120.0) -> str:
+    """The run id of the approval task once it waits for input."""
     from airflow.models import TaskInstance
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    found: dict[str, str] = {}
+
+    def waiting() -> bool:
         with create_session() as session:
             ti = (
                 session.query(TaskInstance)
                 .filter(TaskInstance.dag_id == DAG_ID, TaskInstance.task_id == "approval")
-                .order_by(TaskInstance.queued_dttm.desc().nulls_last())
                 .filter(TaskInstance.state == TaskInstanceState.AWAITING_INPUT)
                 .first()
             )
             if ti is not None:
-                run_id_box["run_id"] = ti.run_id
-                return ti.run_id
-        time.sleep(0.5)
-    raise AssertionError(f"the approval task did not wait for input within {timeout} s")
+                found["run_id"] = ti.run_id
+        return "run_id" in found
+
+    wait_for(waiting, timeout, "the approval task to wait for input")
+    return found["run_id"]
+
+
+def _past_its_deadline(run_id: str) -> bool:
+    """Whether the approval task of `run_id` has passed its response deadline (the scheduler's sweep
+    resolves only those)."""
+    from airflow.models import TaskInstance
+    from airflow.utils import timezone
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ti = (
+            session.query(TaskInstance)
+            .filter(
+                TaskInstance.dag_id == DAG_ID,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id == "approval",
+            )
+            .one()
+        )
+        return ti.trigger_timeout is not None and ti.trigger_timeout < timezone.utcnow()
 
 
 def _run_and_answer(home, answer) -> tuple[dict[str, str], object]:
@@ -121,7 +142,7 @@ def _run_and_answer(home, answer) -> tuple[dict[str, str], object]:
 
     def respond() -> None:
         try:
-            answer(_awaiting({}))
+            answer(_awaiting())
         except BaseException as exc:  # surfaced in the main thread
             failure["error"] = exc
 
@@ -173,7 +194,7 @@ def test_a_rejection_and_no_answer_in_time_promote_nothing(approval_home, monkey
     _gate(home)
 
     def nobody_answers(run_id: str) -> None:
-        time.sleep(2)
+        wait_for(lambda: _past_its_deadline(run_id), 30, "the approval's response deadline")
         SchedulerJobRunner(job=Job()).check_awaiting_input_timeouts()  # the scheduler's sweep
 
     states, _ = _run_and_answer(home, nobody_answers)
