@@ -312,6 +312,18 @@ class Settings(BaseSettings):
     # DVC operations (version_gold, training_set, promote's fetch) take turns on the repository; one waits
     # this long for the others, then fails with a retryable LockTimeoutError.
     dvc_lock_wait_s: float = Field(default=600.0, gt=0, description="wait for another DVC operation")
+    # Where people open MLflow's UI: the links an approver follows to a candidate's run and plots. Unset:
+    # the tracking URI when it is http(s) (the cluster's server); `make up` sets it to the MLflow server it
+    # starts, since the local profile tracks straight into SQLite.
+    mlflow_ui_url: str | None = Field(default=None, description="MLflow's UI for people (links)")
+
+    @field_validator("mlflow_ui_url")
+    @classmethod
+    def _a_web_address(cls, url: str | None) -> str | None:
+        if url and not url.startswith(("http://", "https://")):
+            raise ValueError(f"mlflow_ui_url must be an http:// or https:// URL, not {url!r}")
+        return url or None
+
     ingest: IngestSettings = IngestSettings()
     training: TrainingSettings = TrainingSettings()
     tuning: TuningSettings = TuningSettings()

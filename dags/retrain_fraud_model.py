@@ -38,9 +38,10 @@ triggering events name (feature event dates, drifted days), else the day before 
   only if the challenger wins by the margin within the guardrails; every decision goes to the promotion
   history (`mlops history`; `mlops rollback` undoes the last promotion).
 - **export**: ONNX with a parity check, int8 only where it pays. Emits the `fraud_model` asset.
-- **ask_approval**: with `approval.enabled` (MLOPS_APPROVAL__ENABLED=true) a gate pass moves nothing: it is
-  recorded as `awaiting_approval` and this task emits `fraud_model_candidate`, which starts
-  `approve_fraud_model`, where a person approves or rejects it. Skipped otherwise.
+- **ask_approval**: with `approval.enabled` (MLOPS_APPROVAL__ENABLED=true), or the `require_approval` param of
+  a manual run, a gate pass moves nothing: it is recorded as `awaiting_approval` and this task emits
+  `fraud_model_candidate`, which starts `approve_fraud_model`, where a person approves or rejects it.
+  Skipped otherwise. The param can ask for a sign-off the settings do not; it cannot waive one they do.
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ with DAG(
         "as_of": Param("", type="string", description="YYYY-MM-DD; empty: from the trigger"),
         "force": Param(
             False, type="boolean", description="train even when identical to a registered version"
+        ),
+        "require_approval": Param(
+            False,
+            type="boolean",
+            description="a gate pass waits for a person's approval (approve_fraud_model) even when the "
+            "approval.enabled setting is off; it cannot waive an approval the setting requires",
         ),
     },
 ):
@@ -167,6 +174,7 @@ with DAG(
                 "{{ dag.dag_id }}",
                 "--dag-run-id",
                 "{{ run_id }}",
+                "{{ '--force' if params.force else '--no-force' }}",
             ],
             task_id=SKIP_IDENTICAL,
             skip_on_exit_code=EXIT_SKIPPED,
@@ -180,6 +188,7 @@ with DAG(
             [
                 "--version", MODEL_VERSION, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}",
                 "--triggered-by", "{{ dag_run.triggering_user_name or '' }}",
+                "{{ '--require-approval' if params.require_approval else '--no-require-approval' }}",
             ],
         )  # fmt: skip
         exported = step_pod_operator(settings, "export", ["--version", MODEL_VERSION])
@@ -229,7 +238,7 @@ with DAG(
             return run_step(steps.register, trained["run_id"])
 
         @task(doc_md="Champion/challenger gate on the same holdout; the decision is recorded either way.")
-        def promote(registered: dict, dag_run=None) -> dict:
+        def promote(registered: dict, params: dict, dag_run=None) -> dict:
             from training import steps
 
             return run_step(
@@ -238,6 +247,7 @@ with DAG(
                 dag_run.dag_id,
                 dag_run.run_id,
                 getattr(dag_run, "triggering_user_name", None),
+                bool(params.get("require_approval")),
             )
 
         @task(outlets=[FRAUD_MODEL], doc_md="ONNX export with parity check; int8 where it pays.")

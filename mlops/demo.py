@@ -34,10 +34,12 @@ from core.settings import Settings
 DEMO_FAULTS = "duplicates=0.01,malformed=0.002,nulls=0.002"
 INGEST, FEATURES, RETRAIN = "ingest_transactions", "build_features", "retrain_fraud_model"
 MONITOR = "monitor_fraud_model"
+APPROVE = "approve_fraud_model"
 DAG_IDS = ("synthetic_landing", INGEST, FEATURES, RETRAIN)
 # Consumers first: Airflow queues an asset event only for the DAGs that are unpaused when it is emitted.
-# synthetic_landing stays paused: the demo lands the feed itself, for its own dates.
-UNPAUSE_ORDER = (RETRAIN, FEATURES, INGEST)
+# synthetic_landing stays paused: the demo lands the feed itself, for its own dates. The approval DAG does
+# nothing unless a retrain asks for a sign-off (approval.enabled, or its `require_approval` param).
+UNPAUSE_ORDER = (APPROVE, RETRAIN, FEATURES, INGEST)
 SENSOR_TASK = "wait_for_arrival"
 STAGE_OF = {INGEST: "ingest", FEATURES: "features", RETRAIN: "retrain"}
 
@@ -364,7 +366,8 @@ def run_through_airflow(
         console.rule("stopping the stack: scripts/down.sh")
         embedded.down(echo=echo)
     console.print(
-        f"Airflow UI: {stack.airflow_url}  (login: {stack.username} / {stack.password})\n"
+        f"Airflow UI: {stack.airflow_url}  (login: {stack.username} / {stack.password}; approvals are "
+        f"answered by another user, e.g. risk-officer: every password is in {stack.password_file})\n"
         f"MLflow UI:  {stack.mlflow_url}  (model fraud-detector, alias champion)\n"
         + (
             "The stack is stopped; `make up` starts it again on the same MLOPS_HOME."

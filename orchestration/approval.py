@@ -60,7 +60,7 @@ def approval_body(settings: Settings, waiting: Any) -> str:
         f"Started by: {waiting.triggered_by or 'a schedule or an event'} (cannot approve it)."
         + (f" Retrain run: `{waiting.dag_id}` `{waiting.run_id}`." if waiting.run_id else ""),
     ]
-    uri = settings.mlflow_tracking_uri
+    uri = settings.mlflow_ui_url or settings.mlflow_tracking_uri
     if uri.startswith(("http://", "https://")):
         model = f"{uri.rstrip('/')}/#/models/fraud-detector/versions/{waiting.candidate_version}"
         lines.append(f"Its MLflow version, run and evaluation plots: [{model}]({model})")

@@ -97,7 +97,9 @@ export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$AIRFLOW_SQL_CONN"
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
-export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-admin:admin}
+# Two people: admin runs the pipeline; risk-officer (role user) answers approvals (approve_fraud_model), since
+# the person who started a retrain may not approve its candidate.
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-admin:admin,risk-officer:user}
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$PASSWORD_FILE"
 # Task processes report to the execution API on the port actually used (the default assumes 8080).
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$AIRFLOW_PORT/execution/"
@@ -178,6 +180,10 @@ for name in "${wanted[@]}"; do
   fi
 done
 
+if [ "$MANAGE_MLFLOW" = 1 ]; then MLFLOW_URL="http://127.0.0.1:$MLFLOW_PORT"; else MLFLOW_URL=$MLFLOW_TRACKING_URI; fi
+# The links people follow (an approval's link to the candidate's MLflow run): the server started here.
+export MLOPS_MLFLOW_UI_URL=${MLOPS_MLFLOW_UI_URL:-$MLFLOW_URL}
+
 if [ ${#missing[@]} -gt 0 ]; then
   for name in "${missing[@]}"; do
     port=
@@ -219,7 +225,6 @@ fi
 
 AIRFLOW_URL="http://127.0.0.1:$AIRFLOW_PORT"
 SCORING_URL="http://127.0.0.1:$SERVING_PORT"
-if [ "$MANAGE_MLFLOW" = 1 ]; then MLFLOW_URL="http://127.0.0.1:$MLFLOW_PORT"; else MLFLOW_URL=$MLFLOW_TRACKING_URI; fi
 
 # Ready means: Airflow's health endpoint reports the database, scheduler, dag-processor and triggerer
 # healthy (they heartbeat into the metadata database), MLflow's /health answers OK, and the scoring service
@@ -327,9 +332,11 @@ await_ready serving || exit 1
 
 login="see $PASSWORD_FILE"
 if [ -s "$PASSWORD_FILE" ]; then
-  user=${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS%%:*}
-  login=$("$PY" -c 'import json, sys; u = sys.argv[2]; print(f"{u} / {json.load(open(sys.argv[1]))[u]}")' \
-    "$PASSWORD_FILE" "$user") || login="see $PASSWORD_FILE"
+  login=$("$PY" -c 'import json, sys
+passwords = json.load(open(sys.argv[1]))
+users = [entry.split(":")[0] for entry in sys.argv[2].split(",")]
+print(", ".join(user + " / " + passwords[user] for user in users if user in passwords))' \
+    "$PASSWORD_FILE" "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS") || login="see $PASSWORD_FILE"
 fi
 
 echo

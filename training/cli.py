@@ -111,7 +111,7 @@ def identical(
     training_set_rev: Annotated[str, typer.Option(help="DVC revision of the training set")],
     dag_id: DagId = "",
     dag_run_id: DagRunId = "",
-    force: Annotated[str, typer.Option(help="True: train anyway (the DAG's `force` param)")] = "False",
+    force: Annotated[bool, typer.Option(help="train anyway (the DAG's `force` param)")] = False,
     xcom_path: XcomPath = None,
 ) -> None:
     """Whether a registered version was trained from the same training set, code commit, configuration and
@@ -120,7 +120,7 @@ def identical(
     from training import steps
     from training.tuning import train_config
 
-    if force.strip().lower() == "true":
+    if force:
         emit({"identical": None, "forced": True, "training_set_rev": training_set_rev}, xcom_path)
         return
     settings = get_settings()
@@ -152,12 +152,18 @@ def promote(
     dag_id: DagId = "",
     dag_run_id: DagRunId = "",
     triggered_by: Annotated[str, typer.Option(help="who started the run (may not approve it)")] = "",
+    require_approval: Annotated[
+        bool, typer.Option(help="a pass waits for a person even when approval.enabled is off")
+    ] = False,
     xcom_path: XcomPath = None,
 ) -> None:
     """The champion/challenger gate for one version."""
     from training import steps
 
-    emit(steps.promote(get_settings(), version, dag_id, dag_run_id, triggered_by or None), xcom_path)
+    decided = steps.promote(
+        get_settings(), version, dag_id, dag_run_id, triggered_by or None, require_approval
+    )
+    emit(decided, xcom_path)
 
 
 @app.command()

@@ -283,10 +283,17 @@ def _ledger(settings: Settings):
 
 @_timed("promote", _run_of_version)
 def promote(
-    settings: Settings, version: str, dag_id: str = "", dag_run_id: str = "", triggered_by: str | None = None
+    settings: Settings,
+    version: str,
+    dag_id: str = "",
+    dag_run_id: str = "",
+    triggered_by: str | None = None,
+    require_approval: bool = False,
 ) -> dict:
     """Run the gate for `version` against the champion on the holdout of the version's training set. With
-    `approval.enabled`, a pass waits for a person (`awaiting_approval`); `triggered_by` started the run."""
+    `approval.enabled`, or `require_approval` (a run's own request: it can ask for a sign-off the settings do
+    not, never waive one they do), a pass waits for a person (`awaiting_approval`); `triggered_by` started
+    the run."""
     from training.registry import promote_with_gate
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
@@ -309,7 +316,7 @@ def promote(
             training_set_rev=holdout.rev,
             dag_id=dag_id or None,
             run_id=dag_run_id or None,
-            require_approval=settings.approval.enabled,
+            require_approval=settings.approval.enabled or require_approval,
             triggered_by=triggered_by or None,
         )
     finally:

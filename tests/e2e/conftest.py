@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -43,8 +44,11 @@ DEMO_DATES = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)]
 DEMO_TIMEOUT = 3000  # seconds; about 12 minutes on a 2-core machine shared with other Spark work
 
 
-def _uses_stack(item: pytest.Item) -> bool:
-    return "demo_stack" in getattr(item, "fixturenames", ())
+def _uses_stack(item: pytest.Item) -> tuple[bool, bool]:
+    """The sort key: tests of their own stacks first, then the shared stack's, those that move its champion
+    (marker moves_champion) last."""
+    on_stack = "demo_stack" in getattr(item, "fixturenames", ())
+    return on_stack, on_stack and item.get_closest_marker("moves_champion") is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for k, item in zip(slots, ordered, strict=True):
         items[k] = item
     for item in items:
-        if _uses_stack(item):
+        if _uses_stack(item)[0]:
             item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT + 600))
 
 
@@ -110,6 +114,19 @@ def survivors(groups: set[int]) -> list[str]:
     return found
 
 
+def at_most_every(seconds: float, condition: Callable[[], bool]) -> Callable[[], bool]:
+    """`condition` asked at most once per `seconds` (its last answer given in between): wait_for polls every
+    50 ms, and the api-server that answers shares the machine's cores with the run it reports on."""
+    asked: list = [float("-inf"), False]
+
+    def throttled() -> bool:
+        if time.monotonic() - asked[0] >= seconds:
+            asked[:] = [time.monotonic(), condition()]
+        return asked[1]
+
+    return throttled
+
+
 @dataclass(frozen=True)
 class DemoStack:
     home: Path
@@ -121,6 +138,7 @@ class DemoStack:
     mlflow_url: str
     username: str
     password: str
+    passwords: dict[str, str]  # every Airflow user's (scripts/up.sh: admin and risk-officer)
     seconds: float
 
     def token(self) -> str:
@@ -174,7 +192,9 @@ def demo_stack(tmp_path_factory) -> DemoStack:
         groups = {int(p.read_text()) for p in (home / "run").glob("*.pid")}
         assert done.returncode == 0, f"{done.stderr[-6000:]}\n{logs(home)}"
         summary = json.loads(done.stdout.strip().splitlines()[-1])
-        password_file = home / "airflow" / "simple_auth_manager_passwords.json.generated"
+        passwords = json.loads(
+            (home / "airflow" / "simple_auth_manager_passwords.json.generated").read_text()
+        )
         yield DemoStack(
             home=home,
             env=env,
@@ -184,7 +204,8 @@ def demo_stack(tmp_path_factory) -> DemoStack:
             airflow_url=summary["airflow_url"],
             mlflow_url=summary["mlflow_url"],
             username="admin",
-            password=json.loads(password_file.read_text())["admin"],
+            password=passwords["admin"],
+            passwords=passwords,
             seconds=seconds,
         )
     finally:

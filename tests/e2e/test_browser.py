@@ -6,11 +6,14 @@ are saved under the artifacts folder (see conftest.py) whether the checks pass o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
@@ -18,7 +21,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.conftest import machine_lock, wait_for
-from tests.e2e.conftest import DAG_IDS
+from tests.e2e.conftest import DAG_IDS, DEMO_DATES, at_most_every
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -31,6 +34,9 @@ CHROMIUM_FLAGS = (
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1", "--window-size=1600,1000",
 )  # fmt: skip
 PAGE_TIMEOUT = 60
+RETRAIN, APPROVE = "retrain_fraud_model", "approve_fraud_model"
+APPROVER = "risk-officer"  # scripts/up.sh's second user (role user): may answer approvals
+APPROVAL_TIMEOUT = 900  # seconds: a retrain of the demo's feed, then the approval run
 
 
 @pytest.fixture(scope="session")
@@ -121,14 +127,45 @@ def _text(driver) -> str:
     return driver.find_element("tag name", "body").text
 
 
-def _log_in_to_airflow(driver, demo_stack) -> None:
+def _buttons(driver, label: str) -> list:
     from selenium.webdriver.common.by import By
 
+    return [
+        b for b in driver.find_elements(By.TAG_NAME, "button") if b.text.strip() == label and b.is_displayed()
+    ]
+
+
+def _champion(demo_stack) -> str:
+    """fraud-detector's champion version now, from MLflow's REST API."""
+    import httpx
+
+    answer = httpx.get(
+        f"{demo_stack.mlflow_url}/api/2.0/mlflow/registered-models/alias",
+        params={"name": "fraud-detector", "alias": "champion"},
+    )
+    assert answer.status_code == 200, f"no champion alias on fraud-detector: {answer.text}"
+    return answer.json()["model_version"]["version"]
+
+
+def _mlops(demo_stack, *arguments: str) -> dict:
+    """`mlops ARGUMENTS --json` against the stack's installation: its last line, parsed."""
+    mlops = str(Path(sys.executable).with_name("mlops"))
+    done = subprocess.run(
+        [mlops, *arguments, "--json"], env=demo_stack.env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"mlops {' '.join(arguments)}: {done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _log_in_to_airflow(driver, demo_stack, user: str | None = None) -> None:
+    from selenium.webdriver.common.by import By
+
+    user = user or demo_stack.username
     driver.get(f"{demo_stack.airflow_url}/")
     _wait_for(driver, lambda: "/auth/login" in driver.current_url, "redirect to Airflow's login page")
     _wait_for(driver, lambda: driver.find_elements(By.NAME, "username"), "the login form")
-    driver.find_element(By.NAME, "username").send_keys(demo_stack.username)
-    driver.find_element(By.NAME, "password").send_keys(demo_stack.password)
+    driver.find_element(By.NAME, "username").send_keys(user)
+    driver.find_element(By.NAME, "password").send_keys(demo_stack.passwords[user])
     driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     _wait_for(driver, lambda: "/auth/login" not in driver.current_url, "leaving the login page after sign-in")
 
@@ -166,15 +203,7 @@ def test_airflow_ui_lists_the_dags_without_import_errors_and_shows_a_successful_
 
 
 def test_mlflow_ui_shows_the_registered_model_with_its_champion_alias(browser, demo_stack, artifacts_dir):
-    import httpx
-
-    # The champion now (a later test may have promoted another version), from MLflow's REST API.
-    answer = httpx.get(
-        f"{demo_stack.mlflow_url}/api/2.0/mlflow/registered-models/alias",
-        params={"name": "fraud-detector", "alias": "champion"},
-    )
-    assert answer.status_code == 200, f"no champion alias on fraud-detector: {answer.text}"
-    champion = answer.json()["model_version"]["version"]
+    champion = _champion(demo_stack)  # the champion now (a later test may have promoted another version)
     browser.get(f"{demo_stack.mlflow_url}/#/models")
     _wait_for(browser, lambda: "fraud-detector" in _text(browser), "fraud-detector in the model registry")
     _dismiss_dialogs(browser)
@@ -186,3 +215,84 @@ def test_mlflow_ui_shows_the_registered_model_with_its_champion_alias(browser, d
     _wait_for(browser, lambda: "@ champion" in _text(browser), "the champion alias on fraud-detector's page")
     _dismiss_dialogs(browser)
     browser.save_screenshot(str(artifacts_dir / "mlflow-fraud-detector.png"))
+
+
+@pytest.mark.moves_champion
+def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_in_the_airflow_ui(
+    browser, demo_stack, artifacts_dir
+):
+    """Human approval as a person meets it: the demo's first champion is put back by hand, a retrain as of
+    the last day (which beat it in the demo) is started by `admin` with the `require_approval` param; its
+    gate pass waits. In the browser, the stack's second user, risk-officer, finds it under Required
+    Actions, reads the gate's figures, writes a comment and approves; the approval DAG records who and why,
+    and the candidate becomes the champion."""
+    from selenium.webdriver.common.by import By
+
+    from mlops.airflow_api import AirflowAPI
+
+    promoted = [r for r in demo_stack.summary["retrains"] if r["decision"] == "promoted"]
+    assert len(promoted) >= 2 and promoted[-1]["as_of"] == DEMO_DATES[-1].isoformat(), promoted
+    champion = _champion(demo_stack)
+    first = promoted[0]["model_version"]
+    why = "e2e: the first champion back, so the last day's model is a candidate again"
+    moved = _mlops(demo_stack, "promote", "--version", first, "--expect", champion, "--reason", why)
+    assert moved["decision"] == "promoted" and _champion(demo_stack) == first, moved
+
+    api = AirflowAPI(demo_stack.airflow_url, demo_stack.username, demo_stack.password)
+    deadline = time.monotonic() + APPROVAL_TIMEOUT
+    conf = {"as_of": DEMO_DATES[-1].isoformat(), "force": True, "require_approval": True}
+    run_id = api.trigger(RETRAIN, conf)
+    assert api.wait_for_run(RETRAIN, run_id, deadline).state == "success"
+    decision = api.xcom(RETRAIN, run_id, "promote")
+    assert decision["decision"] == "awaiting_approval", decision
+    candidate = decision["model_version"]
+    assert _champion(demo_stack) == first  # nothing moved before the sign-off
+    [approval_run] = api.wait_for_created_runs(RETRAIN, run_id, "fraud_model_candidate", deadline)
+    wait_for(
+        at_most_every(
+            1, lambda: api.task_instance(APPROVE, approval_run.run_id, "approval").state == "awaiting_input"
+        ),
+        APPROVAL_TIMEOUT,
+        "the approval task to wait for a person",
+    )
+
+    _log_in_to_airflow(browser, demo_stack, APPROVER)
+    browser.get(f"{demo_stack.airflow_url}/required_actions")
+    subject = f"Promote fraud-detector v{candidate}?"
+    _wait_for(browser, lambda: subject in _text(browser), "the candidate among the required actions")
+    browser.save_screenshot(str(artifacts_dir / "airflow-required-actions.png"))
+    browser.find_element(By.LINK_TEXT, subject).click()
+    _wait_for(
+        browser,
+        lambda: "The gate passed" in _text(browser) and _buttons(browser, "Approve"),
+        "the approval form with the gate's figures",
+    )
+    page = _text(browser)
+    assert f"fraud-detector v{candidate}" in page and f"v{first}" in page, page
+    assert "auc_pr" in page and "Started by: admin" in page, page
+    # the link to the candidate's MLflow version (its run, holdout metrics and evaluation plots)
+    link = browser.find_element(By.PARTIAL_LINK_TEXT, f"/#/models/fraud-detector/versions/{candidate}")
+    assert link.get_attribute("href").startswith(demo_stack.mlflow_url), link.get_attribute("href")
+    mlflow_version = link.get_attribute("href")
+    comment = "e2e: figures checked, approved by the risk officer"
+    browser.find_element(By.CSS_SELECTOR, "[name=comment], #element_comment").send_keys(comment)
+    browser.save_screenshot(str(artifacts_dir / "airflow-approval-form.png"))
+    _buttons(browser, "Approve")[0].click()
+
+    assert api.wait_for_run(APPROVE, approval_run.run_id, deadline).state == "success"
+    recorded = api.xcom(APPROVE, approval_run.run_id, "record_decision")
+    assert recorded["decision"] == "promoted" and recorded["model_version"] == candidate, recorded
+    assert _champion(demo_stack) == candidate
+    history = _mlops(demo_stack, "history")["history"]
+    row = [r for r in history if r["candidate_version"] == candidate and r["decided_by"]][-1]
+    assert (row["decided_by"], row["comment"], row["triggered_by"]) == (APPROVER, comment, "admin"), row
+    browser.get(
+        f"{demo_stack.airflow_url}/dags/{APPROVE}/runs/{quote(approval_run.run_id, safe='')}/tasks/approval"
+        "/required_actions"
+    )
+    _wait_for(browser, lambda: APPROVER in _text(browser), "the answer, with who gave it")
+    browser.save_screenshot(str(artifacts_dir / "airflow-approval-answered.png"))
+    browser.get(mlflow_version)  # where the approver's link leads: the version, now the champion
+    _wait_for(browser, lambda: "@ champion" in _text(browser), f"MLflow's page of v{candidate}, the champion")
+    _dismiss_dialogs(browser)
+    browser.save_screenshot(str(artifacts_dir / "mlflow-approved-version.png"))

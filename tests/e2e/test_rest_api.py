@@ -4,32 +4,16 @@ through the gate."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import httpx
 import pytest
 
 from tests.conftest import wait_for
-from tests.e2e.conftest import DAG_IDS, DEMO_DATES
+from tests.e2e.conftest import DAG_IDS, DEMO_DATES, at_most_every
 from tests.gate_rule import decision_by_auc_pr
 from training.registry import GatePolicy
 
 RETRAIN = "retrain_fraud_model"
 RUN_TIMEOUT = 900
-
-
-def _at_most_every(seconds: float, condition: Callable[[], bool]) -> Callable[[], bool]:
-    """`condition` asked at most once per `seconds` (its last answer given in between): wait_for polls every
-    50 ms, and the api-server that answers shares the machine's cores with the run it reports on."""
-    asked: list = [float("-inf"), False]
-
-    def throttled() -> bool:
-        if time.monotonic() - asked[0] >= seconds:
-            asked[:] = [time.monotonic(), condition()]
-        return asked[1]
-
-    return throttled
 
 
 @pytest.fixture
@@ -75,7 +59,7 @@ def test_a_retrain_triggered_through_the_rest_api_runs_to_success(api_client, de
     def finished() -> bool:
         return runs.get_dag_run(RETRAIN, run.dag_run_id).state in ("success", "failed")
 
-    wait_for(_at_most_every(3, finished), RUN_TIMEOUT, f"{RETRAIN} {run.dag_run_id} to finish")
+    wait_for(at_most_every(3, finished), RUN_TIMEOUT, f"{RETRAIN} {run.dag_run_id} to finish")
     state = runs.get_dag_run(RETRAIN, run.dag_run_id).state
 
     instances = TaskInstanceApi(api_client).get_task_instances(RETRAIN, run.dag_run_id).task_instances

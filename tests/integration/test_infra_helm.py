@@ -201,6 +201,8 @@ UNSET_MEANS = {
     # Alerts go nowhere until an operator names a receiver: they are only logged (core/alerts.py).
     "MLOPS_ALERTS__WEBHOOK_URL": "no webhook: alerts are logged, not posted",
     "MLOPS_ALERTS__SMTP_HOST": "no mail server: alerts are not mailed (email_to needs one)",
+    # The cluster's tracking URI is its MLflow server's: approvers follow links to it.
+    "MLOPS_MLFLOW_UI_URL": "the tracking URI (the cluster's MLflow server)",
 }
 # Settings whose cluster value differs from the code's default on purpose; every other one in values.yaml
 # repeats the default, so a default changed in code and not here fails below instead of drifting apart.

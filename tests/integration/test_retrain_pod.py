@@ -72,13 +72,22 @@ def parse_train_task(monkeypatch: pytest.MonkeyPatch, **env: str):
     return bag.dags[DAG_ID].get_task("train"), get_settings()
 
 
-def render_pod(task) -> dict[str, Any]:
-    """The pod the worker would create: templates rendered, then the operator's own pod builder."""
+def render_pod(task, **params: Any) -> dict[str, Any]:
+    """The pod the worker would create: templates rendered (the DAG's params at their defaults, but those
+    given), then the operator's own pod builder. Rendering replaces the task's templates: to render a task
+    again, render copies (`copy.deepcopy`)."""
     from kubernetes.client import ApiClient
 
     dag_run = SimpleNamespace(triggering_user_name=TRIGGERED_BY)
+    run_params = {**{name: task.params[name] for name in task.params}, **params}
     task.render_template_fields(
-        {"ti": StandInTaskInstance(), "dag": task.dag, "run_id": RUN_ID, "dag_run": dag_run}
+        {
+            "ti": StandInTaskInstance(),
+            "dag": task.dag,
+            "run_id": RUN_ID,
+            "dag_run": dag_run,
+            "params": run_params,
+        }
     )
     return ApiClient().sanitize_for_serialization(task.build_pod_request_obj(dry_run=True))
 
@@ -433,6 +442,7 @@ STEP_ARGUMENTS = {
         RUN_ID,
         "--triggered-by",
         TRIGGERED_BY,
+        "--no-require-approval",
     ],
     "export": ["export", "--version", MODEL_VERSION],
 }
@@ -443,7 +453,8 @@ def step_pods() -> dict[str, tuple[Any, dict[str, Any]]]:
     with pytest.MonkeyPatch.context() as monkeypatch:
         train, _ = parse_train_task(monkeypatch)
         return {
-            step: (train.dag.get_task(step), render_pod(train.dag.get_task(step))) for step in STEP_ARGUMENTS
+            step: (train.dag.get_task(step), render_pod(copy.deepcopy(train.dag.get_task(step))))
+            for step in STEP_ARGUMENTS
         }
 
 
@@ -486,14 +497,18 @@ def test_an_identical_retrain_is_skipped_by_a_cpu_pod_before_training(step_pods,
     task = dag.get_task("skip_identical")
     assert task.upstream_task_ids == {"training_set"} and task.downstream_task_ids == {"train"}
     assert list(task.skip_on_exit_code) == [EXIT_SKIPPED]
-    pod = render_pod(task)
+    pod = render_pod(copy.deepcopy(task))
     container = trainer(pod)
     assert container["image"] == settings.training.image
     assert container["args"][:3] == ["identical", "--training-set-rev", TRAINING_SET_REV]
     command = typer.main.get_command(app).commands["identical"]
     with command.make_context("identical", container["args"][1:]) as context:
         assert context.params["dag_id"] == DAG_ID and context.params["dag_run_id"] == RUN_ID
-        assert context.params["force"] == "False"
+        assert context.params["force"] is False
+    # a manual run's `force` param reaches the pod: it trains anyway
+    forced = trainer(render_pod(copy.deepcopy(task), force=True))["args"]
+    with command.make_context("identical", forced[1:]) as context:
+        assert context.params["force"] is True
     assert contract.GPU_RESOURCE not in container["resources"]["limits"]
     assert contract.restricted_profile_violations(pod["spec"]) == []
 
@@ -555,3 +570,17 @@ def test_more_than_one_gpu_runs_under_torchrun(monkeypatch):
     container = trainer(render_pod(task))
     assert container["command"] == ["torchrun", "--standalone", "--nproc-per-node=2", "--module", "training"]
     assert container["args"][0] == "train"
+
+
+def test_a_runs_require_approval_param_reaches_the_gate_pod(step_pods):
+    """The `require_approval` param of a manual run asks the gate for a sign-off (approval.enabled off)."""
+    import typer
+
+    from training.cli import app
+
+    task = step_pods["promote"][0]
+    command = typer.main.get_command(app).commands["promote"]
+    for asked in (False, True):
+        args = trainer(render_pod(copy.deepcopy(task), require_approval=asked))["args"]
+        with command.make_context("promote", args[1:]) as context:
+            assert context.params["require_approval"] is asked
