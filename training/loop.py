@@ -161,8 +161,15 @@ class Distributed:
         self.enabled = self.world_size > 1
 
     def start(self, device: torch.device) -> None:
-        if self.enabled and not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        """Join the group on `device`. On GPUs each rank first makes its own GPU the current one, then
+        binds NCCL to it (`device_id`): without both, every rank's communicator and collectives use cuda:0."""
+        if not self.enabled or dist.is_initialized():
+            return
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl", device_id=device)
+        else:
+            dist.init_process_group(backend="gloo")
 
     def stop(self) -> None:
         if self.enabled and dist.is_initialized():
@@ -174,11 +181,15 @@ class Distributed:
 
 
 def choose_device(requested: str, local_rank: int = 0) -> torch.device:
-    if requested != "auto":
-        return torch.device(requested)
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    """The device of the process with this local rank: "auto" is a GPU when there is one, else the CPU; a
+    GPU named without an index ("auto", "cuda") is the rank's own, local_rank modulo the GPUs visible."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type == "cuda" and device.index is None:
+        visible = torch.cuda.device_count()
+        return torch.device("cuda", local_rank % visible if visible else local_rank)
+    return device
 
 
 def choose_precision(requested: str, device: torch.device) -> str:
