@@ -35,6 +35,11 @@ class ClusterServices(BaseModel):
     spark_master: str = "spark://127.0.0.1:7077"
     mlflow_tracking_uri: str = "http://127.0.0.1:5000"
     kubernetes_namespace: str = "mlops-training"
+    # How pod tasks reach the Kubernetes API, on the worker and in the triggerer's deferred wait alike. Unset:
+    # from inside the cluster, with the pod's service account (in_cluster); the triggerer has no kubeconfig
+    # and the provider does not fall back to in-cluster by itself. Set: the Airflow connection to use (an
+    # Airflow outside the cluster it launches pods in).
+    kubernetes_conn_id: str | None = None
     # The address Spark executors use to reach the driver (this machine's, as the cluster sees it).
     spark_driver_host: str = "127.0.0.1"
     # Object storage for the lake, DVC remote and MLflow artifacts (s3://bucket/prefix), and where it is.

@@ -29,10 +29,14 @@ SERVING_NAMESPACE = "mlops-serving"
 
 # Identities. Training pods run as TRAINING_SERVICE_ACCOUNT, which has no API permissions at all; the Airflow
 # worker's ServiceAccount (named in infra/helm) is bound in the training namespace to TRAINING_LAUNCHER_ROLE,
-# just enough to create, watch, read the logs of and delete the pods it launches.
+# just enough to create, watch, read the logs of and delete the pods it launches. The triggerer, which follows
+# a deferred pod task's pod (KubernetesPodTrigger), is bound to TRAINING_WATCHER_ROLE: read the pod, its logs
+# and events, delete it when the task is killed; it creates nothing.
 TRAINING_SERVICE_ACCOUNT = "mlops-trainer"
 AIRFLOW_WORKER_SERVICE_ACCOUNT = "airflow-worker"
+AIRFLOW_TRIGGERER_SERVICE_ACCOUNT = "airflow-triggerer"
 TRAINING_LAUNCHER_ROLE = "training-pod-launcher"
+TRAINING_WATCHER_ROLE = "training-pod-watcher"
 
 # Serving outranks training, so a training pod can never preempt the online feature server.
 TRAINING_PRIORITY_CLASS = "mlops-training"

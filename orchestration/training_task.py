@@ -184,6 +184,10 @@ def _pod_operator_kwargs(settings: Settings, task_id: str, manifest: dict[str, A
     return dict(
         task_id=task_id,
         namespace=settings.cluster.kubernetes_namespace,
+        # In the cluster, with the pod's service account: passed on to the deferred wait's trigger, whose
+        # hook would otherwise look for a kubeconfig the triggerer does not have (apache/airflow#44325).
+        in_cluster=None if settings.cluster.kubernetes_conn_id else True,
+        kubernetes_conn_id=settings.cluster.kubernetes_conn_id or "kubernetes_default",
         image=trainer["image"],
         cmds=list(trainer["command"]),
         arguments=list(trainer["args"]),

@@ -134,6 +134,26 @@ def test_airflow_pods_pass_the_restricted_profile_the_namespace_enforces():
     assert contract.restricted_profile_violations(pod) == []
 
 
+def test_the_triggerer_service_account_is_the_one_bound_to_the_watcher_role():
+    """The pod tasks defer: the triggerer reads their pods in the training namespace under its own name."""
+    assert VALUES["triggerer"]["serviceAccount"] == {
+        "create": True,
+        "name": contract.AIRFLOW_TRIGGERER_SERVICE_ACCOUNT,
+    }
+    bindings = {
+        doc["metadata"]["name"]: doc
+        for doc in yaml.safe_load_all((BASE / "training" / "launcher-rbac.yaml").read_text())
+        if doc["kind"] == "RoleBinding"
+    }
+    assert bindings[contract.TRAINING_WATCHER_ROLE]["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": contract.AIRFLOW_TRIGGERER_SERVICE_ACCOUNT,
+            "namespace": contract.ORCHESTRATION_NAMESPACE,
+        }
+    ]
+
+
 def test_the_worker_service_account_is_the_one_bound_in_the_training_namespace():
     assert VALUES["workers"]["serviceAccount"]["name"] == contract.AIRFLOW_WORKER_SERVICE_ACCOUNT
     binding = next(
@@ -203,6 +223,8 @@ UNSET_MEANS = {
     "MLOPS_ALERTS__SMTP_HOST": "no mail server: alerts are not mailed (email_to needs one)",
     # The cluster's tracking URI is its MLflow server's: approvers follow links to it.
     "MLOPS_MLFLOW_UI_URL": "the tracking URI (the cluster's MLflow server)",
+    # Airflow runs in the cluster it launches pods in: the pods' service account, no connection.
+    "MLOPS_CLUSTER__KUBERNETES_CONN_ID": "in-cluster config (the service account of the worker or triggerer)",
 }
 # Settings whose cluster value differs from the code's default on purpose; every other one in values.yaml
 # repeats the default, so a default changed in code and not here fails below instead of drifting apart.

@@ -127,6 +127,27 @@ def test_training_identity_and_launcher_role_use_the_contract_names(rendered, ov
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_triggerer_may_follow_the_pods_and_create_nothing(rendered, overlay):
+    """KubernetesPodTrigger, in the triggerer, reads the deferred task's pod, its logs and events, and
+    deletes the pod when the task is killed while deferred."""
+    objects = rendered[overlay]
+    binding = one(objects, "RoleBinding", contract.TRAINING_WATCHER_ROLE, contract.TRAINING_NAMESPACE)
+    assert binding["roleRef"]["name"] == contract.TRAINING_WATCHER_ROLE
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": contract.AIRFLOW_TRIGGERER_SERVICE_ACCOUNT,
+            "namespace": contract.ORCHESTRATION_NAMESPACE,
+        }
+    ]
+    role = one(objects, "Role", contract.TRAINING_WATCHER_ROLE, contract.TRAINING_NAMESPACE)
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert all(rule["apiGroups"] == [""] for rule in role["rules"])
+    assert {("pods", "get"), ("pods/log", "get"), ("events", "list"), ("pods", "delete")} <= granted
+    assert not {verb for _, verb in granted} & {"create", "patch", "update", "*"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_launcher_role_is_least_privilege(rendered, overlay):
     role = one(rendered[overlay], "Role", contract.TRAINING_LAUNCHER_ROLE, contract.TRAINING_NAMESPACE)
     granted = {

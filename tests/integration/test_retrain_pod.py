@@ -584,3 +584,41 @@ def test_a_runs_require_approval_param_reaches_the_gate_pod(step_pods):
         args = trainer(render_pod(copy.deepcopy(task), require_approval=asked))["args"]
         with command.make_context("promote", args[1:]) as context:
             assert context.params["require_approval"] is asked
+
+
+def test_the_deferred_wait_reaches_the_api_server_from_inside_the_cluster(task, monkeypatch, tmp_path):
+    """The trigger the operator defers to, serialized and rebuilt as the triggerer does, loads the in-cluster
+    configuration (the triggerer pod's service account). The triggerer has no kubeconfig and no
+    `kubernetes_default` connection: without in_cluster its hook looks for ~/.kube/config and fails."""
+    import asyncio
+    import importlib
+
+    import kubernetes_asyncio.config.incluster_config as incluster
+    from airflow.sdk.exceptions import TaskDeferred
+    from kubernetes_asyncio.client import Configuration
+
+    # What a pod's service account gives it: the API server's address and the mounted token and CA.
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("service-account-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+
+    deferring = copy.deepcopy(task)
+    deferring.pod = deferring.build_pod_request_obj(dry_run=True)
+    with pytest.raises(TaskDeferred) as deferred:
+        deferring.invoke_defer_method()
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, name = classpath.rsplit(".", 1)
+    trigger = getattr(importlib.import_module(module), name)(**kwargs)  # as the triggerer rebuilds it
+
+    hook = trigger.hook
+    hook.client_configuration = Configuration()
+    asyncio.run(hook._load_config())
+    assert hook._is_in_cluster is True
+    assert hook.client_configuration.host == "https://10.96.0.1:443"
+    assert hook.client_configuration.api_key["BearerToken"] == "Bearer service-account-token"
