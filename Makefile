@@ -14,7 +14,7 @@ TEST_WORKERS ?= 0
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 BENCH_ARGS ?=
 
-.PHONY: help install demo up down test test-costs test-fast lint format bench bench-e2e lock doctor clean
+.PHONY: help install demo up down test test-costs test-fast lint format bench bench-e2e lock lock-gpu doctor clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -64,6 +64,9 @@ doctor: $(STAMP) ## check Java, Spark and the active profile's services
 
 lock: ## re-resolve pyproject.toml into requirements.lock (needs the network's package registry)
 	@PYTHON=$(PYTHON) bash scripts/lock.sh
+
+lock-gpu: $(STAMP) ## pin the CUDA build of the locked torch and its wheels in requirements-gpu.lock (needs the registry)
+	$(BIN)/python scripts/lock_gpu.py
 
 clean: ## remove .venv and local state (var/)
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .mypy_cache

@@ -5,7 +5,10 @@ CA bundle of a proxy are read here from `pip config list` (files and PIP_* varia
 them) and given to uv as arguments and environment. A local index or folder that does not exist is left out
 (pip only warns of one; uv would fail).
 
-    python scripts/uv_install.py UV [uv pip install arguments...]
+    python scripts/uv_install.py UV [--without-find-links] [uv pip install arguments...]
+
+--without-find-links leaves pip's find-links out: the training image's CUDA build must not take the CPU
+build of torch a machine keeps there (requirements-gpu.lock names the CUDA one).
 """
 
 from __future__ import annotations
@@ -55,11 +58,13 @@ def _exists(location: str) -> bool:
     return True
 
 
-def uv_arguments(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def uv_arguments(settings: dict[str, str], find_links: bool = True) -> tuple[list[str], dict[str, str]]:
     # pip takes the best match across every index it is given; uv, by default, only the first index that
     # has the package at all (a local mirror holding other versions of it would then fail the install).
     args: list[str] = ["--index-strategy", "unsafe-best-match"]
     for key, option in OPTIONS.items():
+        if key == "find-links" and not find_links:
+            continue
         for value in settings.get(key, "").split():
             if _exists(value):
                 args += [option, value]
@@ -73,7 +78,9 @@ def uv_arguments(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
 
 def main(argv: list[str]) -> int:
     uv, *rest = argv
-    args, env = uv_arguments(pip_settings())
+    find_links = "--without-find-links" not in rest
+    rest = [argument for argument in rest if argument != "--without-find-links"]
+    args, env = uv_arguments(pip_settings(), find_links)
     return subprocess.run([uv, "pip", "install", *args, *rest], env={**os.environ, **env}).returncode
 
 

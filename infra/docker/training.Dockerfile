@@ -17,12 +17,20 @@
 # checkov:skip=CKV_DOCKER_7:the base images are build arguments, which checkov does not resolve; their defaults are pinned to version tags (tests/integration/test_infra_images.py resolves them and refuses latest)
 ARG PYTHON_VERSION=3.11.13
 ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.8.0
-ARG BASE_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+# CUDA 13.0: the build of torch requirements-gpu.lock pins (its torch.version.cuda), so the container toolkit
+# refuses a node whose driver is too old for it, before any training starts.
+ARG BASE_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
+# Which build of torch: `cuda` (a release) takes PyPI's CUDA build and the exact nvidia-*, cuda-* and triton
+# wheels requirements-gpu.lock pins by sha256, and no find-links (where a machine keeps a CPU build); `cpu`
+# (the tests' images, on machines without a GPU) takes the CPU build the build machine's pip finds. Either
+# way the build checks torch.version.cuda against what it asked for.
+ARG TORCH_BUILD=cuda
 
 FROM ${UV_IMAGE} AS uv
 
 FROM ${BASE_IMAGE} AS build
 ARG PYTHON_VERSION
+ARG TORCH_BUILD
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base's own CPython 3.11 where it has one; otherwise a standalone build of PYTHON_VERSION from uv.
@@ -36,7 +44,7 @@ RUN --mount=type=bind,from=uv,source=/,target=/mnt/uv \
     fi \
  && /opt/venv/bin/python -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version"
 WORKDIR /src
-COPY pyproject.toml requirements.lock scripts/uv_install.py ./
+COPY pyproject.toml requirements.lock requirements-gpu.lock scripts/uv_install.py ./
 # The dependencies first, in a layer of their own that only pyproject.toml and the lock decide, so a change
 # of the code or the README does not reinstall torch: the project's metadata is built with its package
 # folders still empty (and a placeholder README), then uninstalled.
@@ -44,9 +52,17 @@ COPY pyproject.toml requirements.lock scripts/uv_install.py ./
 # goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
 # find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
 RUN mkdir core pipelines features model_contract training serving monitoring orchestration mlops && touch README.md \
+ && case "$TORCH_BUILD" in \
+      cuda) torch_build="--without-find-links --requirement requirements-gpu.lock" \
+            cuda=$(sed -n 's/^# torch.version.cuda = //p' requirements-gpu.lock) ;; \
+      cpu) torch_build="" cuda=None ;; \
+      *) echo "TORCH_BUILD must be cuda or cpu, not '$TORCH_BUILD'" >&2; exit 1 ;; \
+    esac \
  && /opt/venv/bin/pip install "$(grep -m1 '^uv==' requirements.lock)" \
- && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv --no-cache --compile-bytecode \
+ && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv $torch_build --no-cache --compile-bytecode \
       --python /opt/venv/bin/python --constraint requirements.lock ".[training,cluster]" \
+ && /opt/venv/bin/python -c 'import sys, torch; built = str(torch.version.cuda); \
+assert built == sys.argv[1], f"torch {torch.__version__} is built for CUDA {built}, not {sys.argv[1]}"' "$cuda" \
  && /opt/venv/bin/pip uninstall --yes mlops-fraud uv
 # Only what the wheel is built from; the packages list is pyproject.toml's [tool.hatch.build.targets.wheel].
 COPY README.md ./

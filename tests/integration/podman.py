@@ -220,6 +220,8 @@ def project_image(fixture: str, session) -> tuple[str, str]:
         for name in sorted(wanted):
             dockerfile, ref, base_args = PROJECT_IMAGES[name]
             args = {**dict.fromkeys(base_args, base), "GIT_COMMIT": checkout_commit()}
+            if name == "training_image":
+                args["TORCH_BUILD"] = "cpu"  # no GPU here: the CPU build pip's find-links hold
             _builds[name] = _pool.submit(build_image, dockerfile, ref, args)
     return _builds[fixture].result(), checkout_commit()
 

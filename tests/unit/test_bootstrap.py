@@ -64,3 +64,13 @@ def test_find_links_indexes_and_constraints_become_uv_options_and_missing_local_
         str(constraints),
     ]
     assert env == {"SSL_CERT_FILE": "/etc/ssl/bundle.pem", "UV_HTTP_TIMEOUT": "180"}
+
+
+def test_the_cuda_build_leaves_the_find_links_out(uv_install, tmp_path):
+    """The training image's CUDA variant (--without-find-links) must not take the CPU torch kept there."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    settings = {"find-links": str(wheels), "index-url": "https://mirror.example/simple"}
+    args, _ = uv_install.uv_arguments(settings, find_links=False)
+    assert "--find-links" not in args and "https://mirror.example/simple" in args
+    assert "--find-links" in uv_install.uv_arguments(settings)[0]
