@@ -162,7 +162,8 @@ with DAG(
 
     if get_settings().training_runner == "kubernetes":
         # Training and the steps after it run in the training image (torch, MLflow), each its own pod; the
-        # Airflow image carries neither. Their results come back through XCom files.
+        # Airflow image carries neither. Each pod records its result in the pod results table
+        # (core/pod_results.py), which its task reads back: no XCom sidecar, no exec.
         settings = get_settings()
         same = step_pod_operator(
             settings,

@@ -1,7 +1,7 @@
 """`python -m monitoring`: the monitoring check as a command, the container command of the cluster profile's
 check pod (the training image carries MLflow, onnxruntime, scikit-learn and SciPy; the Airflow image none
-of them). Like the training CLI it prints its result as one JSON object on the last stdout line, and
-`--xcom-path` also writes it where the KubernetesPodOperator's sidecar collects the task's XCom."""
+of them). Like the training CLI it prints its result as one JSON object on the last stdout line, and in a
+pod records it for the launching task (core/pod_results.py); `--xcom-path` also writes it to a file."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from core.pod_results import emit
 from core.settings import get_settings
 
 app = typer.Typer(
@@ -21,14 +22,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def emit(result: dict, xcom_path: Path | None = None) -> None:
-    line = json.dumps(result, sort_keys=True, default=str)
-    if xcom_path is not None:
-        xcom_path.parent.mkdir(parents=True, exist_ok=True)
-        xcom_path.write_text(line)
-    typer.echo(line)
 
 
 def parse_dates(dates: str) -> list[date]:
@@ -43,9 +36,7 @@ def check(
     dates: Annotated[str, typer.Option(help="dates to check, YYYY-MM-DD, comma-separated")],
     dag_id: Annotated[str, typer.Option(help="Airflow DAG id, recorded with the results")] = "",
     dag_run_id: Annotated[str, typer.Option(help="Airflow DAG run id, recorded with the results")] = "",
-    xcom_path: Annotated[
-        Path | None, typer.Option(help="also write the result JSON here (KubernetesPodOperator XCom)")
-    ] = None,
+    xcom_path: Annotated[Path | None, typer.Option(help="also write the result JSON to this file")] = None,
 ) -> None:
     """Drift against the champion's training reference, live performance, the rollback rule."""
     from monitoring.check import run_checks

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from core.pod_results import POD_NAME_ENV
+
 # The oldest Kubernetes minor the manifests target: the namespaces pin their Pod Security version to it and
 # the tests validate every object against its OpenAPI schema.
 KUBERNETES_VERSION = "1.33"
@@ -54,6 +56,9 @@ AIRFLOW_IMAGE_REPOSITORY = "mlops-fraud-airflow"
 
 # The training container: the typed training CLI is its command, and the image's non-root user runs it.
 TRAINING_CONTAINER = "trainer"
+# What a training-image pod learns of itself through the downward API: its name, the key of its result (the
+# namespace is its settings', which are its launcher's).
+POD_IDENTITY_ENV = {POD_NAME_ENV: "metadata.name"}
 TRAINING_COMMAND = ("python", "-m", "training")
 TRAINING_UID = 10001
 APP_LABEL = "app.kubernetes.io/name"
@@ -183,7 +188,15 @@ def _pod_spec(
                 "imagePullPolicy": "IfNotPresent",
                 "command": training_command(resources.gpus),
                 "args": list(args),
-                "env": [{"name": name, "value": value} for name, value in container_env.items()],
+                "env": [
+                    *({"name": name, "value": value} for name, value in container_env.items()),
+                    # The pod's own name: the key its result is recorded under for the task that launched
+                    # it (core/pod_results.py).
+                    *(
+                        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}}
+                        for name, field in POD_IDENTITY_ENV.items()
+                    ),
+                ],
                 "resources": {
                     "requests": {"cpu": resources.cpu_request, **amounts},
                     "limits": {"cpu": resources.cpu_limit, **amounts},

@@ -210,17 +210,18 @@ def monitor_pod_operator(settings: Settings, dates: str, **operator_args: Any):
     """The cluster profile's monitoring check: `python -m monitoring check --dates ...` as a CPU pod of the
     training image (MLflow, onnxruntime, scikit-learn, SciPy: the Airflow image has none of them), with the
     retrain DAG's step pods' identity, hardening, settings and read-only shared volume; its result comes
-    back through the XCom file. `dates`: comma-separated, usually a template of an upstream XCom."""
+    back through the pod results table (core/pod_results.py). `dates`: comma-separated, usually a template
+    of an upstream XCom."""
     from datetime import timedelta
 
     from orchestration import k8s_contract as contract
-    from orchestration.training_task import XCOM_RETURN, _pod_operator, pod_environment
+    from orchestration.training_task import _pod_operator, pod_environment
 
     arguments = ["check", "--dates", dates, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}"]
     manifest = contract.training_pod_manifest(
         "fraud-monitor",
         settings.training.image,
-        [*arguments, "--xcom-path", XCOM_RETURN],
+        arguments,
         step=True,
         env=pod_environment(settings),
     )

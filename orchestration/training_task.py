@@ -8,7 +8,6 @@ runs).
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import os
@@ -28,12 +27,6 @@ if TYPE_CHECKING:
 
 TRAIN_TASK_ID = "train"
 CHECKPOINT_MOUNT = "/checkpoints"
-XCOM_RETURN = "/airflow/xcom/return.json"  # where the provider's sidecar collects the XCom
-# The provider's XCom sidecar asks for 1m CPU and 10Mi and sets no security context, so the training
-# namespace would refuse the whole pod: its LimitRange minimum is 100m/128Mi and Pod Security "restricted"
-# wants privilege escalation off and every capability dropped. The sidecar gets the trainer's hardening
-# and this: the LimitRange minimum, with limits equal to requests so no default limit is charged to the quota.
-XCOM_SIDECAR_RESOURCES = {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "64Mi"}
 # How long a stopped local training process group gets between SIGTERM and SIGKILL (a checkpoint write).
 TERMINATE_GRACE_S = 30.0
 
@@ -96,7 +89,6 @@ def training_pod_operator(settings: Settings, training_set_rev: str, **operator_
     claim so a retry resumes, torchrun when the pod has more than one GPU."""
     training = settings.training
     arguments = train_arguments(training_set_rev, f"{CHECKPOINT_MOUNT}/{training_set_rev}")
-    arguments += ["--xcom-path", XCOM_RETURN]
     execution_timeout = timedelta(minutes=training.execution_timeout_minutes)
     manifest = contract.training_pod_manifest(
         "fraud-train",
@@ -117,12 +109,12 @@ def step_pod_operator(
     settings: Settings, step: str, arguments: list[str], task_id: str | None = None, **operator_args: Any
 ):
     """A step after training (`python -m training <step> ...`) as a CPU pod of the training image: the Airflow
-    image carries neither torch nor MLflow. Its result comes back through the XCom file like train's. The
+    image carries neither torch nor MLflow. Its result comes back like train's (the pod results table). The
     task id is the step's name unless given."""
     manifest = contract.training_pod_manifest(
         f"fraud-{step}",
         settings.training.image,
-        [step, *arguments, "--xcom-path", XCOM_RETURN],
+        [step, *arguments],
         step=True,
         env=pod_environment(settings),
     )
@@ -138,7 +130,7 @@ def trial_pod_operator(settings: Settings, study: str, slots: Sequence[int]):
 
     def arguments(slot: int) -> list[str]:
         return ["trial", "--study", study, "--slot", str(slot), "--checkpoint-dir",
-                f"{CHECKPOINT_MOUNT}/tuning", "--xcom-path", XCOM_RETURN]  # fmt: skip
+                f"{CHECKPOINT_MOUNT}/tuning"]  # fmt: skip
 
     manifest = contract.training_pod_manifest(
         "fraud-trial",
@@ -195,7 +187,8 @@ def _pod_operator_kwargs(settings: Settings, task_id: str, manifest: dict[str, A
         base_container_name=contract.TRAINING_CONTAINER,
         name=manifest["metadata"]["name"],
         random_name_suffix=True,
-        do_xcom_push=True,  # the result comes back through /airflow/xcom/return.json
+        # No XCom sidecar: the result comes back through the pod results table (TrainingPodOperator).
+        do_xcom_push=False,
         on_finish_action="delete_pod",
         durable=True,  # a retry reattaches to the running pod (Airflow 3.3's name for reattach_on_restart)
         deferrable=True,
@@ -203,7 +196,6 @@ def _pod_operator_kwargs(settings: Settings, task_id: str, manifest: dict[str, A
         get_logs=True,
         # The operator's own fields win over the template's, and its default here is "File".
         termination_message_policy=trainer["terminationMessagePolicy"],
-        xcom_sidecar_container_security_context=copy.deepcopy(trainer["securityContext"]),
         env_from=[
             k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.training.credentials_secret))
         ],
@@ -212,22 +204,41 @@ def _pod_operator_kwargs(settings: Settings, task_id: str, manifest: dict[str, A
 
 @functools.cache
 def _training_pod_operator_class() -> type:
-    """KubernetesPodOperator with the XCom sidecar sized for the training namespace (the operator takes the
-    sidecar's resources only from the Kubernetes connection). Built on first use: the provider is a
-    seconds-long import that the local profile's DAG parse should not pay."""
+    """KubernetesPodOperator whose result is what its pod recorded in the pod results table
+    (core/pod_results.py), read once the pod has succeeded, in both the worker's wait and the deferred
+    one's return, and pushed as the task's XCom: no sidecar and no exec (why: core/pod_results.py). Built on
+    first use: the provider is a seconds-long import that the local profile's DAG parse should not pay."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-    from airflow.providers.cncf.kubernetes.utils.xcom_sidecar import PodDefaults
-    from kubernetes.client import models as k8s
 
     class TrainingPodOperator(KubernetesPodOperator):
-        def build_pod_request_obj(self, context=None, *, dry_run: bool = False):
-            pod = super().build_pod_request_obj(context, dry_run=dry_run)
-            for container in pod.spec.containers:
-                if container.name == PodDefaults.SIDECAR_CONTAINER_NAME:
-                    container.resources = k8s.V1ResourceRequirements(
-                        requests=dict(XCOM_SIDECAR_RESOURCES), limits=dict(XCOM_SIDECAR_RESOURCES)
-                    )
-            return pod
+        _result_of: tuple[tuple[str, str], Any] | None = None
+
+        def execute(self, context):
+            super().execute(context)  # deferrable: raises TaskDeferred, unless the pod is already done
+            return self.pod_result(context)
+
+        def trigger_reentry(self, context, event):
+            super().trigger_reentry(context, event)  # raises when the pod failed (or re-defers)
+            return self.pod_result(context)
+
+        def pod_result(self, context) -> Any:
+            """The result the pod this task followed recorded, pushed as the task's return value (the runner
+            pushes none: do_xcom_push is off, so the provider adds no sidecar); its row is then deleted."""
+            from core import pod_results
+            from core.settings import get_settings
+
+            pod = self.pod
+            if pod is None or pod.metadata is None:
+                raise pod_results.PodResultMissingError(f"{self.task_id}: no pod was followed to a result")
+            key = (str(pod.metadata.namespace or self.namespace), str(pod.metadata.name))
+            if self._result_of is not None and self._result_of[0] == key:
+                return self._result_of[1]  # the pod was already done when the task deferred: read once
+            url = get_settings().promotion_ledger_url
+            result = pod_results.read(url, *key)
+            context["ti"].xcom_push(key="return_value", value=result)
+            self._result_of = (key, result)
+            pod_results.forget(url, *key)
+            return result
 
     TrainingPodOperator.__qualname__ = "TrainingPodOperator"  # importable by that name: see __getattr__
     return TrainingPodOperator

@@ -2,12 +2,12 @@
 code `mlops retrain` runs. Its options map one to one onto the KubernetesPodOperator's arguments.
 
 Every command prints its result as one JSON object on the last stdout line; `--xcom-path` also writes it
-where the KubernetesPodOperator's sidecar collects the task's XCom (/airflow/xcom/return.json).
+to a file. In a pod of the cluster profile the result is also recorded for the launching task to read
+(core/pod_results.py: the pod's name and namespace, from the downward API, are the key).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from core.pod_results import emit
 from core.settings import get_settings
 
 app = typer.Typer(
@@ -25,9 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-XcomPath = Annotated[
-    Path | None, typer.Option(help="also write the result JSON here (KubernetesPodOperator XCom)")
-]
+XcomPath = Annotated[Path | None, typer.Option(help="also write the result JSON to this file")]
 DagId = Annotated[str, typer.Option(help="Airflow DAG id, recorded as lineage")]
 DagRunId = Annotated[str, typer.Option(help="Airflow DAG run id, recorded as lineage")]
 
@@ -42,16 +41,8 @@ def main() -> None:
         app()
     except PipelineError as exc:
         typer.echo(f"{type(exc).__name__}: {exc}", err=True)
-        emit({"status": "failed", "error": type(exc).__name__, "message": str(exc)})
+        emit({"status": "failed", "error": type(exc).__name__, "message": str(exc)}, record=False)
         raise SystemExit(EXIT_PIPELINE_ERROR) from None
-
-
-def emit(result: dict, xcom_path: Path | None = None) -> None:
-    line = json.dumps(result, sort_keys=True, default=str)
-    if xcom_path is not None:
-        xcom_path.parent.mkdir(parents=True, exist_ok=True)
-        xcom_path.write_text(line)
-    typer.echo(line)
 
 
 @app.command()

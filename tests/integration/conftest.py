@@ -22,6 +22,26 @@ OVERLAYS_DIR = INFRA / "k8s" / "overlays"
 OVERLAYS = sorted(path.name for path in OVERLAYS_DIR.iterdir() if (path / "kustomization.yaml").exists())
 
 
+POSTGRES = "postgresql+psycopg2://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture
+def postgres_database():
+    """A PostgreSQL database of its own on this machine's server (its SQLAlchemy URL), dropped after."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = f"mlops_t_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(f"{POSTGRES}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    yield f"{POSTGRES}/{name}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
     """A migrated Airflow metadata database (SQLite) in this test session's AIRFLOW_HOME."""

@@ -4,7 +4,6 @@ candidates), with real torch models: a trained one, a weaker one and an untraine
 from __future__ import annotations
 
 import multiprocessing
-import uuid
 from pathlib import Path
 
 import pytest
@@ -185,18 +184,6 @@ def test_rollback_and_promotion_are_compare_and_swap_on_the_champion_they_name(l
 
 
 # --- parallel candidates on PostgreSQL ------------------------------------------------------------------
-
-
-@pytest.fixture
-def postgres_database():
-    name = f"mlops_t_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(f"{POSTGRES}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    yield f"{POSTGRES}/{name}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
-    admin.dispose()
 
 
 def _candidate(uri: str, version: str, barrier, results) -> None:

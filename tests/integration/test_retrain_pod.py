@@ -22,7 +22,6 @@ import pytest
 
 from core.settings import Settings, get_settings
 from orchestration import k8s_contract as contract
-from orchestration.training_task import XCOM_RETURN
 from tests.integration.conftest import OVERLAYS, REPO, find, one, quota_and_limits, schema_errors
 
 DAG_FILE = REPO / "dags" / "retrain_fraud_model.py"
@@ -31,7 +30,7 @@ IMAGE = contract.training_image("registry.example.com", "0.1.0")
 TRAINING_SET_REV = "9c4e2f1a"  # what the training_set task returns as `training_set_rev`
 TRAINING_SET_SECONDS = 12.5  # and as `seconds` (how long it took: logged to the training run)
 RUN_ID = "scheduled__2026-01-05T04:00:00+00:00"
-SIDECAR = "airflow-xcom-sidecar"  # the provider's XCom sidecar container
+SIDECAR = "airflow-xcom-sidecar"  # the provider's XCom sidecar container: not added (results: the database)
 # Names and values that would mean a credential was written into the pod spec instead of read from a Secret.
 SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|ACCESS_KEY|PRIVATE_KEY|API_KEY", re.I)
 SECRET_VALUE = re.compile(r"://[^/@\s:]+:[^/@\s]+@|-----BEGIN|AKIA[0-9A-Z]{16}")
@@ -122,11 +121,17 @@ def trainer(pod: dict[str, Any]) -> dict[str, Any]:
     return containers(pod)[contract.TRAINING_CONTAINER]
 
 
+OWN_METADATA = {"metadata.name"}
+
+
 def credentials_in_the_spec(pod: dict[str, Any], secret: str) -> list[str]:
-    """Every way a container gets a credential other than `envFrom` of the named Secret."""
+    """Every way a container gets a credential other than `envFrom` of the named Secret. The pod's own name
+    through the downward API (a `fieldRef` of its metadata) is not a credential."""
     found = []
     for name, container in containers(pod).items():
         for item in container.get("env") or []:
+            if item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") in OWN_METADATA:
+                continue
             if "valueFrom" in item:
                 found.append(f"{name}: env {item['name']} comes from valueFrom, not envFrom")
             elif SECRET_NAME.search(item["name"]) or SECRET_VALUE.search(item.get("value") or ""):
@@ -144,7 +149,8 @@ def test_train_is_a_deferrable_pod_operator_that_reattaches_returns_its_result_a
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
     assert isinstance(task, KubernetesPodOperator)
-    assert task.do_xcom_push is True
+    # no XCom sidecar (and so no exec to read it): the result comes from the pod results table
+    assert task.do_xcom_push is False
     assert task.on_finish_action.value == "delete_pod"
     assert task.durable is True
     assert task.reattach_on_restart is True
@@ -196,7 +202,7 @@ def test_the_pod_validates_strictly_against_the_kubernetes_schema(infra_tools, p
 def test_the_pod_passes_the_restricted_profile_with_every_container_hardened(pod):
     spec = pod["spec"]
     assert contract.restricted_profile_violations(spec) == []
-    assert set(containers(pod)) == {contract.TRAINING_CONTAINER, SIDECAR}
+    assert set(containers(pod)) == {contract.TRAINING_CONTAINER}  # no XCom sidecar
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert spec["automountServiceAccountToken"] is False
@@ -216,22 +222,6 @@ def test_the_pod_passes_the_restricted_profile_with_every_container_hardened(pod
 def test_the_pod_fits_each_overlays_quota_and_limit_range(rendered, overlay, pod):
     quota, limit_items = quota_and_limits(rendered[overlay])
     assert contract.quota_fit_violations(pod["spec"], quota, limit_items) == []
-
-
-def test_the_unpatched_provider_sidecar_would_be_refused_by_the_namespace(rendered, pod):
-    """The provider's sidecar as it comes (no security context, 1m CPU, 10Mi): the checks must refuse it."""
-    (sidecar,) = [c for c in pod["spec"]["containers"] if c["name"] == SIDECAR]
-    del sidecar["securityContext"]
-    sidecar["resources"] = {"requests": {"cpu": "1m", "memory": "10Mi"}}
-    assert contract.restricted_profile_violations(pod["spec"]) == [
-        f"containers {SIDECAR}: allowPrivilegeEscalation must be set to false",
-        f"containers {SIDECAR}: capabilities.drop must include ALL",
-    ]
-    quota, limit_items = quota_and_limits(rendered["prod"])
-    assert contract.quota_fit_violations(pod["spec"], quota, limit_items) == [
-        f"container {SIDECAR}: requests.cpu is below LimitRange min 100m",
-        f"container {SIDECAR}: requests.memory is below LimitRange min 128Mi",
-    ]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -306,7 +296,7 @@ def test_the_pod_follows_the_environment_at_parse_time(monkeypatch):
 
 def test_credentials_come_only_from_the_secret_through_env_from(pod, settings):
     assert trainer(pod)["envFrom"] == [{"secretRef": {"name": settings.training.credentials_secret}}]
-    assert "envFrom" not in containers(pod)[SIDECAR]
+    assert SIDECAR not in containers(pod)
     assert credentials_in_the_spec(pod, settings.training.credentials_secret) == []
 
 
@@ -317,6 +307,11 @@ def test_credentials_come_only_from_the_secret_through_env_from(pod, settings):
         ([{"name": "MLFLOW_TRACKING_URI", "value": "https://trainer:s3cr3t@mlflow:5000"}], None, "carries"),
         (
             [{"name": "AWS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "k"}}}],
+            None,
+            "comes from valueFrom",
+        ),
+        (
+            [{"name": "TOKEN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['token']"}}}],
             None,
             "comes from valueFrom",
         ),
@@ -394,10 +389,10 @@ def test_the_container_runs_the_training_cli_with_rendered_arguments(pod):
         str(TRAINING_SET_SECONDS),
         "--checkpoint-dir",
         f"/checkpoints/{TRAINING_SET_REV}",
-        "--xcom-path",
-        XCOM_RETURN,
     ]
-    assert XCOM_RETURN == "/airflow/xcom/return.json"
+    # its own name, from the downward API: the key of the result it records
+    identity = {e["name"]: e["valueFrom"]["fieldRef"] for e in container["env"] if "valueFrom" in e}
+    assert identity == {"MLOPS_POD_NAME": {"fieldPath": "metadata.name"}}
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
@@ -416,7 +411,7 @@ def test_the_training_cli_accepts_the_arguments_as_they_are(pod):
     assert params["dag_run_id"] == RUN_ID
     assert params["training_set_seconds"] == TRAINING_SET_SECONDS
     assert params["checkpoint_dir"] == Path(f"/checkpoints/{TRAINING_SET_REV}")
-    assert params["xcom_path"] == Path(XCOM_RETURN)
+    assert params["xcom_path"] is None
 
 
 def test_before_rendering_the_arguments_are_templates_of_the_upstream_xcom(monkeypatch):
@@ -469,11 +464,11 @@ def test_each_step_after_training_is_a_cpu_pod_of_the_training_image_running_the
     from training.cli import app
 
     task, pod = step_pods[step]
-    assert isinstance(task, KubernetesPodOperator) and task.do_xcom_push is True
+    assert isinstance(task, KubernetesPodOperator) and task.do_xcom_push is False
     container = trainer(pod)
     assert container["image"] == settings.training.image == IMAGE
     assert container["command"] == list(contract.TRAINING_COMMAND)
-    assert container["args"] == [*STEP_ARGUMENTS[step], "--xcom-path", XCOM_RETURN]
+    assert container["args"] == STEP_ARGUMENTS[step]
     command = typer.main.get_command(app).commands[step]
     with command.make_context(step, container["args"][1:]):
         pass  # the CLI's own option definitions accept them
@@ -622,3 +617,54 @@ def test_the_deferred_wait_reaches_the_api_server_from_inside_the_cluster(task, 
     assert hook._is_in_cluster is True
     assert hook.client_configuration.host == "https://10.96.0.1:443"
     assert hook.client_configuration.api_key["BearerToken"] == "Bearer service-account-token"
+
+
+class RecordingTaskInstance:
+    """A task instance that keeps what is pushed to XCom."""
+
+    def __init__(self) -> None:
+        self.pushed: list[tuple[str, Any]] = []
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed.append((key, value))
+
+
+def test_the_task_returns_what_its_pod_recorded_once_and_the_row_is_deleted(
+    task, postgres_database, monkeypatch
+):
+    """No sidecar, no exec: in the pod, the training CLI's emit records the result under the pod's own name
+    (the downward API's) and namespace; the operator, once that pod has succeeded, reads the result of the
+    pod it followed, pushes it as the task's return value (the runner does not: do_xcom_push is off) and
+    deletes the row. Another pod's result is never taken: a pod that recorded nothing fails the task, which
+    names it."""
+    from kubernetes.client import models as k8s
+
+    from core import pod_results
+
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_CLUSTER__POSTGRES_DSN", postgres_database.replace("+psycopg2", ""))
+    get_settings.cache_clear()
+    namespace = get_settings().cluster.kubernetes_namespace
+    trained = {"run_id": MLFLOW_RUN, "status": "trained", "training_set_rev": TRAINING_SET_REV}
+    # in the pod: the CLI's last step
+    monkeypatch.setenv(pod_results.POD_NAME_ENV, "fraud-train-7fk2x9")
+    pod_results.emit(trained)
+    monkeypatch.setenv(pod_results.POD_NAME_ENV, "fraud-train-other1")
+    pod_results.emit({"run_id": "another pod's run", "status": "trained"})
+    monkeypatch.delenv(pod_results.POD_NAME_ENV)
+
+    followed = copy.deepcopy(task)
+    followed.pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="fraud-train-7fk2x9", namespace=namespace))
+    ti = RecordingTaskInstance()
+    assert followed.pod_result({"ti": ti}) == trained
+    # the deferral found the pod already done and returned through trigger_reentry: read and pushed once
+    assert followed.pod_result({"ti": ti}) == trained
+    assert ti.pushed == [("return_value", trained)]
+    with pytest.raises(pod_results.PodResultMissingError, match=f"{namespace}/fraud-train-7fk2x9"):
+        pod_results.read(get_settings().promotion_ledger_url, namespace, "fraud-train-7fk2x9")  # deleted
+
+    retried = copy.deepcopy(task)  # a retry's new pod, which failed before recording anything
+    retried.pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="fraud-train-q8w2m1", namespace=namespace))
+    with pytest.raises(pod_results.PodResultMissingError, match="fraud-train-q8w2m1 finished without"):
+        retried.pod_result({"ti": RecordingTaskInstance()})
+    get_settings.cache_clear()

@@ -5,14 +5,16 @@ the pod spec is the one KubernetesPodOperator renders for the DAG's `train` task
 (test_retrain_pod.py renders the same); `podman kube play` runs that spec: its Secret (made with `podman
 secret create`), its claims (podman volumes of the claims' names: the shared volume bound to a folder that
 holds a DVC-versioned training set, and the checkpoint claim), its security context (uid, read-only root),
-and the XCom sidecar. MLflow is a real tracking server on this machine with basic auth and proxied artifacts
+and its own name through the downward API. No XCom sidecar: the pod records its result in the pod results
+table of the promotion history's PostgreSQL database (core/pod_results.py), read back with the operator's
+own call. MLflow is a real tracking server on this machine with basic auth and proxied artifacts
 (`--serve-artifacts`), so the pod uploads its model over HTTP with no storage credentials. (MLflow's basic
 auth needs its `auth` extra, which the lock does not carry; the Secret's values are checked in the
 container's environment instead.)
 
-What the spec is changed in before it is played, and why (each is checked on the YAML instead, by
-test_retrain_pod.py and test_infra_k8s.py): the XCom sidecar's image is the local base (no registry here);
-CPU and memory limits are capped to this machine (podman refuses limits above the host's CPUs).
+What the spec is changed in before it is played, and why (it is checked on the YAML instead, by
+test_retrain_pod.py and test_infra_k8s.py): CPU and memory limits are capped to this machine (podman refuses
+limits above the host's CPUs).
 `podman kube play` ignores runAsNonRoot, seccomp, scheduling fields and GPU resources.
 """
 
@@ -29,6 +31,7 @@ import sys
 import pytest
 import yaml
 
+from core import pod_results
 from core.settings import Settings, get_settings
 from orchestration import k8s_contract as contract
 from tests.conftest import free_port, wait_for
@@ -39,7 +42,6 @@ from tests.integration.training_sets import AS_OF, versioned_training_set
 pytestmark = pytest.mark.integration
 
 IMAGE = podman.PROJECT_IMAGES["training_image"][1]
-SIDECAR = "airflow-xcom-sidecar"
 # The Secret's keys (infra/README.md): the MLflow client's login and the promotion history's DSN.
 SECRET_VALUES = {
     "MLFLOW_TRACKING_USERNAME": "trainer",
@@ -105,16 +107,14 @@ def shared_volume(tmp_path_factory) -> tuple[Settings, str]:
 
 
 def _podman_yaml(pod: dict, base: str) -> dict:
-    """The operator's pod, with the two changes the module docstring names."""
+    """The operator's pod, with the change the module docstring names."""
     pod = json.loads(json.dumps(pod))
     for container in pod["spec"]["containers"]:
-        if container["name"] == SIDECAR:
-            container["image"] = base
         for kind in ("requests", "limits"):
             amounts = container.get("resources", {}).get(kind, {})
             if "cpu" in amounts:
                 amounts["cpu"] = "1"
-            if "memory" in amounts and container["name"] != SIDECAR:
+            if "memory" in amounts:
                 amounts["memory"] = "4Gi"
     return pod
 
@@ -182,6 +182,7 @@ def cluster(training_image, mlflow_server, shared_volume, ledger_dsn, tmp_path_f
         yield {
             "env": env, "work": work, "pods": pods, "settings": settings, "rev": rev, "commit": commit,
             "image": image, "url": url, "artifacts": artifacts, "checkpoints": checkpoints, "secret": values,
+            "results_url": ledger_dsn.replace("postgresql://", "postgresql+psycopg2://", 1),
         }  # fmt: skip
     finally:
         for name in pods:
@@ -217,12 +218,15 @@ def _play(cluster: dict, pod: dict) -> dict:
     waited = podman.run(["wait", trainer], timeout=900)
     logs = podman.run(["logs", trainer])
     inspect = json.loads(podman.run(["inspect", trainer]).stdout)[0]
-    # What the operator does once the base container is done: read the file through the sidecar.
-    xcom = podman.run(["exec", f"{name}-{SIDECAR}", "cat", "/airflow/xcom/return.json"])
+    # What the operator does once the pod has succeeded: read the result the pod it followed recorded.
+    try:
+        result = pod_results.read(cluster["results_url"], pod["metadata"]["namespace"], name)
+    except pod_results.PodResultMissingError:
+        result = None
     podman.run(["pod", "rm", "--force", name])
     return {
         "pod": pod, "exit": waited.stdout.strip(), "logs": logs.stdout + logs.stderr, "inspect": inspect,
-        "xcom": xcom, "result": json.loads(xcom.stdout) if xcom.returncode == 0 else None,
+        "result": result,
     }  # fmt: skip
 
 
@@ -271,9 +275,10 @@ def test_it_runs_as_uid_10001_with_a_read_only_root_and_a_read_only_shared_volum
     assert {p.stat().st_uid for p in written} == {contract.TRAINING_UID}
 
 
-def test_the_run_id_comes_back_through_the_xcom_file(played):
-    assert played["xcom"].returncode == 0, played["xcom"].stderr
-    result = json.loads(played["xcom"].stdout)
+def test_the_run_id_comes_back_through_the_pod_results_table(played):
+    """Recorded under the pod's own name, which the downward API gave it: what the operator reads."""
+    result = played["result"]
+    assert result is not None, played["logs"][-4000:]
     assert result["status"] == "trained"
     assert result["training_set_rev"] == played["rev"]
     assert result["run_id"]
@@ -282,7 +287,7 @@ def test_the_run_id_comes_back_through_the_xcom_file(played):
 def test_the_run_is_in_mlflow_with_its_lineage_and_its_model_uploaded_over_http(played, monkeypatch):
     from mlflow import MlflowClient
 
-    run_id = json.loads(played["xcom"].stdout)["run_id"]
+    run_id = played["result"]["run_id"]
     client = MlflowClient(tracking_uri=played["url"], registry_uri=played["url"])
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"

@@ -12,7 +12,7 @@ import pytest
 
 from core.settings import get_settings
 from orchestration import k8s_contract as contract
-from orchestration.training_task import CHECKPOINT_MOUNT, XCOM_RETURN
+from orchestration.training_task import CHECKPOINT_MOUNT
 from tests.integration.conftest import REPO, schema_errors
 
 DAG_FILE = REPO / "dags" / "tune_fraud_model.py"
@@ -106,7 +106,7 @@ def test_the_training_cli_accepts_each_trial_and_study_pods_arguments(dag, trial
         params = parsed(pod["spec"]["containers"][0]["args"])
         assert params["study"] == STUDY and params["slot"] == slot
         assert params["checkpoint_dir"] == Path(f"{CHECKPOINT_MOUNT}/tuning")
-        assert params["xcom_path"] == Path(XCOM_RETURN)
+        assert params["xcom_path"] is None  # the result goes to the pod results table
     start = parsed(_pod(dag.get_task("start_study"), dag)["spec"]["containers"][0]["args"])
     assert start["as_of"] == "2026-01-03" and start["training_set_rev"] == "9c4e2f1a"
     finish = parsed(_pod(dag.get_task("finish_study"), dag)["spec"]["containers"][0]["args"])
