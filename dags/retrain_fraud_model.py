@@ -81,6 +81,8 @@ DEFAULT_ARGS = {
 }
 TRAINING_SET_REV = "{{ ti.xcom_pull(task_ids='training_set')['training_set_rev'] }}"
 RUN_ID = "{{ ti.xcom_pull(task_ids='train')['run_id'] }}"
+# The image the train pod ran, by digest, as its node reported it (orchestration/training_task.py).
+IMAGE_ID = "{{ ti.xcom_pull(task_ids='train').get('image_id', '') }}"
 MODEL_VERSION = "{{ ti.xcom_pull(task_ids='register')['model_version'] }}"
 
 with DAG(
@@ -182,7 +184,7 @@ with DAG(
         )
         trained = training_pod_operator(settings, TRAINING_SET_REV, retries=2)
         evaluated = step_pod_operator(settings, "evaluate", ["--run-id", RUN_ID])
-        registered = step_pod_operator(settings, "register", ["--run-id", RUN_ID])
+        registered = step_pod_operator(settings, "register", ["--run-id", RUN_ID, "--image-id", IMAGE_ID])
         decision = step_pod_operator(
             settings,
             "promote",

@@ -202,6 +202,15 @@ def _pod_operator_kwargs(settings: Settings, task_id: str, manifest: dict[str, A
     )
 
 
+def container_image_id(pod: Any, container: str) -> str | None:
+    """The image id the node reported for `container` of `pod` (its status), e.g. `repo@sha256:...`."""
+    statuses = getattr(getattr(pod, "status", None), "container_statuses", None) or []
+    for status in statuses:
+        if status.name == container and status.image_id:
+            return str(status.image_id)
+    return None
+
+
 @functools.cache
 def _training_pod_operator_class() -> type:
     """KubernetesPodOperator whose result is what its pod recorded in the pod results table
@@ -235,6 +244,12 @@ def _training_pod_operator_class() -> type:
                 return self._result_of[1]  # the pod was already done when the task deferred: read once
             url = get_settings().promotion_ledger_url
             result = pod_results.read(url, *key)
+            # What ran, as the node reported it: the image by digest (the tag can be pushed again).
+            image_id = container_image_id(
+                pod if pod.status else getattr(self, "remote_pod", None), self.base_container_name
+            )
+            if image_id and isinstance(result, dict):
+                result = {**result, "image_id": image_id}
             context["ti"].xcom_push(key="return_value", value=result)
             self._result_of = (key, result)
             pod_results.forget(url, *key)

@@ -130,11 +130,17 @@ def evaluate(run_id: Annotated[str, typer.Option(help="MLflow run id")], xcom_pa
 
 
 @app.command()
-def register(run_id: Annotated[str, typer.Option(help="MLflow run id")], xcom_path: XcomPath = None) -> None:
+def register(
+    run_id: Annotated[str, typer.Option(help="MLflow run id")],
+    image_id: Annotated[
+        str, typer.Option(help="the image the training pod ran, as its node reported it (repo@sha256:...)")
+    ] = "",
+    xcom_path: XcomPath = None,
+) -> None:
     """Register the run's model as a new version of fraud-detector."""
     from training import steps
 
-    emit(steps.register(get_settings(), run_id), xcom_path)
+    emit(steps.register(get_settings(), run_id, image_id), xcom_path)
 
 
 @app.command()

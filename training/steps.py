@@ -260,13 +260,34 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     return {"run_id": run_id, "training_set_rev": holdout.rev, "holdout": values}
 
 
+def image_digest(image_id: str) -> str | None:
+    """The `sha256:...` digest in a container's image id as Kubernetes reports it (`docker-pullable://repo@
+    sha256:...`, `repo@sha256:...`, or `sha256:...` for an image the node has by id only); None if none."""
+    digest = image_id.rsplit("@", 1)[-1].rsplit("://", 1)[-1]
+    kind, _, value = digest.partition(":")
+    return (
+        digest
+        if kind == "sha256" and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+        else None
+    )
+
+
 @_timed("register", lambda settings, result: result["run_id"])
-def register(settings: Settings, run_id: str) -> dict:
-    """Register the run's model as a new version of `fraud-detector`."""
+def register(settings: Settings, run_id: str, image_id: str = "") -> dict:
+    """Register the run's model as a new version of `fraud-detector`. `image_id`: the image the training
+    pod ran, as its node reported it (`repository@sha256:...`, the launching task's XCom), recorded on the
+    run and the version as `lineage.image_id`, with its digest as `lineage.image_digest`: the tag alone
+    (`lineage.image`) can be pushed again with other contents."""
     import mlflow
 
     configure(settings)
-    run = mlflow.MlflowClient().get_run(run_id)
+    client = mlflow.MlflowClient()
+    if image_id:
+        client.set_tag(run_id, "lineage.image_id", image_id)
+        digest = image_digest(image_id)
+        if digest:
+            client.set_tag(run_id, "lineage.image_digest", digest)
+    run = client.get_run(run_id)
     tags = {k: v for k, v in run.data.tags.items() if k.startswith("lineage.")}
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     version = registry.register(run_id, MODEL_ARTIFACT, tags={**tags, "run_id": run_id})

@@ -38,6 +38,8 @@ SECRET_VALUE = re.compile(r"://[^/@\s:]+:[^/@\s]+@|-----BEGIN|AKIA[0-9A-Z]{16}")
 
 MLFLOW_RUN = "0f3a9c1d2e4b"  # what `train` returns as `run_id`
 MODEL_VERSION = "7"  # what `register` returns as `model_version`
+# what `train` returns as `image_id`: the image its pod ran, as the node reported it
+IMAGE_ID = "registry.example.com/mlops-fraud-training@sha256:" + "5e" * 32
 PARAMS = {"as_of": "", "force": False}  # the retrain DAG's params of a run that set none
 TRIGGERED_BY = "ml-engineer"  # the user who triggered the run (the gate records it: they may not approve)
 
@@ -48,7 +50,7 @@ class StandInTaskInstance:
     def xcom_pull(self, task_ids: str) -> dict[str, str]:
         answers = {
             "training_set": {"training_set_rev": TRAINING_SET_REV, "seconds": TRAINING_SET_SECONDS},
-            "train": {"run_id": MLFLOW_RUN},
+            "train": {"run_id": MLFLOW_RUN, "image_id": IMAGE_ID},
             "register": {"model_version": MODEL_VERSION},
         }
         assert task_ids in answers, task_ids
@@ -426,7 +428,7 @@ def test_before_rendering_the_arguments_are_templates_of_the_upstream_xcom(monke
 
 STEP_ARGUMENTS = {
     "evaluate": ["evaluate", "--run-id", MLFLOW_RUN],
-    "register": ["register", "--run-id", MLFLOW_RUN],
+    "register": ["register", "--run-id", MLFLOW_RUN, "--image-id", IMAGE_ID],
     "promote": [
         "promote",
         "--version",
@@ -654,12 +656,20 @@ def test_the_task_returns_what_its_pod_recorded_once_and_the_row_is_deleted(
     monkeypatch.delenv(pod_results.POD_NAME_ENV)
 
     followed = copy.deepcopy(task)
-    followed.pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="fraud-train-7fk2x9", namespace=namespace))
+    ran = k8s.V1ContainerStatus(
+        name=contract.TRAINING_CONTAINER, image=IMAGE, image_id=IMAGE_ID, ready=False, restart_count=0
+    )
+    followed.pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="fraud-train-7fk2x9", namespace=namespace),
+        status=k8s.V1PodStatus(phase="Succeeded", container_statuses=[ran]),
+    )
     ti = RecordingTaskInstance()
-    assert followed.pod_result({"ti": ti}) == trained
+    # with the image the node ran, by digest, for the model's lineage (register's --image-id)
+    returned = {**trained, "image_id": IMAGE_ID}
+    assert followed.pod_result({"ti": ti}) == returned
     # the deferral found the pod already done and returned through trigger_reentry: read and pushed once
-    assert followed.pod_result({"ti": ti}) == trained
-    assert ti.pushed == [("return_value", trained)]
+    assert followed.pod_result({"ti": ti}) == returned
+    assert ti.pushed == [("return_value", returned)]
     with pytest.raises(pod_results.PodResultMissingError, match=f"{namespace}/fraud-train-7fk2x9"):
         pod_results.read(get_settings().promotion_ledger_url, namespace, "fraud-train-7fk2x9")  # deleted
 

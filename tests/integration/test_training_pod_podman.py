@@ -238,7 +238,11 @@ def played(cluster):
     before = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
     outcome = _play(cluster, pod)
     after = sorted(str(p.relative_to(settings.home)) for p in settings.home.rglob("*"))
-    return {**cluster, **outcome, "home_before": before, "home_after": after}
+    # The image the node ran, as a kubelet reports it in the pod's status (`repository@sha256:...`): what
+    # the operator adds to train's result for register's --image-id.
+    inspect = outcome["inspect"]
+    image_id = f"{inspect['ImageName'].rsplit(':', 1)[0]}@{inspect['ImageDigest']}"
+    return {**cluster, **outcome, "home_before": before, "home_after": after, "image_id": image_id}
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +254,9 @@ def steps_played(cluster, played):
     outcomes: dict[str, dict] = {}
     version = ""
     for step in ("evaluate", "register", "promote", "export"):
-        pod, _ = _render(step, cluster["env"], MLFLOW_RUN=run_id, MODEL_VERSION=version)
+        pod, _ = _render(
+            step, cluster["env"], MLFLOW_RUN=run_id, MODEL_VERSION=version, IMAGE_ID=played["image_id"]
+        )
         outcomes[step] = _play(cluster, pod)
         assert outcomes[step]["exit"] == "0", f"{step}:\n{outcomes[step]['logs'][-6000:]}"
         if step == "register":
@@ -341,3 +347,19 @@ def test_the_steps_after_training_run_as_pods_of_the_training_image_up_to_a_cham
     assert client.get_model_version_by_alias("fraud-detector", "champion").version == version
     metrics = client.get_run(run_id).data.metrics
     assert "onnx_parity_max_abs_diff" in metrics
+
+
+def test_the_model_version_records_the_image_the_pod_ran_by_digest(steps_played, played):
+    """The tag names an image that can be pushed again; the digest podman reports names what ran."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=played["url"], registry_uri=played["url"])
+    version = str(steps_played["register"]["result"]["model_version"])
+    tags = client.get_model_version("fraud-detector", version).tags
+    assert played["inspect"]["ImageDigest"].startswith("sha256:")
+    assert tags["lineage.image_digest"] == played["inspect"]["ImageDigest"]
+    assert tags["lineage.image_id"] == played["image_id"]
+    assert (
+        client.get_run(played["result"]["run_id"]).data.tags["lineage.image_digest"]
+        == tags["lineage.image_digest"]
+    )
