@@ -27,6 +27,13 @@ class Profile(StrEnum):
     CLUSTER = "cluster"
 
 
+def web_address(setting: str, url: str | None) -> str | None:
+    """An http(s) URL setting: None when empty; a clear error naming the setting otherwise."""
+    if url and not url.startswith(("http://", "https://")):
+        raise ValueError(f"{setting} must be an http:// or https:// URL, not {url!r}")
+    return url or None
+
+
 class ClusterServices(BaseModel):
     """Addresses of the services the cluster profile uses (defaults: the services on this machine)."""
 
@@ -291,9 +298,7 @@ class AlertSettings(BaseModel):
     @field_validator("webhook_url")
     @classmethod
     def _http_only(cls, url: str | None) -> str | None:
-        if url and not url.startswith(("http://", "https://")):
-            raise ValueError(f"alerts.webhook_url must be an http:// or https:// URL, not {url!r}")
-        return url or None
+        return web_address("alerts.webhook_url", url)
 
 
 class Settings(BaseSettings):
@@ -325,9 +330,7 @@ class Settings(BaseSettings):
     @field_validator("mlflow_ui_url")
     @classmethod
     def _a_web_address(cls, url: str | None) -> str | None:
-        if url and not url.startswith(("http://", "https://")):
-            raise ValueError(f"mlflow_ui_url must be an http:// or https:// URL, not {url!r}")
-        return url or None
+        return web_address("mlflow_ui_url", url)
 
     ingest: IngestSettings = IngestSettings()
     training: TrainingSettings = TrainingSettings()
