@@ -204,3 +204,16 @@ def test_settings_written_out_as_environment_are_read_back_the_same_in_another_p
     assert read_back == expected
     assert read_back["training"]["node_selector"] == {"pool": "a100"}
     assert read_back["ingest"]["ignore_files"] == ["*.md5", ".*"]
+
+
+@pytest.mark.parametrize(("name", "variable"), [("mlflow_ui_url", "MLOPS_MLFLOW_UI_URL"),
+                                                ("alerts.webhook_url", "MLOPS_ALERTS__WEBHOOK_URL")])  # fmt: skip
+def test_a_url_setting_takes_only_a_web_address_and_empty_means_unset(monkeypatch, name, variable):
+    monkeypatch.setenv(variable, "sqlite:///mlflow.db")
+    with pytest.raises(ValidationError, match=f"{name} must be an http:// or https:// URL"):
+        Settings()
+    monkeypatch.setenv(variable, "")
+    settings = Settings()
+    assert (settings.mlflow_ui_url if name == "mlflow_ui_url" else settings.alerts.webhook_url) is None
+    monkeypatch.setenv(variable, "https://mlflow.example.com")
+    assert "https://mlflow.example.com" in {Settings().mlflow_ui_url, Settings().alerts.webhook_url}
