@@ -206,8 +206,10 @@ def test_settings_written_out_as_environment_are_read_back_the_same_in_another_p
     assert read_back["ingest"]["ignore_files"] == ["*.md5", ".*"]
 
 
-@pytest.mark.parametrize(("name", "variable"), [("mlflow_ui_url", "MLOPS_MLFLOW_UI_URL"),
-                                                ("alerts.webhook_url", "MLOPS_ALERTS__WEBHOOK_URL")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "variable"),
+    [("mlflow_ui_url", "MLOPS_MLFLOW_UI_URL"), ("alerts.webhook_url", "MLOPS_ALERTS__WEBHOOK_URL")],
+)
 def test_a_url_setting_takes_only_a_web_address_and_empty_means_unset(monkeypatch, name, variable):
     monkeypatch.setenv(variable, "sqlite:///mlflow.db")
     with pytest.raises(ValidationError, match=f"{name} must be an http:// or https:// URL"):
