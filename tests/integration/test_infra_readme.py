@@ -137,7 +137,8 @@ def known_names(objects) -> set[str]:
     names |= {name for _, name in secret_references(objects)}
     names |= set(contract.DATA_VOLUMES.values()) | {contract.DATA_CLAIM, contract.MLFLOW_ARTIFACTS_SUBPATH}
     names |= {contract.TRAINING_IMAGE_REPOSITORY, contract.AIRFLOW_IMAGE_REPOSITORY}
-    names |= {VALUES["workers"]["serviceAccount"]["name"], TrainingSettings().checkpoint_claim}
+    names |= {VALUES[component]["serviceAccount"]["name"] for component in ("workers", "triggerer")}
+    names |= {TrainingSettings().checkpoint_claim}
     return names
 
 
@@ -224,14 +225,17 @@ def test_every_name_the_storage_and_deploy_steps_give_exists(rendered, overlay):
 
 
 # Variables the code reads directly, not settings: each must still be read where this says.
-CODE_VARIABLES = {"MLOPS_GIT_COMMIT": REPO / "training" / "tracking.py"}
+CODE_VARIABLES = {
+    "MLOPS_GIT_COMMIT": REPO / "training" / "tracking.py",
+    "MLOPS_POD_NAME": REPO / "core" / "pod_results.py",  # the downward API's: a pod's own name
+}
 
 
 def test_every_mlops_variable_the_readme_names_is_a_setting_or_read_by_the_code():
     named = set(re.findall(r"\bMLOPS_[A-Z0-9_]+\b", README))
     assert "MLOPS_CLUSTER__POSTGRES_DSN" in named
     for variable, reader in CODE_VARIABLES.items():
-        assert f'os.environ.get("{variable}")' in reader.read_text(), f"{reader} no longer reads {variable}"
+        assert f'"{variable}"' in reader.read_text(), f"{reader} no longer reads {variable}"
     assert named - set(setting_env_names()) - set(CODE_VARIABLES) == set()
 
 
