@@ -34,10 +34,13 @@ def test_up_again_starts_nothing_and_prints_the_same_urls_and_login(demo_stack):
     assert {name: (run / f"{name}.pid").read_text() for name in STACK} == pids
     assert f"Airflow:  {demo_stack.airflow_url}" in again.stdout
     assert f"MLflow:   {demo_stack.mlflow_url}" in again.stdout
-    assert re.search(r"login: (\S+) / (\S+);", again.stdout).groups() == (
-        demo_stack.username,
-        demo_stack.password,
+    # every user's login, the pipeline's first, then the approver's (scripts/up.sh)
+    logins = re.search(r"login: ([^;]+);", again.stdout)
+    assert logins, again.stdout
+    assert logins.group(1) == ", ".join(
+        f"{user} / {password}" for user, password in demo_stack.passwords.items()
     )
+    assert list(demo_stack.passwords) == [demo_stack.username, "risk-officer"]
     health = httpx.get(f"{demo_stack.mlflow_url}/health")
     assert (health.status_code, health.text) == (200, "OK")
 
