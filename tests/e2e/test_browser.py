@@ -1,8 +1,10 @@
 """The UIs in a real browser: Debian's chromium, headless, driven by Selenium through Debian's chromedriver
 (Selenium Manager is never asked to download anything). On the shared `demo_stack`: Airflow's UI, reached
 through its login page, lists the DAGs with no import error and shows the demo's retrain run as
-successful; MLflow's UI shows the registered model `fraud-detector` with its `champion` alias. Screenshots
-are saved under the artifacts folder (see conftest.py) whether the checks pass or not."""
+successful; MLflow's UI shows the registered model `fraud-detector` with its `champion` alias; and a
+retrain that asks for a sign-off is approved by a second person in Airflow's Required Actions (last on the
+stack: it moves the champion). Screenshots are saved under the artifacts folder (see conftest.py) whether
+the checks pass or not."""
 
 from __future__ import annotations
 
