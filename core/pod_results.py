@@ -47,7 +47,10 @@ def _table() -> sa.Table:
     )
 
 
+@functools.cache
 def _engine(url: str) -> sa.Engine:
+    """One engine a database for the process (no pool: a pod writes once, a task reads once), the table
+    made on first use rather than on every read and write."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
@@ -64,32 +67,24 @@ def write(url: str, namespace: str, pod: str, result: dict[str, Any]) -> None:
     """Record the result of `namespace`/`pod` (again: the last write wins)."""
     import sqlalchemy as sa
 
-    engine = _engine(url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(sa.delete(_table()).where(_key(namespace, pod)))
-            connection.execute(
-                sa.insert(_table()).values(
-                    namespace=namespace,
-                    pod=pod,
-                    result=json.dumps(result, sort_keys=True, default=str),
-                    written_at=datetime.now(UTC).isoformat(),
-                )
+    with _engine(url).begin() as connection:
+        connection.execute(sa.delete(_table()).where(_key(namespace, pod)))
+        connection.execute(
+            sa.insert(_table()).values(
+                namespace=namespace,
+                pod=pod,
+                result=json.dumps(result, sort_keys=True, default=str),
+                written_at=datetime.now(UTC).isoformat(),
             )
-    finally:
-        engine.dispose()
+        )
 
 
 def read(url: str, namespace: str, pod: str) -> dict[str, Any]:
     """The result `namespace`/`pod` recorded; PodResultMissingError if it recorded none."""
     import sqlalchemy as sa
 
-    engine = _engine(url)
-    try:
-        with engine.connect() as connection:
-            row = connection.execute(sa.select(_table().c.result).where(_key(namespace, pod))).first()
-    finally:
-        engine.dispose()
+    with _engine(url).connect() as connection:
+        row = connection.execute(sa.select(_table().c.result).where(_key(namespace, pod))).first()
     if row is None:
         raise PodResultMissingError(
             f"pod {namespace}/{pod} finished without recording its result in the {TABLE} table of "
@@ -102,12 +97,8 @@ def forget(url: str, namespace: str, pod: str) -> None:
     """Delete the row of `namespace`/`pod` (its result is in XCom now)."""
     import sqlalchemy as sa
 
-    engine = _engine(url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(sa.delete(_table()).where(_key(namespace, pod)))
-    finally:
-        engine.dispose()
+    with _engine(url).begin() as connection:
+        connection.execute(sa.delete(_table()).where(_key(namespace, pod)))
 
 
 def emit(result: dict[str, Any], xcom_path: Path | None = None, *, record: bool = True) -> None:

@@ -8,12 +8,10 @@ the checks pass or not."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,7 +21,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.conftest import machine_lock, wait_for
-from tests.e2e.conftest import DAG_IDS, DEMO_DATES, at_most_every
+from tests.e2e.conftest import DAG_IDS, DEMO_DATES, at_most_every, mlops_json
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -149,16 +147,6 @@ def _champion(demo_stack) -> str:
     return answer.json()["model_version"]["version"]
 
 
-def _mlops(demo_stack, *arguments: str) -> dict:
-    """`mlops ARGUMENTS --json` against the stack's installation: its last line, parsed."""
-    mlops = str(Path(sys.executable).with_name("mlops"))
-    done = subprocess.run(
-        [mlops, *arguments, "--json"], env=demo_stack.env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, f"mlops {' '.join(arguments)}: {done.stderr[-3000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _log_in_to_airflow(driver, demo_stack, user: str | None = None) -> None:
     from selenium.webdriver.common.by import By
 
@@ -237,7 +225,7 @@ def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_i
     champion = _champion(demo_stack)
     first = promoted[0]["model_version"]
     why = "e2e: the first champion back, so the last day's model is a candidate again"
-    moved = _mlops(demo_stack, "promote", "--version", first, "--expect", champion, "--reason", why)
+    moved = mlops_json(demo_stack, "promote", "--version", first, "--expect", champion, "--reason", why)
     assert moved["decision"] == "promoted" and _champion(demo_stack) == first, moved
 
     api = AirflowAPI(demo_stack.airflow_url, demo_stack.username, demo_stack.password)
@@ -285,7 +273,7 @@ def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_i
     recorded = api.xcom(APPROVE, approval_run.run_id, "record_decision")
     assert recorded["decision"] == "promoted" and recorded["model_version"] == candidate, recorded
     assert _champion(demo_stack) == candidate
-    history = _mlops(demo_stack, "history")["history"]
+    history = mlops_json(demo_stack, "history")["history"]
     row = [r for r in history if r["candidate_version"] == candidate and r["decided_by"]][-1]
     assert (row["decided_by"], row["comment"], row["triggered_by"]) == (APPROVER, comment, "admin"), row
     browser.get(

@@ -4,33 +4,19 @@ its parameters, says so, and still goes through the gate."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import mlflow
 import pytest
 
-from tests.e2e.conftest import DEMO_DATES
+from tests.e2e.conftest import DEMO_DATES, mlops_json
 from tests.gate_rule import decision_by_auc_pr
 from training.registry import GatePolicy
 
 pytestmark = pytest.mark.e2e
 
 
-def _mlops(demo_stack, *arguments: str) -> dict:
-    mlops = str(Path(sys.executable).with_name("mlops"))
-    done = subprocess.run(
-        [mlops, *arguments, "--json"], env=demo_stack.env, capture_output=True, text=True, timeout=1800
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def tuned(demo_stack) -> dict:
-    return _mlops(demo_stack, "tune", "--date", DEMO_DATES[-1].isoformat())
+    return mlops_json(demo_stack, "tune", "--date", DEMO_DATES[-1].isoformat())
 
 
 def test_the_study_ran_its_trials_as_parallel_mapped_tasks_and_recorded_the_best(tuned, demo_stack):
@@ -55,7 +41,7 @@ def test_the_study_ran_its_trials_as_parallel_mapped_tasks_and_recorded_the_best
 
 
 def test_the_next_retrain_trains_with_the_best_trial_and_goes_through_the_gate(tuned, demo_stack):
-    retrained = _mlops(demo_stack, "retrain", "--date", DEMO_DATES[-1].isoformat(), "--epochs", "1")
+    retrained = mlops_json(demo_stack, "retrain", "--date", DEMO_DATES[-1].isoformat(), "--epochs", "1")
     assert retrained["status"] == "ok"
     # the gate's rule on the AUC-PRs it recorded: this candidate against whichever version is champion now
     policy = GatePolicy(floor=float(demo_stack.env["MLOPS_GATE__FLOOR"]))

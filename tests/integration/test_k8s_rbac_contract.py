@@ -43,7 +43,6 @@ import itertools
 import json
 import re
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -141,6 +140,7 @@ class FakeKubeApi:
     hold_for_events: dict[tuple[str, str], int] = field(default_factory=dict)
     events_read: set[tuple[str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    closing: threading.Event = field(default_factory=threading.Event)  # set when the server stops
     versions: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
 
     @contextmanager
@@ -224,9 +224,10 @@ class FakeKubeApi:
                 with self.lock:
                     self.events_read.add((namespace, selector.split("=", 1)[1]))
             if watching:
-                # A watch that sees no event before its timeoutSeconds ends with an empty body; waiting a
-                # little keeps a client that reconnects at once from spinning.
-                time.sleep(min(float(query.get("timeoutSeconds", ["1"])[0]), 0.2))
+                # A watch that sees no event before its timeoutSeconds ends with an empty body: it stays
+                # open that long (at most 0.2 s here, so a client that reconnects does not spin), or until
+                # the server stops.
+                self.closing.wait(min(float(query.get("timeoutSeconds", ["1"])[0]), 0.2))
                 return 200, b""
             rv = str(next(self.versions))
             return 200, {
@@ -330,6 +331,7 @@ def serving(api: FakeKubeApi) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        api.closing.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)

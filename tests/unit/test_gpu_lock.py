@@ -4,6 +4,7 @@ must agree, and the image must install and check what the GPU lock names."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -12,12 +13,12 @@ LINE = re.compile(r"^(?P<name>[a-z0-9-]+)==(?P<version>\S+) --hash=sha256:(?P<di
 
 
 def _pins(path: Path) -> dict[str, str]:
-    found = {}
-    for line in path.read_text().splitlines():
-        if "==" in line and not line.startswith("#"):
-            name, version = line.split(" ", 1)[0].split("==")
-            found[name.lower().replace("_", "-")] = version
-    return found
+    """The lock's pins, read as `make lock-gpu` reads them (scripts/lock_gpu.py pins)."""
+    spec = importlib.util.spec_from_file_location("lock_gpu", REPO / "scripts" / "lock_gpu.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.pins(path)
 
 
 def _gpu_lock() -> tuple[str, dict[str, re.Match]]:
