@@ -57,8 +57,9 @@ def tier_of(nodeid: str) -> str:
 # node id to carry them, which pytest 9.2's node ids no longer allow, so they are silently ignored.
 SHARED_SETUPS = {
     "demo_stack": "e2e-demo-stack",  # tests/e2e/conftest.py: `mlops demo` through Airflow, once per run
-    "airflow_image": "podman-images",  # tests/integration/podman.py: both project images built at once
+    "airflow_image": "podman-images",  # tests/integration/podman.py: the project images, built at once
     "training_image": "podman-images",
+    "serving_image": "podman-images",
 }
 # The first test of a shared set-up's group pays for the set-up in its own time: a test timeout that fits it
 # on a busy machine (the e2e stack's own is set in tests/e2e/conftest.py).

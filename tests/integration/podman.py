@@ -190,6 +190,11 @@ PROJECT_IMAGES = {
         "localhost/mlops-fraud-training:podman-test",
         ("BASE_IMAGE", "UV_IMAGE"),
     ),
+    "serving_image": (
+        "infra/docker/serving.Dockerfile",
+        "localhost/mlops-fraud-scoring:podman-test",
+        ("BASE_IMAGE",),
+    ),
 }
 _builds: dict[str, Future] = {}
 _pool = ThreadPoolExecutor(max_workers=len(PROJECT_IMAGES), thread_name_prefix="podman-build")
