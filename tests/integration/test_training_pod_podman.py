@@ -50,6 +50,7 @@ pytestmark = pytest.mark.integration
 
 IMAGE = podman.PROJECT_IMAGES["training_image"][1]
 RETRAIN_DAG, TUNE_DAG, MONITOR_DAG = "retrain_fraud_model", "tune_fraud_model", "monitor_fraud_model"
+APPROVE_DAG = "approve_fraud_model"
 RUN_ID = "manual__2026-03-02T00:00:00+00:00"
 TRIGGERED_BY = "admin"
 # The Secret's keys (infra/README.md): the MLflow client's login and the promotion history's DSN.
@@ -218,10 +219,12 @@ def _render(
     answers: dict[str, object],
     dag_id: str = RETRAIN_DAG,
     map_index: int = 0,
+    params: dict[str, object] | None = None,
 ) -> tuple[dict, Settings]:
     """The pod of `dag_id`'s task `task_id` as the operator renders it when the DAG file is parsed under the
     cluster profile with `env`: templates rendered with the DAG's params at their defaults and the upstream
-    XComs `answers`, then the operator's own pod builder (a mapped task: its `map_index`-th expansion)."""
+    XComs `answers` (the DAG's params at their defaults but those in `params`), then the operator's own pod
+    builder (a mapped task: its `map_index`-th expansion)."""
     from airflow.dag_processing.dagbag import DagBag
     from kubernetes.client import ApiClient
 
@@ -246,7 +249,7 @@ def _render(
             "dag": dag,
             "run_id": RUN_ID,
             "dag_run": SimpleNamespace(triggering_user_name=TRIGGERED_BY),
-            "params": {name: dag.params[name] for name in dag.params},
+            "params": {**{name: dag.params[name] for name in dag.params}, **(params or {})},
         }
     )
     return ApiClient().sanitize_for_serialization(task.build_pod_request_obj(dry_run=True)), settings
@@ -295,23 +298,47 @@ def played(cluster):
 @pytest.fixture(scope="module")
 def steps_played(cluster, played):
     """evaluate, register, promote and export after it, each its own pod of the training image, each
-    rendered with the XComs its upstream pods returned."""
+    rendered with the XComs its upstream pods returned. The run asks for a sign-off (`require_approval`), so
+    the gate's pass waits for a person and `compress` skips (exit 99: no variants for a version not
+    promoted); then the approval DAG's `record_decision` pod records risk-officer's Approve, which promotes
+    the version and makes its variants."""
+    from core.errors import EXIT_SKIPPED
+
     assert played["result"], played["logs"][-4000:]
     run_id = played["result"]["run_id"]
     outcomes: dict[str, dict] = {}
     version = ""
-    for step in ("evaluate", "register", "promote", "export"):
+    decision = ""
+    for step in ("evaluate", "register", "promote", "export", "compress", "record_decision"):
         answers = {
             "training_set": _training_set(cluster["rev"]),
             "train": {"run_id": run_id, "image_id": played["image_id"]},
             "register": {"model_version": version},
-        }
-        pod, _ = _render(step, cluster["env"], answers)
+            "promote": {"decision": decision},
+            "answer": {
+                "version": version, "choice": "Approve", "decided_by": "risk-officer",
+                "comment": "figures checked", "started_by": TRIGGERED_BY,
+            },
+        }  # fmt: skip
+        if step == "record_decision":
+            pod, _ = _render(step, cluster["env"], answers, dag_id=APPROVE_DAG)
+        else:
+            pod, _ = _render(step, cluster["env"], answers, params={"require_approval": True})
         outcomes[step] = _play(cluster, pod)
-        assert outcomes[step]["exit"] == "0", f"{step}:\n{outcomes[step]['logs'][-6000:]}"
+        expected = str(EXIT_SKIPPED) if step == "compress" else "0"
+        assert outcomes[step]["exit"] == expected, f"{step}:\n{outcomes[step]['logs'][-6000:]}"
         if step == "register":
             version = str(outcomes[step]["result"]["model_version"])
+        if step == "promote":
+            decision = outcomes[step]["result"]["decision"]
     return outcomes
+
+
+@pytest.fixture(scope="module")
+def identical_played(cluster, played, steps_played):
+    """The retrain DAG's skip_identical pod, rendered as train's was, once the version it trained exists."""
+    pod, _ = _render("skip_identical", cluster["env"], {"training_set": _training_set(cluster["rev"])})
+    return _play(cluster, pod)
 
 
 def test_the_training_pod_exits_0(played):
@@ -390,8 +417,15 @@ def test_the_steps_after_training_run_as_pods_of_the_training_image_up_to_a_cham
     assert steps_played["evaluate"]["result"]["run_id"] == run_id
     version = str(steps_played["register"]["result"]["model_version"])
     decision = steps_played["promote"]["result"]
-    assert decision["decision"] == "promoted", decision  # the first model against the floor
-    assert str(decision["champion_version"]) == version
+    assert decision["decision"] == "awaiting_approval", decision  # a pass, which the run asked a person for
+    approved = steps_played["record_decision"]["result"]
+    assert approved["decision"] == "promoted", approved
+    assert approved["decided_by"] == "risk-officer" and str(approved["champion_version"]) == version
+    # the export made fp32 alone; compress skipped the unpromoted pass; the approval made the variants
+    assert [row["variant"] for row in steps_played["export"]["result"]["variants"]] == ["fp32"]
+    assert steps_played["compress"]["result"]["compressed"] is False
+    serving_file = approved["serving_file"]
+    assert serving_file and "compress_error" not in approved, approved
     assert "parity_max_abs_diff" in steps_played["export"]["result"]
     client = MlflowClient(tracking_uri=played["url"], registry_uri=played["url"])
     assert client.get_model_version_by_alias("fraud-detector", "champion").version == version
@@ -413,6 +447,19 @@ def test_the_model_version_records_the_image_the_pod_ran_by_digest(steps_played,
         client.get_run(played["result"]["run_id"]).data.tags["lineage.image_digest"]
         == tags["lineage.image_digest"]
     )
+
+
+def test_a_retrain_identical_to_the_registered_version_skips_in_its_pod(identical_played, steps_played):
+    """Same training set, image (its commit) and configuration as the version the train pod made: the pod
+    exits 99, which the task's `skip_on_exit_code` turns into a skip of train and the steps after it."""
+    from core.errors import EXIT_SKIPPED
+
+    version = str(steps_played["register"]["result"]["model_version"])
+    assert identical_played["exit"] == str(EXIT_SKIPPED), identical_played["logs"][-4000:]
+    result = identical_played["result"]
+    assert result["identical"] is True and f"v{version}" in result["reason"], result
+    args = identical_played["pod"]["spec"]["containers"][0]["args"]
+    assert args[0] == "identical" and "--no-force" in args
 
 
 # The tuning DAG's pods: the study's start, a trial (a GPU pod: podman ignores the GPU request and the trial
