@@ -14,7 +14,7 @@ TEST_WORKERS ?= 0
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 BENCH_ARGS ?=
 
-.PHONY: help install demo up down test test-costs test-fast lint format bench bench-e2e lock lock-gpu doctor clean
+.PHONY: help install demo up down test test-costs test-fast lint format bench bench-e2e bench-e2e-quick lock lock-gpu doctor clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -58,6 +58,10 @@ bench: $(STAMP) ## benchmarks: ratios against baselines measured in the same run
 
 bench-e2e: $(STAMP) ## arrival -> gate decision through Airflow at 1M rows/day x 30 days (a long set-up first: docs/benchmarks.md)
 	$(BIN)/python -m benchmarks --only end_to_end $(BENCH_ARGS)
+
+bench-e2e-quick: $(STAMP) ## the same at 200k rows/day x 30 days, set-up kept in var/bench/e2e-setup; BASELINE=<rev> adds before/after
+	$(BIN)/python -m benchmarks --only end_to_end --sizes 200000 --history-days 30 --setup-dir var/bench/e2e-setup \
+	  $(if $(BASELINE),--baseline-commit $(BASELINE)) $(BENCH_ARGS)
 
 doctor: $(STAMP) ## check Java, Spark and the active profile's services
 	$(BIN)/mlops doctor

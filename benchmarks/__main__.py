@@ -170,6 +170,10 @@ def main() -> None:
         type=Path,
         help="end_to_end: keep the bulk history here and reuse it later (default: a temporary folder)",
     )
+    parser.add_argument(
+        "--baseline-commit",
+        help="end_to_end: also run this commit's code on the same set-up first, for before/after ratios",
+    )
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
     args = parser.parse_args()
     chosen = [int(s) for s in args.sizes.split(",")] if args.sizes else None
@@ -232,7 +236,11 @@ def main() -> None:
             from benchmarks.end_to_end import DEFAULT_SIZES as E2E_ROWS
 
             results["end_to_end"] = bench_end_to_end(
-                chosen or E2E_ROWS, Path(scratch), args.history_days or DEFAULT_HISTORY_DAYS, args.setup_dir
+                chosen or E2E_ROWS,
+                Path(scratch),
+                args.history_days or DEFAULT_HISTORY_DAYS,
+                args.setup_dir,
+                args.baseline_commit,
             )
             print_end_to_end(console, results["end_to_end"])
     args.out.mkdir(parents=True, exist_ok=True)

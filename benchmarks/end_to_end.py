@@ -21,8 +21,15 @@ process (`mlops demo --continue --days 2 --in-process`): the stage bodies with n
 the seconds of each features and retrain step of the measured day (`baseline_task_seconds`, named as the
 DAGs' tasks), so the two compare task by task.
 
-Run: `python -m benchmarks --only end_to_end [--sizes 1000000] [--history-days 30] [--setup-dir DIR]`
-(`make bench-e2e`); `--sizes 20000 --history-days 5` is the quick look.
+Before and after, side by side (`--baseline-commit REV`): the same set-up, put back before each run, is run
+first by the code of REV (a git worktree of it, run with this checkout's virtual environment: its packages
+first on PYTHONPATH, its scripts/ and dags/ from the worktree) and then by this checkout, each through Airflow
+and in process, one after the other on the same machine; the table gives each commit's figures per task and
+their ratio. The set-up is made by this checkout's code: a baseline must read the same lake layout.
+
+Run: `python -m benchmarks --only end_to_end [--sizes 1000000] [--history-days 30] [--setup-dir DIR]
+[--baseline-commit REV]` (`make bench-e2e`); `make bench-e2e-quick` is 200k rows a day over 30 days, whose
+whole run takes minutes once its set-up is kept; `--sizes 20000 --history-days 5` is the quick look.
 """
 
 from __future__ import annotations
@@ -54,10 +61,48 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _env(home: Path) -> dict[str, str]:
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env(home: Path, code: Path | None = None) -> dict[str, str]:
+    """The environment of a run on `home`, by this checkout's code or by `code` (a worktree of another commit,
+    whose packages then come first on the import path)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "MLOPS_"))}
     env.update(MLOPS_HOME=str(home), MLOPS_PROFILE="local")
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
+
+
+def checkout(commit: str, scratch: Path) -> Path:
+    """The repository at `commit` in a git worktree under `scratch`, with this checkout's virtual environment
+    linked in (scripts/up.sh runs `.venv/bin`): the code of a before/after pair's `before`."""
+    resolved = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if resolved.returncode:
+        raise SystemExit(
+            f"--baseline-commit {commit}: not a commit of this repository ({resolved.stderr.strip()})"
+        )
+    sha = resolved.stdout.strip()
+    target = scratch / f"baseline-{sha[:12]}"
+    if not target.exists():
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(target), sha],
+            check=True,
+            capture_output=True,
+        )
+    venv = target / ".venv"
+    if not venv.exists():
+        venv.symlink_to(REPO / ".venv")
+    return target
+
+
+def remove_checkout(target: Path) -> None:
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "remove", "--force", str(target)], capture_output=True
+    )
 
 
 def _setup(home: Path, rows: int, history_days: int) -> dict:
@@ -80,8 +125,8 @@ def _setup(home: Path, rows: int, history_days: int) -> dict:
     return record
 
 
-def _continue(home: Path, rows: int, in_process: bool) -> dict:
-    env = _env(home)
+def _continue(home: Path, rows: int, in_process: bool, code: Path | None = None) -> dict:
+    env = _env(home, code)
     env.update(
         MLOPS_AIRFLOW_PORT=str(free_port()),
         MLOPS_MLFLOW_PORT=str(free_port()),
@@ -93,7 +138,7 @@ def _continue(home: Path, rows: int, in_process: bool) -> dict:
     # Measured is the chain up to the gate; the demo's scoring replay and drift drill come after it and, at
     # 1M rows, would take longer than the chain itself.
     command += ["--no-score", "--no-drift-drill"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=code or REPO)
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed (MLOPS_HOME={home}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -105,52 +150,89 @@ def _restore(home: Path, snapshot: Path) -> None:
     subprocess.run(["cp", "-a", str(snapshot), str(home)], check=True)  # -a keeps DVC's hard links
 
 
+def _measure(home: Path, snapshot: Path, rows: int, code: Path | None) -> tuple[dict, dict]:
+    """One commit's pair on the set-up: through Airflow, then in one process, the home put back after each."""
+    try:
+        airflow = _continue(home, rows, in_process=False, code=code)
+        _restore(home, snapshot)
+        in_process = _continue(home, rows, in_process=True, code=code)
+    finally:  # whatever happened, the set-up stays reusable: the stack stopped, the home put back
+        subprocess.run(
+            ["bash", str((code or REPO) / "scripts" / "down.sh")], env=_env(home, code), capture_output=True
+        )
+        _restore(home, snapshot)
+    return airflow, in_process
+
+
+def _figures(airflow: dict, baseline: dict) -> dict:
+    arrival, body = airflow["arrival_to_model"], baseline["arrival_to_model"]
+    last = airflow["retrains"][-1]
+    return {
+        "seconds": arrival["seconds"],
+        "busy_seconds": arrival["busy_seconds"],
+        "overhead_seconds": arrival["overhead_seconds"],
+        "overhead_share": arrival["overhead_share"],
+        "stage_seconds": arrival["task_seconds_per_stage"],
+        "task_seconds": arrival["seconds_per_task"],
+        "baseline_seconds": body["seconds"],
+        "baseline_stage_seconds": body["task_seconds_per_stage"],
+        # the features and retrain steps of the baseline's measured day, named as Airflow's tasks
+        "baseline_task_seconds": body.get("seconds_per_step", {}),
+        "time_ratio": arrival["seconds"] / body["seconds"],
+        "decision": last["decision"],
+        "auc_pr": last["auc_pr"],
+        "baseline_decision": baseline["retrains"][-1]["decision"],
+    }
+
+
 def bench_end_to_end(
-    sizes: list[int], scratch: Path, history_days: int = DEFAULT_HISTORY_DAYS, setup_dir: Path | None = None
+    sizes: list[int],
+    scratch: Path,
+    history_days: int = DEFAULT_HISTORY_DAYS,
+    setup_dir: Path | None = None,
+    baseline_commit: str | None = None,
 ) -> list[dict]:
     if history_days < 5:
         raise SystemExit("--history-days must be at least 5 (a champion needs mature labels: 3 days)")
+    before_code = checkout(baseline_commit, scratch) if baseline_commit else None
     results = []
-    for rows in sizes:
-        home = (setup_dir or scratch) / f"e2e-{rows}-{history_days}d"
-        setup = _setup(home, rows, history_days)
-        snapshot = home.with_name(home.name + ".snapshot")
-        shutil.rmtree(snapshot, ignore_errors=True)
-        subprocess.run(["cp", "-a", str(home), str(snapshot)], check=True)
-        try:
-            airflow = _continue(home, rows, in_process=False)
-            _restore(home, snapshot)
-            baseline = _continue(home, rows, in_process=True)
-        finally:  # whatever happened, the set-up stays reusable: the stack stopped, the home put back
-            down = Path(__file__).resolve().parents[1] / "scripts" / "down.sh"
-            subprocess.run(["bash", str(down)], env=_env(home), capture_output=True)
-            _restore(home, snapshot)
-            shutil.rmtree(snapshot, ignore_errors=True)
-        arrival, body = airflow["arrival_to_model"], baseline["arrival_to_model"]
-        last = airflow["retrains"][-1]
-        results.append(
-            {
-                "benchmark": "arrival -> gate decision",
-                "rows_per_day": rows,
-                "history_days": history_days,
-                "seconds": arrival["seconds"],
-                "busy_seconds": arrival["busy_seconds"],
-                "overhead_seconds": arrival["overhead_seconds"],
-                "overhead_share": arrival["overhead_share"],
-                "stage_seconds": arrival["task_seconds_per_stage"],
-                "task_seconds": arrival["seconds_per_task"],
-                "baseline_seconds": body["seconds"],
-                "baseline_stage_seconds": body["task_seconds_per_stage"],
-                # the features and retrain steps of the baseline's measured day, named as Airflow's tasks
-                "baseline_task_seconds": body.get("seconds_per_step", {}),
-                "time_ratio": arrival["seconds"] / body["seconds"],
-                "decision": last["decision"],
-                "auc_pr": last["auc_pr"],
-                "baseline_decision": baseline["retrains"][-1]["decision"],
-                "setup": setup,
-            }
-        )
+    try:
+        for rows in sizes:
+            results.append(_bench_size(rows, scratch, history_days, setup_dir, baseline_commit, before_code))
+    finally:
+        if before_code is not None:
+            remove_checkout(before_code)
     return results
+
+
+def _bench_size(
+    rows: int,
+    scratch: Path,
+    history_days: int,
+    setup_dir: Path | None,
+    baseline_commit: str | None,
+    before_code: Path | None,
+) -> dict:
+    home = (setup_dir or scratch) / f"e2e-{rows}-{history_days}d"
+    setup = _setup(home, rows, history_days)
+    snapshot = home.with_name(home.name + ".snapshot")
+    shutil.rmtree(snapshot, ignore_errors=True)
+    subprocess.run(["cp", "-a", str(home), str(snapshot)], check=True)
+    try:
+        before = _measure(home, snapshot, rows, before_code) if before_code is not None else None
+        airflow, baseline = _measure(home, snapshot, rows, None)
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)
+    result = {
+        "benchmark": "arrival -> gate decision",
+        "rows_per_day": rows,
+        "history_days": history_days,
+        **_figures(airflow, baseline),
+        "setup": setup,
+    }
+    if before is not None:
+        result["before"] = {"commit": baseline_commit, **_figures(*before)}
+    return result
 
 
 def print_end_to_end(console: Console, results: list[dict]) -> None:
@@ -176,3 +258,38 @@ def print_end_to_end(console: Console, results: list[dict]) -> None:
             str(r["decision"]),
         )
     console.print(table)
+    for r in results:
+        if "before" in r:
+            print_before_after(console, r)
+
+
+def print_before_after(console: Console, r: dict) -> None:
+    """Each task's seconds by the baseline commit and by this checkout on the same set-up, and their ratio."""
+    before = r["before"]
+    table = Table(
+        "task", "before: airflow s", "after: airflow s", "after / before", "before: in-process s",
+        "after: in-process s", "after / before",
+        title=f"{r['rows_per_day']:,} rows/day x {r['history_days']} d: {before['commit']} (before) and this "
+        "checkout (after), same set-up, same machine, one after the other",
+    )  # fmt: skip
+
+    def ratio(after: float | None, was: float | None) -> str:
+        return f"{after / was:.2f}x" if after and was else "-"
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    tasks = sorted({*before["task_seconds"], *r["task_seconds"]})
+    for task in tasks:
+        was, now = before["task_seconds"].get(task), r["task_seconds"].get(task)
+        was_in, now_in = before["baseline_task_seconds"].get(task), r["baseline_task_seconds"].get(task)
+        table.add_row(
+            task, cell(was), cell(now), ratio(now, was), cell(was_in), cell(now_in), ratio(now_in, was_in)
+        )
+    table.add_row(
+        "arrival -> decision", cell(before["seconds"]), cell(r["seconds"]),
+        ratio(r["seconds"], before["seconds"]), cell(before["baseline_seconds"]), cell(r["baseline_seconds"]),
+        ratio(r["baseline_seconds"], before["baseline_seconds"]),
+    )  # fmt: skip
+    console.print(table)
+    console.print(f"holdout AUC-PR: before {before['auc_pr']}, after {r['auc_pr']}")
