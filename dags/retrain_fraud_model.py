@@ -1,5 +1,5 @@
 """
-### Retrain the fraud model: training set -> train -> evaluate -> register -> gate -> ONNX export
+### Retrain the fraud model: training set -> train -> evaluate -> register -> gate -> ONNX export -> compress
 
 Runs weekly (Monday 04:00 UTC) **or** when the `fraud_features` asset is updated (new features) **or** when
 `fraud_drift` is (the monitor DAG found the traffic drifted from the champion's training reference),
@@ -37,7 +37,13 @@ triggering events name (feature event dates, drifted days), else the day before 
 - **promote**: the gate scores challenger and champion on the same holdout and moves the `champion` alias
   only if the challenger wins by the margin within the guardrails; every decision goes to the promotion
   history (`mlops history`; `mlops rollback` undoes the last promotion).
-- **export**: ONNX with a parity check, int8 only where it pays. Emits the `fraud_model` asset.
+- **export**: fp32 ONNX with a parity check, for every candidate (a shadow or a later approval serves it).
+  Emits the `fraud_model` asset.
+- **compress**: for a promoted version only (skipped otherwise, with the reason): the int8, pruned and
+  student variants, measured against fp32 on the holdout; the smallest as accurate is served (the scoring
+  service follows the version's `onnx.serving_file` tag). After the decision, so no candidate waits for it;
+  an approval or `mlops promote` makes them for the version it promotes. Cluster profile: a CPU pod of
+  `python -m training compress` (exit 99: skipped).
 - **ask_approval**: with `approval.enabled` (MLOPS_APPROVAL__ENABLED=true), or the `require_approval` param of
   a manual run, a gate pass moves nothing: it is recorded as `awaiting_approval` and this task emits
   `fraud_model_candidate`, which starts `approve_fraud_model`, where a person approves or rejects it.
@@ -84,6 +90,7 @@ RUN_ID = "{{ ti.xcom_pull(task_ids='train')['run_id'] }}"
 # The image the train pod ran, by digest, as its node reported it (orchestration/training_task.py).
 IMAGE_ID = "{{ ti.xcom_pull(task_ids='train').get('image_id', '') }}"
 MODEL_VERSION = "{{ ti.xcom_pull(task_ids='register')['model_version'] }}"
+DECISION = "{{ ti.xcom_pull(task_ids='promote')['decision'] }}"
 
 with DAG(
     dag_id="retrain_fraud_model",
@@ -195,6 +202,12 @@ with DAG(
             ],
         )  # fmt: skip
         exported = step_pod_operator(settings, "export", ["--version", MODEL_VERSION])
+        compressed = step_pod_operator(
+            settings,
+            "compress",
+            ["--version", MODEL_VERSION, "--decision", DECISION],
+            skip_on_exit_code=EXIT_SKIPPED,
+        )
 
         @task(outlets=[FRAUD_MODEL], doc_md="Announce the exported model (the `fraud_model` asset).")
         def publish_model(registered: dict, decision: dict, exported: dict, outlet_events=None) -> dict:
@@ -206,7 +219,7 @@ with DAG(
             return exported
 
         training_set(as_of_date()) >> same >> trained
-        trained >> evaluated >> registered >> decision >> exported
+        trained >> evaluated >> registered >> decision >> exported >> compressed
         publish_model(registered.output, decision.output, exported.output)
         ask_approval(decision.output)
     else:
@@ -265,6 +278,17 @@ with DAG(
             }
             return result
 
+        @task(doc_md="The int8, pruned and student variants of a promoted version (others: skipped).")
+        def compress(registered: dict, decision: dict) -> dict:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            from training import steps
+
+            made = run_step(steps.compress, registered["model_version"], decision["decision"])
+            if made.get("compressed") is False and decision["decision"] != "promoted":
+                raise AirflowSkipException(made["reason"])
+            return made
+
         @task(
             task_id=SKIP_IDENTICAL,
             doc_md="Skip the training and the steps after it when a registered version came from the same "
@@ -293,5 +317,6 @@ with DAG(
         registered_locally = register(trained_locally)
         evaluated_locally >> registered_locally
         decided_locally = promote(registered_locally)
-        export(registered_locally, decided_locally)
+        exported_locally = export(registered_locally, decided_locally)
+        exported_locally >> compress(registered_locally, decided_locally)
         ask_approval(decided_locally)

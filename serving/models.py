@@ -60,15 +60,18 @@ class ModelSource:
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="mlops-serving-"))
 
-    def champion(self) -> str | None:
+    def champion(self) -> tuple[str, str | None] | None:
+        """The champion's version and the file its export chose to serve (its `onnx.serving_file` tag, which
+        changes when the version's smaller variants are made after its promotion); None without one."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return str(self.client.get_model_version_by_alias(self.name, CHAMPION_ALIAS).version)
+            version = self.client.get_model_version_by_alias(self.name, CHAMPION_ALIAS)
         except MlflowException as exc:
             if exc.error_code in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
                 return None
             raise
+        return str(version.version), (version.tags or {}).get(SERVING_FILE_TAG)
 
     def latest_challenger(self, champion: str | None) -> str | None:
         """The newest registered version other than the champion that is newer than it: the candidate the
@@ -170,12 +173,13 @@ class Models:
         with self._lock:
             current = self.current
             try:
-                wanted = self.source.champion()
+                alias = self.source.champion()
             except Exception as exc:
                 self.problem = f"the model registry cannot be read: {exc}"
                 log.warning("%s", self.problem)
                 return current
             champion = current.champion
+            wanted, wanted_file = alias if alias is not None else (None, None)
             if wanted is None:
                 if champion is None:
                     self.problem = (
@@ -183,7 +187,11 @@ class Models:
                         "run the retrain DAG (or `mlops promote`) until one passes the gate"
                     )
                     return current
-            elif champion is None or champion.version != wanted:
+            elif (
+                champion is None
+                or champion.version != wanted
+                or (wanted_file is not None and champion.file != wanted_file)
+            ):  # a new champion, or the same one whose smaller variants were made since (compress)
                 try:
                     champion = self.source.load(wanted)
                     self.problem = None

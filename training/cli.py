@@ -194,6 +194,23 @@ def export(version: Annotated[str, typer.Option(help="model version")], xcom_pat
     emit(steps.export(get_settings(), version), xcom_path)
 
 
+@app.command()
+def compress(
+    version: Annotated[str, typer.Option(help="model version")],
+    decision: Annotated[str, typer.Option(help="the gate's decision on it (promote's result)")],
+    xcom_path: XcomPath = None,
+) -> None:
+    """The int8, pruned and student variants of a promoted version; exit EXIT_SKIPPED (the pod task skips)
+    for a version the gate did not promote."""
+    from core.errors import EXIT_SKIPPED
+    from training import steps
+
+    made = steps.compress(get_settings(), version, decision)
+    emit(made, xcom_path)
+    if made["compressed"] is False and decision != "promoted":
+        raise SystemExit(EXIT_SKIPPED)
+
+
 @app.command("tune-start")
 def tune_start(
     as_of: Annotated[str, typer.Option(help="as-of date of the training set (YYYY-MM-DD): names the study")],

@@ -42,6 +42,10 @@ INT8_MAX_AUC_PR_DROP = 0.005  # the default of compression.max_auc_pr_drop, whic
 INT8_MIN_SPEEDUP = 1.10
 
 FP32, INT8, PRUNED, STUDENT = "fp32", "int8", "pruned", "student"
+# What a candidate's export says of the smaller files until its version is promoted (export_version).
+NOT_YET = "not made yet: the int8, pruned and student variants are made once the version is promoted"
+# The version tag saying whether its variants were made (`true`) or fp32 alone was exported (`false`).
+VARIANTS_TAG = "onnx.variants"
 VARIANT_FILES = {
     FP32: "model.onnx",
     INT8: "model.int8.onnx",
@@ -200,18 +204,34 @@ def export_model(
     compressed: Mapping[str, torch.nn.Module] | None = None,
     max_auc_pr_drop: float = INT8_MAX_AUC_PR_DROP,
     parity_rows: int = 20_000,
+    variants: bool = True,
 ) -> dict:
     """Export `model` (fp32), its int8 quantization and the `compressed` models (pruned, student), each
     checked against torch on the first `parity_rows` rows of `x` (int8: quantized, not checked) and measured
     on all of `x` (labels, weights); choose the file to serve (choose_serving). Returns the report; the
     files that may serve stay in `folder`: fp32 always, int8 where it is faster (INT8_MIN_SPEEDUP at batch
-    1 and 256) and as accurate, the others where they are as accurate."""
+    1 and 256) and as accurate, the others where they are as accurate. Without `variants`, fp32 alone:
+    checked, measured and served (what every candidate gets; the variants are made once it is promoted)."""
     folder.mkdir(parents=True, exist_ok=True)
     check = x[:parity_rows]
     fp32_path = folder / VARIANT_FILES[FP32]
     parity = export_checked(model, check, fp32_path)
     fp32, fp32_scores = measure(FP32, fp32_path, x, labels, weights)
     fp32.update(hidden=_hidden(model), parity_max_abs_diff=parity)
+    if not variants:
+        fp32.update(auc_pr_drop=0.0, kept=True, serving=True)
+        return {
+            "parity_max_abs_diff": parity,
+            "rows_checked": len(check),
+            "rows_measured": len(x),
+            "fp32_p50_us_batch1": fp32["p50_us_batch1"],
+            "fp32_p50_us_batch256": fp32["p50_us_batch256"],
+            "int8": NOT_YET,
+            "max_auc_pr_drop": max_auc_pr_drop,
+            "variants": [fp32],
+            "serving_file": fp32["file"],
+            "serving_reason": f"{fp32['file']} (fp32): {NOT_YET}",
+        }
     int8, int8_scores = measure(INT8, quantize(fp32_path, folder / VARIANT_FILES[INT8]), x, labels, weights)
     int8.update(hidden=_hidden(model), max_abs_diff_vs_fp32=_max_abs_diff(int8_scores, fp32_scores))
     rows = [fp32, int8]
@@ -292,10 +312,12 @@ def _compressed(settings: Settings, model: FraudMLP, rev: str) -> dict[str, Frau
     return compressed_variants(model, train_data, validation, settings.compression, config)
 
 
-def export_version(settings: Settings, version: str) -> dict:
-    """Export a registered version and its compressed variants; artifacts to its run (onnx/: the files that
-    may serve, export.json, the compression table), figures to the run's metrics and the version's tags,
-    the file to serve to the tag `onnx.serving_file`."""
+def export_version(settings: Settings, version: str, variants: bool = True) -> dict:
+    """Export a registered version, with its compressed variants unless `variants` is off (fp32 alone: what
+    every candidate gets before the gate's outcome is known to need more); artifacts to its run (onnx/: the
+    files that may serve, export.json, the compression table), figures to the run's metrics and the
+    version's tags, the file to serve to the tag `onnx.serving_file`, whether the variants were made to
+    VARIANTS_TAG."""
     from mlflow.entities import Metric
 
     from training.dataset import read_holdout
@@ -308,7 +330,7 @@ def export_version(settings: Settings, version: str) -> dict:
     rev = training_set_rev(settings, run_id)
     holdout = read_holdout(settings, rev)
     model = cast("FraudMLP", registry.load(version))
-    compressed = _compressed(settings, model, rev)
+    compressed = _compressed(settings, model, rev) if variants else {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         report = export_model(
@@ -319,6 +341,7 @@ def export_version(settings: Settings, version: str) -> dict:
             weights=holdout.weights,
             compressed=compressed,
             max_auc_pr_drop=settings.compression.max_auc_pr_drop,
+            variants=variants,
         )
         (folder / "export.json").write_text(json.dumps(report, indent=2, sort_keys=True))
         for path in sorted(folder.iterdir()):
@@ -335,4 +358,5 @@ def export_version(settings: Settings, version: str) -> dict:
     registry.client.log_batch(run_id, metrics=metrics)
     for key in ("parity_max_abs_diff", "int8", "fp32_p50_us_batch1", "serving_file", "serving_reason"):
         registry.client.set_model_version_tag(registry.name, version, f"onnx.{key}", str(report[key]))
+    registry.client.set_model_version_tag(registry.name, version, VARIANTS_TAG, str(variants).lower())
     return {"model_version": version, **report}

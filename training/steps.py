@@ -392,7 +392,8 @@ def approve(
         )
     finally:
         ledger.dispose()
-    return {**_decision_record(decision), "decided_by": decision.decided_by, "comment": decision.comment}
+    record = {**_decision_record(decision), "decided_by": decision.decided_by, "comment": decision.comment}
+    return _compress_promoted(settings, record)
 
 
 def promote_by_hand(
@@ -407,7 +408,7 @@ def promote_by_hand(
         )
     finally:
         ledger.dispose()
-    return _decision_record(decision)
+    return _compress_promoted(settings, _decision_record(decision))
 
 
 def rollback(
@@ -453,10 +454,52 @@ def history(settings: Settings) -> dict:
 
 @_timed("export", _run_of_version)
 def export(settings: Settings, version: str) -> dict:
-    """ONNX (and int8 where it pays) for CPU scoring of `version`, logged to its run."""
+    """fp32 ONNX of `version` for CPU scoring, checked against torch and logged to its run: every candidate
+    gets it (a shadow or a later approval serves it). The smaller variants wait for a promotion (compress)."""
     from training.export import export_version
 
-    return export_version(settings, version)
+    return export_version(settings, version, variants=False)
+
+
+def compress(settings: Settings, version: str, decision: str) -> dict:
+    """The int8, pruned and student variants of `version`, when `decision` promoted it: measured against fp32
+    on the holdout, the smallest as accurate served (training/export.py). Made after the decision, off the
+    path from arrival to it, and only for a version that serves. Otherwise `compressed` is False and
+    `reason` says why (the DAG's task skips)."""
+    if decision != "promoted":
+        return {
+            "model_version": version,
+            "compressed": False,
+            "reason": f"v{version} was not promoted ({decision}): fp32 alone stays exported",
+        }
+    from training.export import VARIANTS_TAG, export_version
+
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    tags = registry.client.get_model_version(registry.name, version).tags or {}
+    if tags.get(VARIANTS_TAG) == "true":  # made when it was promoted before (a rollback, a manual promotion)
+        return {
+            "model_version": version,
+            "compressed": False,
+            "reason": f"v{version}'s variants were made before; it serves {tags.get('onnx.serving_file')}",
+            "serving_file": tags.get("onnx.serving_file"),
+        }
+    started = time.perf_counter()
+    report = export_version(settings, version, variants=True)
+    log_stage_seconds(settings, _run_of_version(settings, report), "compress", time.perf_counter() - started)
+    return {**report, "compressed": True}
+
+
+def _compress_promoted(settings: Settings, record: dict) -> dict:
+    """A person's promotion (an approval, `mlops promote`) makes the variants its version serves from; a
+    failure leaves fp32 serving and says so in the record, and does not undo the promotion."""
+    if record.get("decision") != "promoted" or not record.get("model_version"):
+        return record
+    try:
+        made = compress(settings, str(record["model_version"]), "promoted")
+        return {**record, "serving_file": made.get("serving_file")}
+    except Exception as exc:  # the promotion stands; the variants can be made again
+        log.error("v%s promoted, but its variants were not made: %s", record["model_version"], exc)
+        return {**record, "compress_error": str(exc)}
 
 
 # --- identical retrains ------------------------------------------------------------------------------------
@@ -591,5 +634,6 @@ def retrain(
     decision = clock.run("promote", lambda: promote(settings, version, dag_id=dag_id, dag_run_id=dag_run_id))
     record.update(decision)
     record["export"] = clock.run("export", lambda: export(settings, version))
+    record["compress"] = clock.run("compress", lambda: compress(settings, version, decision["decision"]))
     record["status"] = "ok"
     return record

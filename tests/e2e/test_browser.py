@@ -176,18 +176,18 @@ def test_airflow_ui_lists_the_dags_without_import_errors_and_shows_a_successful_
     browser.save_screenshot(str(artifacts_dir / "airflow-dags.png"))
     assert all(dag_id in listed for dag_id in DAG_IDS), listed
 
-    # The retrain run the last day's features started: the run and its nine tasks, all successful but
-    # ask_approval (skipped: approval is off in the demo).
+    # The retrain run the last day's features started: the run and its ten tasks, all successful but
+    # ask_approval (skipped: approval is off in the demo) and compress where the gate did not promote.
     run_id = demo_stack.summary["phases"]["one_more_day"]["retrain_fraud_model"][0]
     browser.get(f"{demo_stack.airflow_url}/dags/retrain_fraud_model/runs/{quote(run_id, safe='')}")
-    _wait_for(browser, lambda: "9 Task Instances" in _text(browser), "the task instances of the retrain run")
+    _wait_for(browser, lambda: "10 Task Instances" in _text(browser), "the task instances of the retrain run")
     browser.save_screenshot(str(artifacts_dir / "airflow-retrain-run.png"))
     page = _text(browser)
     assert run_id in page and "Asset Triggered" in page, page
     assert page.count("Success") >= 9 and "Failed" not in page and "Skipped" in page, page
     for task_id in (
         "as_of_date", "training_set", "skip_identical", "train", "evaluate", "register", "promote", "export",
-        "ask_approval",
+        "compress", "ask_approval",
     ):  # fmt: skip
         assert task_id in page, page
 
@@ -272,6 +272,8 @@ def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_i
     assert api.wait_for_run(APPROVE, approval_run.run_id, deadline).state == "success"
     recorded = api.xcom(APPROVE, approval_run.run_id, "record_decision")
     assert recorded["decision"] == "promoted" and recorded["model_version"] == candidate, recorded
+    # the approval made the smaller variants its version serves from (the retrain made fp32 alone for it)
+    assert recorded["serving_file"] and "compress_error" not in recorded, recorded
     assert _champion(demo_stack) == candidate
     history = mlops_json(demo_stack, "history")["history"]
     row = [r for r in history if r["candidate_version"] == candidate and r["decided_by"]][-1]

@@ -164,6 +164,63 @@ def test_with_compression_off_the_table_holds_fp32_and_int8(installation, tmp_pa
     )
 
 
+# --- a candidate's export, and the variants after its promotion ---------------------------------------------
+
+
+def test_a_candidates_export_is_fp32_alone_and_its_variants_wait_for_a_promotion(installation, tmp_path):
+    """The retrain's export step makes fp32 for every candidate (checked, measured, served); compress makes
+    nothing for a version the gate did not promote, the variants for one it did, and nothing again."""
+    from training import steps
+    from training.export import NOT_YET, VARIANTS_TAG
+
+    settings, rev, model = installation
+    run_id, version = _registered(settings, rev, model)
+    exported = steps.export(settings, version)
+    table = _table(settings, run_id, tmp_path / "one")
+    assert [row["variant"] for row in exported["variants"]] == ["fp32"] == [r["variant"] for r in table]
+    assert exported["serving_file"] == VARIANT_FILES["fp32"] and exported["int8"] == NOT_YET
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    tags = client.get_model_version("fraud-detector", version).tags
+    assert tags[SERVING_FILE_TAG] == "model.onnx" and tags[VARIANTS_TAG] == "false"
+    listed = {Path(a.path).name for a in client.list_artifacts(run_id, "onnx")}
+    assert listed == {"model.onnx", "export.json", "compression.json"}
+
+    skipped = steps.compress(settings, version, "rejected")
+    assert skipped["compressed"] is False and "not promoted (rejected)" in skipped["reason"]
+    assert client.get_model_version("fraud-detector", version).tags[VARIANTS_TAG] == "false"
+
+    made = steps.compress(settings, version, "promoted")
+    assert made["compressed"] is True
+    assert [row["variant"] for row in made["variants"]] == VARIANTS
+    tags = client.get_model_version("fraud-detector", version).tags
+    assert tags[VARIANTS_TAG] == "true" and tags[SERVING_FILE_TAG] == made["serving_file"] != "model.onnx"
+    assert "stage_seconds.compress" in client.get_run(run_id).data.metrics
+
+    again = steps.compress(settings, version, "promoted")  # a rollback to it, a manual promotion
+    assert again["compressed"] is False and "made before" in again["reason"]
+    assert again["serving_file"] == made["serving_file"]
+
+
+def test_the_service_follows_its_champions_serving_file_when_the_variants_come(installation, tmp_path):
+    """Promoted with fp32 alone, the champion serves model.onnx; once compress tags a smaller file, the next
+    refresh loads it, with no new version and no restart."""
+    from serving.models import Models
+    from training import steps
+
+    settings, rev, model = installation
+    _run_id, version = _registered(settings, rev, model)
+    steps.export(settings, version)
+    ModelRegistry(settings.mlflow_tracking_uri).set_champion(version)
+    models = Models(ModelSource(settings.mlflow_tracking_uri, cache_dir=tmp_path), shadow=False)
+    first = models.refresh().champion
+    assert first is not None and (first.version, first.file) == (version, "model.onnx")
+    assert models.refresh().champion is first  # nothing moved: nothing reloaded
+    made = steps.compress(settings, version, "promoted")
+    after = models.refresh().champion
+    assert after is not None and (after.version, after.file) == (version, made["serving_file"])
+    assert models.reloads == 2
+
+
 # --- the scoring service's loader ---------------------------------------------------------------------------
 
 

@@ -117,6 +117,7 @@ def test_retrain_dag_trains_registers_gates_and_exports(dag_retrain, monkeypatch
     successful = ("as_of_date", "training_set", "skip_identical", "train", "evaluate", "register", "promote")
     assert dag_retrain.states == {
         **dict.fromkeys((*successful, "export"), "success"),
+        "compress": "skipped",  # the gate rejects this first model (below), so no variants are made for it
         "ask_approval": "skipped",  # approval.enabled is off
     }
 
@@ -194,7 +195,7 @@ def test_cli_retrain_history_and_rollback(home, monkeypatch):
     assert (first["model_version"], first["previous_champion"], first["champion_auc_pr"]) == ("1", None, None)
     assert first["decision"] == decision_by_auc_pr(first["auc_pr"], None, policy) == "promoted", first
     assert first["champion_version"] == "1"
-    steps = {"training_set", "train", "evaluate", "register", "promote", "export"}
+    steps = {"training_set", "train", "evaluate", "register", "promote", "export", "compress"}
     assert set(first["seconds_per_step"]) == steps and all(s > 0 for s in first["seconds_per_step"].values())
     import mlflow
 
@@ -266,6 +267,7 @@ def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):
         "register",
         "promote",
         "export",
+        "compress",
         "ask_approval",
     )
     assert states == {"as_of_date": "success", **{task: "skipped" for task in after}}

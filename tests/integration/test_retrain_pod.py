@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from core.errors import EXIT_SKIPPED
 from core.settings import Settings, get_settings
 from orchestration import k8s_contract as contract
 from tests.integration.conftest import OVERLAYS, REPO, find, one, quota_and_limits, schema_errors
@@ -38,6 +39,7 @@ SECRET_VALUE = re.compile(r"://[^/@\s:]+:[^/@\s]+@|-----BEGIN|AKIA[0-9A-Z]{16}")
 
 MLFLOW_RUN = "0f3a9c1d2e4b"  # what `train` returns as `run_id`
 MODEL_VERSION = "7"  # what `register` returns as `model_version`
+DECISION = "promoted"
 # what `train` returns as `image_id`: the image its pod ran, as the node reported it
 IMAGE_ID = "registry.example.com/mlops-fraud-training@sha256:" + "5e" * 32
 PARAMS = {"as_of": "", "force": False}  # the retrain DAG's params of a run that set none
@@ -52,6 +54,7 @@ class StandInTaskInstance:
             "training_set": {"training_set_rev": TRAINING_SET_REV, "seconds": TRAINING_SET_SECONDS},
             "train": {"run_id": MLFLOW_RUN, "image_id": IMAGE_ID},
             "register": {"model_version": MODEL_VERSION},
+            "promote": {"decision": DECISION},
         }
         assert task_ids in answers, task_ids
         return answers[task_ids]
@@ -442,6 +445,7 @@ STEP_ARGUMENTS = {
         "--no-require-approval",
     ],
     "export": ["export", "--version", MODEL_VERSION],
+    "compress": ["compress", "--version", MODEL_VERSION, "--decision", DECISION],
 }
 
 
@@ -518,6 +522,9 @@ def test_the_step_pods_chain_after_train_and_publish_the_model_asset(step_pods):
     assert dag.get_task("register").upstream_task_ids == {"evaluate"}
     assert dag.get_task("promote").upstream_task_ids == {"register"}
     assert dag.get_task("export").upstream_task_ids == {"promote"}
+    # the variants after the decision, for a promoted version only: the pod exits 99 otherwise, a skip
+    compress = dag.get_task("compress")
+    assert compress.upstream_task_ids == {"export"} and list(compress.skip_on_exit_code) == [EXIT_SKIPPED]
     publish = dag.get_task("publish_model")
     assert publish.upstream_task_ids == {"register", "promote", "export"}
     assert [outlet.name for outlet in publish.outlets] == [FRAUD_MODEL.name]
