@@ -218,20 +218,18 @@ def export_model(
     parity = export_checked(model, check, fp32_path)
     fp32, fp32_scores = measure(FP32, fp32_path, x, labels, weights)
     fp32.update(hidden=_hidden(model), parity_max_abs_diff=parity)
+    fp32_report = {
+        "parity_max_abs_diff": parity,
+        "rows_checked": len(check),
+        "rows_measured": len(x),
+        "fp32_p50_us_batch1": fp32["p50_us_batch1"],
+        "fp32_p50_us_batch256": fp32["p50_us_batch256"],
+        "max_auc_pr_drop": max_auc_pr_drop,
+    }
     if not variants:
         fp32.update(auc_pr_drop=0.0, kept=True, serving=True)
-        return {
-            "parity_max_abs_diff": parity,
-            "rows_checked": len(check),
-            "rows_measured": len(x),
-            "fp32_p50_us_batch1": fp32["p50_us_batch1"],
-            "fp32_p50_us_batch256": fp32["p50_us_batch256"],
-            "int8": NOT_YET,
-            "max_auc_pr_drop": max_auc_pr_drop,
-            "variants": [fp32],
-            "serving_file": fp32["file"],
-            "serving_reason": f"{fp32['file']} (fp32): {NOT_YET}",
-        }
+        serving = {"serving_file": fp32["file"], "serving_reason": f"{fp32['file']} (fp32): {NOT_YET}"}
+        return {**fp32_report, "int8": NOT_YET, "variants": [fp32], **serving}
     int8, int8_scores = measure(INT8, quantize(fp32_path, folder / VARIANT_FILES[INT8]), x, labels, weights)
     int8.update(hidden=_hidden(model), max_abs_diff_vs_fp32=_max_abs_diff(int8_scores, fp32_scores))
     rows = [fp32, int8]
@@ -273,11 +271,7 @@ def export_model(
         if not row["kept"]:
             (folder / row["file"]).unlink()
     return {
-        "parity_max_abs_diff": parity,
-        "rows_checked": len(check),
-        "rows_measured": len(x),
-        "fp32_p50_us_batch1": fp32["p50_us_batch1"],
-        "fp32_p50_us_batch256": fp32["p50_us_batch256"],
+        **fp32_report,
         "int8_max_abs_diff": int8["max_abs_diff_vs_fp32"],
         "int8_auc_pr_drop": int8["auc_pr_drop"],
         "int8_p50_us_batch1": int8["p50_us_batch1"],
@@ -285,7 +279,6 @@ def export_model(
         "int8_speedup_batch1": speedups[0],
         "int8_speedup_batch256": speedups[1],
         "int8": int8_verdict,
-        "max_auc_pr_drop": max_auc_pr_drop,
         "variants": rows,
         "serving_file": chosen["file"],
         "serving_reason": reason,
