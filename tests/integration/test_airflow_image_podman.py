@@ -45,7 +45,7 @@ DAG_IDS = {
     "tune_fraud_model",
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
-POD_STEPS = {"skip_identical", "train", "evaluate", "register", "promote", "export"}
+POD_STEPS = {"skip_identical", "train", "evaluate", "register", "promote", "export", "compress"}
 # The only Airflow-image tasks that use the training package, with what each imports from it: they build the
 # training set and its per-date feature rows (no torch, no MLflow).
 TRAINING_PACKAGE_TASKS = {
