@@ -285,7 +285,7 @@ with DAG(
             from training import steps
 
             made = run_step(steps.compress, registered["model_version"], decision["decision"])
-            if made.get("compressed") is False and decision["decision"] != "promoted":
+            if made.get("skip"):
                 raise AirflowSkipException(made["reason"])
             return made
 

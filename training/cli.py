@@ -207,7 +207,7 @@ def compress(
 
     made = steps.compress(get_settings(), version, decision)
     emit(made, xcom_path)
-    if made["compressed"] is False and decision != "promoted":
+    if made.get("skip"):
         raise SystemExit(EXIT_SKIPPED)
 
 

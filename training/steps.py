@@ -464,12 +464,13 @@ def export(settings: Settings, version: str) -> dict:
 def compress(settings: Settings, version: str, decision: str) -> dict:
     """The int8, pruned and student variants of `version`, when `decision` promoted it: measured against fp32
     on the holdout, the smallest as accurate served (training/export.py). Made after the decision, off the
-    path from arrival to it, and only for a version that serves. Otherwise `compressed` is False and
-    `reason` says why (the DAG's task skips)."""
+    path from arrival to it, and only for a version that serves. Otherwise `compressed` is False, `skip` True
+    (the DAG's task skips) and `reason` says why."""
     if decision != "promoted":
         return {
             "model_version": version,
             "compressed": False,
+            "skip": True,
             "reason": f"v{version} was not promoted ({decision}): fp32 alone stays exported",
         }
     from training.export import VARIANTS_TAG, export_version

@@ -491,7 +491,6 @@ def test_an_identical_retrain_is_skipped_by_a_cpu_pod_before_training(step_pods,
     set, commit, configuration and image: the pod task is skipped, and with it train and the steps after."""
     import typer
 
-    from core.errors import EXIT_SKIPPED
     from training.cli import app
 
     dag = step_pods["evaluate"][0].dag
