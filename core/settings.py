@@ -322,6 +322,10 @@ class Settings(BaseSettings):
     # DVC operations (version_gold, training_set, promote's fetch) take turns on the repository; one waits
     # this long for the others, then fails with a retryable LockTimeoutError.
     dvc_lock_wait_s: float = Field(default=600.0, gt=0, description="wait for another DVC operation")
+    # The features DAG's `materialize` runs beside the retrain it started (off the critical path); on a
+    # machine they share (the local profile, an Airflow worker) it runs at this niceness, so the training
+    # set, train and the gate get the cores first and the online load takes what they leave. 0: no change.
+    materialize_niceness: int = Field(default=10, ge=0, le=19, description="CPU niceness of the online load")
     # Where people open MLflow's UI: the links an approver follows to a candidate's run and plots. Unset:
     # the tracking URI when it is http(s) (the cluster's server); `make up` sets it to the MLflow server it
     # starts, since the local profile tracks straight into SQLite.

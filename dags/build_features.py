@@ -28,7 +28,8 @@ Two assets: `version_gold` emits `fraud_features` (gold validated and versioned:
 which starts the retrain DAG at once; `materialize` runs beside it and emits `fraud_features_online` (the
 online store loaded: what a scorer reads). A retrain does not wait for the online load (at 1M transactions
 a day, a minute or more of SQLite upserts: see docs/benchmarks.md), and a failed load does not hold training
-back.
+back. The load runs at a lower CPU priority (`MLOPS_MATERIALIZE_NICENESS`, default 10): where it shares the
+cores with the retrain's tasks, they get them first.
 
 **Catching up on Airflow 3.3.** While a run is active (`max_active_runs=1`), further silver events queue;
 Airflow 3.3 starts the next run on the first of them and keeps the others until a later event arrives
@@ -47,7 +48,7 @@ from airflow.sdk import DAG, Param, task, task_group
 
 from orchestration.alerts import failure_alerts
 from orchestration.assets import FRAUD_FEATURES, FRAUD_FEATURES_ONLINE, SILVER_TRANSACTIONS
-from orchestration.tasks import MAP_INDEX_BY_DATE, label_mapped_date, run_step
+from orchestration.tasks import MAP_INDEX_BY_DATE, label_mapped_date, lower_cpu_priority, run_step
 
 DEFAULT_ARGS = {
     "on_failure_callback": failure_alerts(),  # core/alerts.py: to the webhook and mail the settings name
@@ -131,12 +132,15 @@ with DAG(
     def materialize(day: str, outlet_events=None) -> dict:
         from datetime import date
 
+        from core.settings import get_settings
         from features.materialize import materialize_date
 
         label_mapped_date(day)
-        result = run_step(materialize_date, date.fromisoformat(day))
+        # Off the critical path, beside the retrain it started: the retrain's tasks get the cores first.
+        with lower_cpu_priority(get_settings().materialize_niceness) as niceness:
+            result = run_step(materialize_date, date.fromisoformat(day))
         outlet_events[FRAUD_FEATURES_ONLINE].extra = {"event_dates": [day]}
-        return result
+        return {**result, "niceness": niceness}
 
     @task_group(prefix_group_id=False)
     def gold_for_date(day: str) -> None:

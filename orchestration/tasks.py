@@ -5,7 +5,9 @@ Imported at DAG parse time, so it imports nothing heavier than the Airflow SDK a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -89,6 +91,28 @@ def run_step(step: Callable[Concatenate[Settings, P], R], *args: P.args, **kwarg
     settings = get_settings()
     settings.ensure_dirs()
     return fail_fast_on_bad_data(lambda: step(settings, *args, **kwargs))
+
+
+@contextmanager
+def lower_cpu_priority(niceness: int) -> Iterator[int]:
+    """Run the block at `niceness` (added to the thread's own; 0: unchanged) and yield the niceness in effect.
+
+    For work off the critical path that shares the machine's cores with work on it (the online load beside
+    the retrain): the kernel's scheduler then gives the cores to the other tasks first, and this one runs on
+    what they leave, without waiting for them as a pool slot would. Linux sets a niceness per thread and a
+    thread starts with its creator's, so the threads the block starts (Arrow's, SQLite's) run at it too and
+    keep it. At the end the thread's niceness is put back where the process may raise its priority (root,
+    CAP_SYS_NICE: a test calling the task in process); elsewhere it stays, in a task process about to end."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness > 0:
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, before + niceness))
+    try:
+        yield os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        if niceness > 0:
+            # An unprivileged process cannot raise its priority again: a task process, which ends soon.
+            with suppress(PermissionError):
+                os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 def training_set_or_skip(build: Callable[[Settings, date], dict], as_of: str, ti: Any) -> dict:

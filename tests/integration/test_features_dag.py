@@ -4,6 +4,7 @@ and `mlops features --json` running the same steps."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import date, timedelta
 
 import pytest
@@ -44,9 +45,24 @@ def test_a_run_builds_versions_and_materializes_the_date(airflow_db, silver_days
     from airflow.utils.session import create_session
 
     dag = DagBag(dag_folder="dags").dags["build_features"]
+    niceness_before = os.getpriority(os.PRIO_PROCESS, 0)
     run = dag.test(run_conf={"arrival_date": LAST.isoformat()})
     states = dag_run_states(run)
     assert set(states.values()) == {"success"}, states
+    # The online load ran at the settings' lower CPU priority (beside the retrain, it yields the cores),
+    # and a task run in this process (dag.test) put this thread's priority back.
+    from airflow.models.xcom import XComModel
+
+    with create_session() as session:
+        loaded = (
+            session.query(XComModel.value)
+            .filter(XComModel.run_id == run.run_id, XComModel.task_id == "materialize")
+            .filter(XComModel.key == "return_value")
+            .one()[0]
+        )
+    loaded = json.loads(loaded) if isinstance(loaded, str) else loaded
+    assert loaded["niceness"] == niceness_before + 10 and loaded["rows_materialized"] > 0
+    assert os.getpriority(os.PRIO_PROCESS, 0) == niceness_before
     # Versioned gold starts the retrain (fraud_features); the online load is its own asset, beside it.
     from airflow.models.asset import AssetEvent, AssetModel
 
