@@ -268,6 +268,39 @@ def _train_config(bench: TrainingBench, **overrides):
     )
 
 
+def with_library_dropout(model):
+    """`model` with torch's own nn.Dropout where FraudMLP has FastDropout (training/model.py): the layer it
+    replaced, for the cheaper masks' share of a loop."""
+    from torch import nn
+
+    from training.model import FastDropout
+
+    for index, module in enumerate(model.mlp):
+        if isinstance(module, FastDropout):
+            model.mlp[index] = nn.Dropout(module.p)
+    return model
+
+
+def compare_dropout(bench: TrainingBench, train, initial, device_name: str) -> dict:
+    """`repeats` back-to-back pairs of the plain loop with torch's nn.Dropout and with FastDropout, the same
+    weights and batches otherwise (the plain loop: only the step's own cost differs)."""
+    import copy
+
+    import torch
+
+    config = _train_config(bench, device=device_name, precision="fp32")
+    device = torch.device(device_name)
+    library, fast = [], []
+    for repeat in range(bench.repeats):
+        for which in ("library", "fast") if repeat % 2 == 0 else ("fast", "library"):
+            model = copy.deepcopy(initial)
+            if which == "library":
+                library.append(plain_loop(with_library_dropout(model), train, config, device))
+            else:
+                fast.append(plain_loop(model, train, config, device))
+    return {"library_runs": library, "fast_runs": fast}
+
+
 def compare_loops(
     bench: TrainingBench, train, validation, scratch: Path, tracking, device_name: str, precision: str
 ) -> tuple[list[dict], list[dict], object]:
@@ -397,6 +430,7 @@ def measure(bench: TrainingBench, scratch: Path) -> dict:
         "plain_runs": plain_runs,
         "our_runs": our_runs,
         "data_path": data_path_seconds(train, bench, torch.device("cpu")),
+        "dropout": compare_dropout(bench, train, _fresh_model(train.x, bench.seed), "cpu"),
         "scoring": scoring(model, validation, scratch, default_threads),
         "compression": compression(
             model, train, validation, make_split(bench.validation_rows, bench.seed + 2), bench, scratch
@@ -535,6 +569,14 @@ def table_rows(figures: dict) -> list[Row]:
                 seconds / ours["seconds"],
                 "%",
             )
+        )
+    if figures.get("dropout"):  # results recorded before the cheaper masks have none
+        runs = figures["dropout"]
+        rate, library_rate, ratio = paired(
+            runs["library_runs"], runs["fast_runs"], "seconds", lambda r: r["seconds"]
+        )
+        rows.append(
+            Row("plain loop with FastDropout", rate, "samples/s", library_rate, "torch's nn.Dropout", ratio)
         )
     share = ours["flush_seconds"] / ours["step_seconds"]
     per_flush_ms = ours["flush_seconds"] / ours["flushes"] * 1000
