@@ -108,6 +108,10 @@ export AIRFLOW__API__PORT="$AIRFLOW_PORT"
 # The LocalExecutor forks `parallelism` workers up front (default 32); the Spark and training tasks use
 # every core anyway, and each DAG runs one date at a time.
 export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-4}
+# The scheduler sleeps this long after a loop that found nothing to do (default 1 s), which is every loop
+# while a task runs: a task that ends waits up to that long before its downstream task is scheduled, on every
+# step of the chain. A loop on this stack's database costs milliseconds (docs/benchmarks.md, "The demo").
+export AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=${AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME:-0.2}
 # SQLite has one writer at a time: wait up to 30 s for the lock instead of 5 (mlops/airflow_db.py says why).
 if [[ $AIRFLOW_SQL_CONN == sqlite* ]]; then
   export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS=${AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS:-mlops.airflow_db.SQLITE_CONNECT_ARGS}
