@@ -268,25 +268,14 @@ def _train_config(bench: TrainingBench, **overrides):
     )
 
 
-def with_library_dropout(model):
-    """`model` with torch's own nn.Dropout where FraudMLP has FastDropout (training/model.py): the layer it
-    replaced, for the cheaper masks' share of a loop."""
-    from torch import nn
-
-    from training.model import FastDropout
-
-    for index, module in enumerate(model.mlp):
-        if isinstance(module, FastDropout):
-            model.mlp[index] = nn.Dropout(module.p)
-    return model
-
-
 def compare_dropout(bench: TrainingBench, train, initial, device_name: str) -> dict:
     """`repeats` back-to-back pairs of the plain loop with torch's nn.Dropout and with FastDropout, the same
     weights and batches otherwise (the plain loop: only the step's own cost differs)."""
     import copy
 
     import torch
+
+    from training.model import with_library_dropout
 
     config = _train_config(bench, device=device_name, precision="fp32")
     device = torch.device(device_name)
@@ -570,14 +559,13 @@ def table_rows(figures: dict) -> list[Row]:
                 "%",
             )
         )
-    if figures.get("dropout"):  # results recorded before the cheaper masks have none
-        runs = figures["dropout"]
-        rate, library_rate, ratio = paired(
-            runs["library_runs"], runs["fast_runs"], "seconds", lambda r: r["seconds"]
-        )
-        rows.append(
-            Row("plain loop with FastDropout", rate, "samples/s", library_rate, "torch's nn.Dropout", ratio)
-        )
+    dropout = figures["dropout"]
+    rate, library_rate, ratio = paired(
+        dropout["library_runs"], dropout["fast_runs"], "seconds", lambda r: r["seconds"]
+    )
+    rows.append(
+        Row("plain loop with FastDropout", rate, "samples/s", library_rate, "torch's nn.Dropout", ratio)
+    )
     share = ours["flush_seconds"] / ours["step_seconds"]
     per_flush_ms = ours["flush_seconds"] / ours["flushes"] * 1000
     rows.append(

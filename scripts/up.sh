@@ -110,7 +110,8 @@ export AIRFLOW__API__PORT="$AIRFLOW_PORT"
 export AIRFLOW__CORE__PARALLELISM=${AIRFLOW__CORE__PARALLELISM:-4}
 # The scheduler sleeps this long after a loop that found nothing to do (default 1 s), which is every loop
 # while a task runs: a task that ends waits up to that long before its downstream task is scheduled, on every
-# step of the chain. A loop on this stack's database costs milliseconds (docs/benchmarks.md, "The demo").
+# step of the chain. At 0.2 s the scheduler takes about 8% of a core more (docs/benchmarks.md, "Orchestration
+# latencies", with the demo's and the end-to-end benchmark's figures).
 export AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=${AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME:-0.2}
 # SQLite has one writer at a time: wait up to 30 s for the lock instead of 5 (mlops/airflow_db.py says why).
 if [[ $AIRFLOW_SQL_CONN == sqlite* ]]; then

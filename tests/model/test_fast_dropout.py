@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.model import FastDropout, FraudMLP, ModelConfig
+from training.model import FastDropout, FraudMLP, ModelConfig, with_library_dropout
 
 ROWS, WIDTH = 512, 130  # 66,560 elements: not a multiple of four, so the last draw is used in part
 
@@ -85,10 +85,10 @@ def test_the_model_has_the_same_parameters_and_state_as_with_the_library_dropout
     model in evaluation gives the same scores as with nn.Dropout in its place."""
     config = ModelConfig(dropout=0.1)
     ours = FraudMLP(config)
-    library = FraudMLP(config)
-    for index, module in enumerate(library.mlp):
-        if isinstance(module, FastDropout):
-            library.mlp[index] = nn.Dropout(config.dropout)
+    library = with_library_dropout(FraudMLP(config))
+    assert [type(m) for m in library.modules() if isinstance(m, nn.Dropout | FastDropout)] == [
+        nn.Dropout
+    ] * len(config.hidden)
     library.load_state_dict(ours.state_dict())
     assert ours.state_dict().keys() == library.state_dict().keys()
     x = torch.randn(64, len(config.inputs))
