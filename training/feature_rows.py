@@ -61,6 +61,7 @@ from pipelines.gold.contract import (
 from pipelines.lake import Tables, read_json, write_json
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
     from core.settings import Settings
@@ -72,6 +73,13 @@ ID_HASH = "id_hash"  # model_contract.inputs.unit_hash of the transaction id: th
 ARRIVAL = "arrival_date"
 KEY_COLUMNS = ("transaction_id", "customer_id", "merchant_id", EVENT_TIMESTAMP)
 ROWS_FILE = "part-00000.parquet"
+# Each date's rows are written in id-hash order, in row groups of this many rows: the sample's legitimate
+# rows (hash below the rate) are then the first groups of each file, and a fraud's row is found by reading
+# one group. Marked in the file's metadata (older files, in scan order, are rewritten once: _relayout).
+ROW_GROUP_ROWS = 16_384
+ORDER_KEY = b"mlops.rows_order"
+HASH_ORDER = b"id_hash"
+SIGNATURE_KEY = b"mlops.signature"
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,11 @@ def _carry_path(lake: Path, day: date) -> Path:
 
 def _record_path(lake: Path, day: date) -> Path:
     return _state_root(lake) / f"{PARTITION_COLUMN}={day.isoformat()}.json"
+
+
+def _frauds_path(lake: Path, day: date) -> Path:
+    """The rows of the date's known frauds, kept apart by the training sets that read them (WindowRows)."""
+    return lake / "state" / "training_rows_frauds" / f"{PARTITION_COLUMN}={day.isoformat()}.parquet"
 
 
 def _start(day: date) -> datetime:
@@ -182,7 +195,8 @@ def ensure_feature_rows(settings: Settings, days: list[date]) -> dict:
     signatures = _Signatures(lake)
     stale = sorted(d for d in set(days) if not is_fresh(lake, d, signatures))
     if not stale:
-        return {"built": [], "fresh": sorted(d.isoformat() for d in set(days))}
+        relaid = [d.isoformat() for d in sorted(set(days)) if _relayout(lake, d)]
+        return {"built": [], "fresh": sorted(d.isoformat() for d in set(days)), "relaid": relaid}
     require_gold(settings)  # no gold at all: name the command that writes it
     # Walk back from the oldest stale date while the carry it needs is stale and gold exists to make it.
     first = stale[0]
@@ -203,7 +217,8 @@ def ensure_feature_rows(settings: Settings, days: list[date]) -> dict:
             built.append(day.isoformat())
         day += timedelta(days=1)
     log.info("feature rows built for %d date(s): %s", len(built), ", ".join(built))
-    return {"built": built, "fresh": sorted({d.isoformat() for d in days} - set(built))}
+    relaid = [d.isoformat() for d in sorted(set(days)) if _relayout(lake, d)]
+    return {"built": built, "fresh": sorted({d.isoformat() for d in days} - set(built)), "relaid": relaid}
 
 
 def _read_carry(lake: Path, day: date, signatures: _Signatures) -> dict[str, pa.Table]:
@@ -280,8 +295,8 @@ def build_date(
 ) -> dict[str, pa.Table]:
     """Write the rows of event date `day` (from its silver, its gold and what the day before carried) and
     what it carries into the next; record its signature last. Returns the carry."""
-    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from features.offline import match_latest
     from model_contract.inputs import FEATURE_LAG, transaction_inputs_of_table, unit_hash
@@ -318,11 +333,32 @@ def build_date(
         rows = pa.table(columns)
     carry = {v.name: _carry(v, carried[v.name], golds[v.name], day, FEATURE_LAG) for v in VIEWS}
     _write(lake, day, rows, carry)
+    if rows is not None:  # the frauds reported so far, kept apart while the rows are at hand (WindowRows)
+        reported = rows.filter(pc.is_in(rows["transaction_id"], value_set=_reported_frauds(settings, day)))
+        _write_frauds(lake, day, signature, reported)
     write_json(
         _record_path(lake, day),
         {"event_date": day.isoformat(), "signature": signature, "rows": 0 if rows is None else rows.num_rows},
     )
     return carry
+
+
+def _reported_frauds(settings: Settings, day: date) -> pa.Array:
+    """The ids of every transaction reported as fraud in a labels arrival from `day` on (a transaction's
+    chargeback comes after it, and the rows of a date are built after its own arrival): more than a
+    training set as of some date knows, which is what a store of candidates may hold."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    root = Tables(settings.lake).silver_labels
+    if not any(root.glob("arrival_date=*/*.parquet")):
+        return pa.array([], pa.string())
+    labels = ds.dataset(root, format="parquet", partitioning="hive").to_table(
+        columns=["transaction_id", "is_fraud"],
+        filter=ds.field("arrival_date").cast("string") >= day.isoformat(),
+    )
+    return pc.unique(labels["transaction_id"].filter(pc.cast(labels["is_fraud"], pa.bool_())))
 
 
 def _carry(view: View, carried: pa.Table, gold: pa.Table | None, day: date, lag: timedelta) -> pa.Table:
@@ -348,33 +384,86 @@ def _carry(view: View, carried: pa.Table, gold: pa.Table | None, day: date, lag:
     return rows.take(pa.array(np.concatenate([np.sort(last), after])))
 
 
-def _write(lake: Path, day: date, rows: pa.Table | None, carry: dict[str, pa.Table]) -> None:
-    """Replace the date's rows and carry: each folder staged beside its place, then swapped in."""
+def _replace(target: Path, files: dict[str, pa.Table], order_by_hash: bool = False) -> None:
+    """Replace the folder `target` by one holding `files`: staged beside its place, then swapped in."""
     import pyarrow.parquet as pq
 
-    def replace(target: Path, files: dict[str, pa.Table]) -> None:
-        staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for name, table in files.items():
-            # Dictionaries only for the entity keys and dates: on ids and float features they cost more
-            # than they save.
-            keys = [c for c in (CUSTOMER_JOIN_KEY, MERCHANT_JOIN_KEY, ARRIVAL) if c in table.column_names]
-            # LZ4, not zstd: a training set decodes a month of these; LZ4 read a date's rows in 0.42 s
-            # against zstd's 0.75 s, for 1.36x the bytes (measured: docs/benchmarks.md).
-            pq.write_table(table, staging / name, compression="lz4", use_dictionary=keys)
-        old = target.with_name(f".{target.name}.{os.getpid()}.old")
-        if target.exists():
-            os.replace(target, old)
-        os.replace(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
+    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name, table in files.items():
+        # Dictionaries only for the entity keys and dates: on ids and float features they cost more
+        # than they save.
+        keys = [c for c in (CUSTOMER_JOIN_KEY, MERCHANT_JOIN_KEY, ARRIVAL) if c in table.column_names]
+        # LZ4, not zstd: a training set decodes a month of these; LZ4 read a date's rows in 0.42 s
+        # against zstd's 0.75 s, for 1.36x the bytes (measured: docs/benchmarks.md).
+        if order_by_hash:
+            table = _in_hash_order(table)
+        pq.write_table(
+            table,
+            staging / name,
+            compression="lz4",
+            use_dictionary=keys,
+            row_group_size=ROW_GROUP_ROWS if order_by_hash else None,
+        )
+    old = target.with_name(f".{target.name}.{os.getpid()}.old")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
 
+
+def _in_hash_order(rows: pa.Table) -> pa.Table:
+    """`rows` sorted by the id hash (then the id), marked so in the file's metadata: the training set's
+    sample keeps the rows under a hash threshold, which then lie in the first row groups of each file."""
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(rows, sort_keys=[(ID_HASH, "ascending"), ("transaction_id", "ascending")])
+    rows = rows.take(order)
+    return rows.replace_schema_metadata({**(rows.schema.metadata or {}), ORDER_KEY: HASH_ORDER})
+
+
+def in_hash_order(path: Path) -> bool:
+    """Whether the rows file at `path` was written in id-hash order (older lakes hold scan order)."""
+    import pyarrow.parquet as pq
+
+    return (pq.read_schema(path).metadata or {}).get(ORDER_KEY) == HASH_ORDER
+
+
+def _relayout(lake: Path, day: date) -> bool:
+    """Rewrite a date's rows file written in scan order (a lake built before the hash order) in hash order:
+    the same rows, so its record stays valid. Returns whether it rewrote."""
+    import pyarrow.parquet as pq
+
+    path = _rows_path(lake, day) / ROWS_FILE
+    if not path.is_file() or in_hash_order(path):
+        return False
+    _replace(_rows_path(lake, day), {ROWS_FILE: pq.read_table(path)}, order_by_hash=True)
+    return True
+
+
+def _write(lake: Path, day: date, rows: pa.Table | None, carry: dict[str, pa.Table]) -> None:
+    """Replace the date's rows (in id-hash order) and carry, and drop the frauds kept apart from its old
+    rows."""
     _record_path(lake, day).unlink(missing_ok=True)  # stale until the new record is written
+    _frauds_path(lake, day).unlink(missing_ok=True)
     if rows is None:
         shutil.rmtree(_rows_path(lake, day), ignore_errors=True)
     else:
-        replace(_rows_path(lake, day), {ROWS_FILE: rows})
-    replace(_carry_path(lake, day), {f"{view.name}.parquet": carry[view.name] for view in VIEWS})
+        _replace(_rows_path(lake, day), {ROWS_FILE: rows}, order_by_hash=True)
+    _replace(_carry_path(lake, day), {f"{view.name}.parquet": carry[view.name] for view in VIEWS})
+
+
+def _write_frauds(lake: Path, day: date, signature: str, frauds: pa.Table) -> None:
+    """Keep `frauds` (rows of `day` read from rows of `signature`) apart: written beside, then swapped in."""
+    import pyarrow.parquet as pq
+
+    path = _frauds_path(lake, day)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    frauds = frauds.replace_schema_metadata({SIGNATURE_KEY: signature.encode()})
+    pq.write_table(frauds, staging, compression="lz4")
+    os.replace(staging, path)
 
 
 def rows_dataset(lake: Path):
@@ -387,3 +476,136 @@ def rows_dataset(lake: Path):
         return None
     partitioning = ds.partitioning(pa.schema([(PARTITION_COLUMN, pa.string())]), flavor="hive")
     return ds.dataset(root, format="parquet", partitioning=partitioning, exclude_invalid_files=False)
+
+
+class WindowRows:
+    """The rows files of a window's event dates, read in two passes: a few columns of every row (the
+    training set's sample is planned on them), then whole rows at chosen positions.
+
+    The second pass decodes only the row groups that hold a chosen row, so the cost follows the rows kept,
+    not the window: in id-hash order the sample's legitimate rows are each file's first groups. Frauds,
+    all kept and spread over every group, are kept apart per date (`_frauds_path`, with the signature of
+    the rows they were read from): a chosen fraud found there is taken from it, one that is not (its
+    chargeback came since the last read) is read from its group and added. So a daily retrain decodes the
+    sample's groups and the groups of the day's new chargebacks, which fall mostly on the last few dates."""
+
+    def __init__(self, lake: Path, event_dates: list[date]) -> None:
+        self.lake = lake
+        self.files: list[tuple[date, Path, str | None]] = []
+        for day in sorted(event_dates):
+            path = _rows_path(lake, day) / ROWS_FILE
+            if path.is_file():
+                record = read_json(_record_path(lake, day)) or {}
+                self.files.append((day, path, record.get("signature")))
+        self.starts: list[int] = []  # each file's first row in the thin table
+        self.stats = {"rows_decoded": 0, "groups_read": 0, "frauds_from_store": 0, "frauds_added": 0}
+
+    def thin(self, columns: list[str]) -> pa.Table:
+        """`columns` of every row of every file, file after file in date order, rows in file order."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        parts, start = [], 0
+        for _, path, _ in self.files:
+            part = pq.read_table(path, columns=columns, read_dictionary=[ARRIVAL])
+            self.starts.append(start)
+            start += part.num_rows
+            parts.append(part)
+        self.starts.append(start)
+        return pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in columns})
+
+    def take(
+        self, positions: np.ndarray, fraud: np.ndarray, ids: pa.ChunkedArray, columns: list[str]
+    ) -> pa.Table | None:
+        """`columns` of the rows at `positions` (ascending, into the thin table), in that order. `fraud`
+        flags the frauds among them and `ids` are their transaction ids (from the thin read)."""
+        import numpy as np
+        import pyarrow as pa
+
+        bounds = np.searchsorted(positions, self.starts)
+        pieces = []
+        for k, (day, path, signature) in enumerate(self.files):
+            lo, hi = bounds[k], bounds[k + 1]
+            if lo == hi:
+                continue
+            rows = positions[lo:hi] - self.starts[k]
+            pieces.append(
+                self._take_file(day, path, signature, rows, fraud[lo:hi], ids.slice(lo, hi - lo), columns)
+            )
+        return pa.concat_tables(pieces) if pieces else None
+
+    def _take_file(
+        self,
+        day: date,
+        path: Path,
+        signature: str | None,
+        rows: np.ndarray,
+        fraud: np.ndarray,
+        ids: pa.ChunkedArray,
+        columns: list[str],
+    ) -> pa.Table:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(path)
+        sizes = np.array([parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
+        group_starts = np.concatenate([[0], np.cumsum(sizes)])
+        group = np.searchsorted(group_starts, rows, side="right") - 1
+        needed = np.zeros(len(sizes), dtype=bool)
+        needed[group[~fraud]] = True
+        stored = self._stored_frauds(day, signature, columns)
+        at = np.full(len(rows), -1)
+        if stored is not None and fraud.any():
+            found = pc.index_in(ids, value_set=stored["transaction_id"])
+            at = pc.fill_null(found, -1).to_numpy().astype(np.int64)
+        from_store = fraud & ~needed[group] & (at >= 0)
+        needed[group[~from_store]] = True
+        chosen = np.flatnonzero(needed)
+        read = parquet.read_row_groups(chosen, columns=columns) if len(chosen) else None
+        self.stats["groups_read"] += len(chosen)
+        self.stats["rows_decoded"] += int(sizes[chosen].sum())
+        self.stats["frauds_from_store"] += int(from_store.sum())
+        # Offsets of the groups read within `read`, then each chosen row's place in it.
+        offset_of = np.zeros(len(sizes), dtype=np.int64)
+        offset_of[chosen] = np.cumsum(sizes[chosen]) - sizes[chosen]
+        in_read = np.flatnonzero(~from_store)
+        parts, order = [], []
+        if len(in_read):
+            assert read is not None, "a row not from the store lies in a group read"
+            within = offset_of[group[in_read]] + rows[in_read] - group_starts[group[in_read]]
+            parts.append(read.take(pa.array(within)))
+            order.append(in_read)
+        in_store = np.flatnonzero(from_store)
+        if len(in_store):
+            assert stored is not None, "a row from the store was found there"
+            parts.append(stored.select(columns).take(pa.array(at[in_store])))
+            order.append(in_store)
+        table = pa.concat_tables(parts)
+        table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+        # The frauds read from their groups and not yet apart: kept apart for the next read.
+        new = np.flatnonzero(fraud & (at < 0))
+        if len(new) and signature is not None:
+            added = table.take(pa.array(new))
+            keep = added if stored is None else pa.concat_tables([stored.select(columns), added])
+            _write_frauds(self.lake, day, signature, keep)
+            self.stats["frauds_added"] += len(new)
+        return table
+
+    def _stored_frauds(self, day: date, signature: str | None, columns: list[str]) -> pa.Table | None:
+        """The date's frauds kept apart, when they were read from rows of the same signature and hold the
+        columns asked for; None otherwise."""
+        import pyarrow.parquet as pq
+
+        path = _frauds_path(self.lake, day)
+        if signature is None or not path.is_file():
+            return None
+        try:
+            table = pq.read_table(path)
+        except OSError:
+            return None  # torn or unreadable: read the rows again and write it anew
+        kept_for = (table.schema.metadata or {}).get(SIGNATURE_KEY, b"").decode()
+        if kept_for != signature or not set(columns) <= set(table.column_names):
+            return None
+        return table
