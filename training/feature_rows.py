@@ -478,6 +478,10 @@ def rows_dataset(lake: Path):
     return ds.dataset(root, format="parquet", partitioning=partitioning, exclude_invalid_files=False)
 
 
+class RowsChangedError(FeatureRowsError):
+    """A rows file changed between the two passes of a read (a features run rebuilt it)."""
+
+
 class WindowRows:
     """The rows files of a window's event dates, read in two passes: a few columns of every row (the
     training set's sample is planned on them), then whole rows at chosen positions.
@@ -490,6 +494,8 @@ class WindowRows:
     sample's groups and the groups of the day's new chargebacks, which fall mostly on the last few dates."""
 
     def __init__(self, lake: Path, event_dates: list[date]) -> None:
+        import numpy as np
+
         self.lake = lake
         self.files: list[tuple[date, Path, str | None]] = []
         for day in sorted(event_dates):
@@ -497,42 +503,63 @@ class WindowRows:
             if path.is_file():
                 record = read_json(_record_path(lake, day)) or {}
                 self.files.append((day, path, record.get("signature")))
-        self.starts: list[int] = []  # each file's first row in the thin table
+        self.parts: list[pa.Table] = []  # the first pass, a table a file
+        self.starts = np.zeros(1, dtype=np.int64)  # each file's first row in the thin table, and the end
         self.stats = {"rows_decoded": 0, "groups_read": 0, "frauds_from_store": 0, "frauds_added": 0}
 
     def thin(self, columns: list[str]) -> pa.Table:
         """`columns` of every row of every file, file after file in date order, rows in file order."""
+        import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        parts, start = [], 0
-        for _, path, _ in self.files:
-            part = pq.read_table(path, columns=columns, read_dictionary=[ARRIVAL])
-            self.starts.append(start)
-            start += part.num_rows
-            parts.append(part)
-        self.starts.append(start)
-        return pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in columns})
+        self.parts = [
+            pq.read_table(path, columns=columns, read_dictionary=[ARRIVAL]) for _, path, _ in self.files
+        ]
+        self.starts = np.concatenate([[0], np.cumsum([part.num_rows for part in self.parts])])
+        if not self.parts:
+            return pa.table({c: pa.array([], pa.string()) for c in columns})
+        return pa.concat_tables(self.parts)
+
+    def ids_at(self, positions: np.ndarray) -> pa.Array:
+        """The transaction ids at `positions` (into the thin table, any order), taken file by file."""
+        import numpy as np
+        import pyarrow as pa
+
+        files = np.searchsorted(self.starts, positions, side="right") - 1
+        order = np.argsort(files, kind="stable")
+        pieces = []
+        for k in np.unique(files):
+            chosen = positions[order][files[order] == k] - self.starts[k]
+            pieces.append(self.parts[k]["transaction_id"].take(pa.array(chosen)))
+        taken = pa.chunked_array(pieces, pa.string()).combine_chunks()
+        return taken.take(pa.array(np.argsort(order, kind="stable")))
 
     def take(
-        self, positions: np.ndarray, fraud: np.ndarray, ids: pa.ChunkedArray, columns: list[str]
-    ) -> pa.Table | None:
-        """`columns` of the rows at `positions` (ascending, into the thin table), in that order. `fraud`
-        flags the frauds among them and `ids` are their transaction ids (from the thin read)."""
+        self, positions: np.ndarray, fraud: np.ndarray, columns: list[str]
+    ) -> tuple[pa.Table, np.ndarray]:
+        """`columns` of the rows at `positions` (ascending, into the thin table; `fraud` flags the frauds
+        among them), and for each row returned its index in `positions` (rows come group by group, the
+        frauds kept apart after them: the caller orders the table once, as it wants it).
+        Raises RowsChangedError when a file no longer holds the ids the first pass read."""
         import numpy as np
         import pyarrow as pa
 
         bounds = np.searchsorted(positions, self.starts)
-        pieces = []
+        pieces, orders = [], []
         for k, (day, path, signature) in enumerate(self.files):
             lo, hi = bounds[k], bounds[k + 1]
             if lo == hi:
                 continue
-            rows = positions[lo:hi] - self.starts[k]
-            pieces.append(
-                self._take_file(day, path, signature, rows, fraud[lo:hi], ids.slice(lo, hi - lo), columns)
+            ids = self.parts[k]["transaction_id"]
+            table, order = self._take_file(
+                day, path, signature, positions[lo:hi] - self.starts[k], fraud[lo:hi], ids, columns
             )
-        return pa.concat_tables(pieces) if pieces else None
+            pieces.append(table)
+            orders.append(order + lo)
+        if not pieces:
+            return pa.schema([]).empty_table(), np.zeros(0, dtype=np.int64)
+        return pa.concat_tables(pieces), np.concatenate(orders)
 
     def _take_file(
         self,
@@ -541,9 +568,9 @@ class WindowRows:
         signature: str | None,
         rows: np.ndarray,
         fraud: np.ndarray,
-        ids: pa.ChunkedArray,
+        file_ids: pa.ChunkedArray,
         columns: list[str],
-    ) -> pa.Table:
+    ) -> tuple[pa.Table, np.ndarray]:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -555,43 +582,49 @@ class WindowRows:
         group = np.searchsorted(group_starts, rows, side="right") - 1
         needed = np.zeros(len(sizes), dtype=bool)
         needed[group[~fraud]] = True
+        ids = file_ids.take(pa.array(rows))
         stored = self._stored_frauds(day, signature, columns)
-        at = np.full(len(rows), -1)
+        at = np.full(len(rows), -1, dtype=np.int64)
         if stored is not None and fraud.any():
-            found = pc.index_in(ids, value_set=stored["transaction_id"])
-            at = pc.fill_null(found, -1).to_numpy().astype(np.int64)
+            at = (
+                pc.fill_null(pc.index_in(ids, value_set=stored["transaction_id"]), -1)
+                .to_numpy()
+                .astype(np.int64)
+            )
         from_store = fraud & ~needed[group] & (at >= 0)
         needed[group[~from_store]] = True
-        chosen = np.flatnonzero(needed)
-        read = parquet.read_row_groups(chosen, columns=columns) if len(chosen) else None
-        self.stats["groups_read"] += len(chosen)
-        self.stats["rows_decoded"] += int(sizes[chosen].sum())
-        self.stats["frauds_from_store"] += int(from_store.sum())
-        # Offsets of the groups read within `read`, then each chosen row's place in it.
-        offset_of = np.zeros(len(sizes), dtype=np.int64)
-        offset_of[chosen] = np.cumsum(sizes[chosen]) - sizes[chosen]
+        pieces, order = [], []
+        # Group by group: a take from one decoded group gathers the rows it keeps, never copies the group.
         in_read = np.flatnonzero(~from_store)
-        parts, order = [], []
-        if len(in_read):
-            assert read is not None, "a row not from the store lies in a group read"
-            within = offset_of[group[in_read]] + rows[in_read] - group_starts[group[in_read]]
-            parts.append(read.take(pa.array(within)))
-            order.append(in_read)
+        group_of_read = group[in_read]
+        edges = np.searchsorted(group_of_read, np.flatnonzero(needed))
+        for g, first in zip(np.flatnonzero(needed), edges, strict=True):
+            last = np.searchsorted(group_of_read, g, side="right")
+            decoded = parquet.read_row_group(int(g), columns=columns)
+            mine = in_read[first:last]
+            pieces.append(decoded.take(pa.array(rows[mine] - group_starts[g])))
+            order.append(mine)
+            self.stats["groups_read"] += 1
+            self.stats["rows_decoded"] += int(sizes[g])
+        read = pa.concat_tables(pieces) if pieces else None
+        if read is not None and not read["transaction_id"].equals(ids.take(pa.array(np.concatenate(order)))):
+            raise RowsChangedError(f"the rows file {path} changed while it was read")
         in_store = np.flatnonzero(from_store)
         if len(in_store):
             assert stored is not None, "a row from the store was found there"
-            parts.append(stored.select(columns).take(pa.array(at[in_store])))
+            pieces.append(stored.select(columns).take(pa.array(at[in_store])))
             order.append(in_store)
-        table = pa.concat_tables(parts)
-        table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+            self.stats["frauds_from_store"] += len(in_store)
+        table = pa.concat_tables(pieces)
+        order_all = np.concatenate(order)
         # The frauds read from their groups and not yet apart: kept apart for the next read.
-        new = np.flatnonzero(fraud & (at < 0))
+        new = np.flatnonzero(fraud[order_all] & (at[order_all] < 0))
         if len(new) and signature is not None:
             added = table.take(pa.array(new))
             keep = added if stored is None else pa.concat_tables([stored.select(columns), added])
             _write_frauds(self.lake, day, signature, keep)
             self.stats["frauds_added"] += len(new)
-        return table
+        return table, order_all
 
     def _stored_frauds(self, day: date, signature: str | None, columns: list[str]) -> pa.Table | None:
         """The date's frauds kept apart, when they were read from rows of the same signature and hold the

@@ -66,10 +66,12 @@ def _same(got: pa.Table | None, expected: pa.Table) -> bool:
 
 
 def _take(lake, positions: np.ndarray, fraud: np.ndarray) -> tuple[pa.Table, dict]:
+    """The rows at `positions`, put back in that order (the read returns them with their places)."""
     rows = feature_rows.WindowRows(lake, DAYS)
-    thin = rows.thin(THIN)
-    ids = thin["transaction_id"].take(pa.array(positions))
-    return rows.take(positions, fraud, ids, COLUMNS), rows.stats
+    rows.thin(THIN)
+    table, order = rows.take(positions, fraud, COLUMNS)
+    assert sorted(order) == list(range(len(positions)))  # each asked for once
+    return table.take(pa.array(np.argsort(order))), rows.stats
 
 
 def test_only_the_groups_of_kept_rows_are_decoded_and_frauds_come_from_the_store_next_time(tmp_path):
@@ -171,3 +173,44 @@ def test_the_training_set_is_the_same_from_small_groups_and_the_store_as_from_wh
     assert cold.num_rows > 0 and int(pc.sum(cold["label"]).as_py()) > 0
     assert _same(cold, reference) and _same(warm, reference)
     assert info == reference_info
+
+
+def test_ids_are_taken_file_by_file_in_the_order_asked(tmp_path):
+    for k, day in enumerate(DAYS):
+        _write_date(tmp_path, day, seed=k, signature=f"s{k}")
+    rows = feature_rows.WindowRows(tmp_path, DAYS)
+    thin = rows.thin(THIN)
+    asked = np.random.default_rng(5).permutation(thin.num_rows)[:500]
+    assert rows.ids_at(asked).to_pylist() == thin["transaction_id"].take(pa.array(asked)).to_pylist()
+
+
+def test_a_file_rewritten_between_the_passes_is_named(tmp_path):
+    for k, day in enumerate(DAYS):
+        _write_date(tmp_path, day, seed=k, signature=f"s{k}")
+    rows = feature_rows.WindowRows(tmp_path, DAYS)
+    thin = rows.thin(THIN)
+    # Between the passes the date is rebuilt with late transactions added: the rows move in the file.
+    rebuilt = _rows_of(DAYS[2], ROWS + 300, seed=9)
+    empty = {view.name: feature_rows._empty_carry(view) for view in feature_rows.VIEWS}
+    feature_rows._write(tmp_path, DAYS[2], rebuilt, empty)
+    positions, fraud = _plan(thin, rate=0.1, fraud_share=0.0, seed=6)
+    with pytest.raises(feature_rows.RowsChangedError, match=f"event_date={DAYS[2]}"):
+        rows.take(positions, fraud, COLUMNS)
+
+
+def test_known_frauds_are_matched_by_id_even_where_hashes_collide(tmp_path):
+    from training.dataset import _is_known_fraud, unit_hash
+
+    _write_date(tmp_path, DAYS[0], seed=0, signature="s0")
+    rows = feature_rows.WindowRows(tmp_path, DAYS[:1])
+    thin = rows.thin(THIN)
+    ids = thin["transaction_id"]
+    frauds = ids.take(pa.array([3, 70, 1_999]))
+    hashes = thin[feature_rows.ID_HASH].to_numpy().copy()
+    hashes[10] = unit_hash(frauds.combine_chunks())[0]  # a legitimate row whose hash equals a fraud's
+    collided = thin.set_column(
+        thin.column_names.index(feature_rows.ID_HASH), feature_rows.ID_HASH, pa.array(hashes)
+    )
+    expected = pc.is_in(ids, value_set=frauds.combine_chunks()).to_numpy(zero_copy_only=False)
+    assert np.array_equal(_is_known_fraud(rows, collided, frauds.combine_chunks()), expected)
+    assert expected.sum() == 3 and not expected[10]

@@ -7,6 +7,7 @@ import math
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pytest
 
 from training.dataset import LABEL, SPLIT, WEIGHT, _pandas, as_written
 
@@ -67,3 +68,19 @@ def test_a_set_without_a_known_fraud_in_its_train_split_is_refused_unless_asked_
     _require_fraud(table, date(2026, 1, 3), 30, require_fraud=False)
     labelled = table.set_column(table.schema.get_field_index(LABEL), LABEL, pa.array([1, 0, 0], pa.int8()))
     _require_fraud(labelled, date(2026, 1, 3), 30, require_fraud=True)  # a fraud in train: accepted
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 10, 99, 100, 101, 1_000, 12_345, 999_983])
+@pytest.mark.parametrize(
+    "train,validation", [(0.7, 0.15), (0.8, 0.1), (0.6, 0.2), (1 / 3, 1 / 3), (0.5, 0.4)]
+)
+def test_split_sizes_count_the_ranks_as_dividing_each_would(rows, train, validation):
+    """`_split_sizes` bisects; it counts what dividing every rank 1..n by n and comparing would count."""
+    import numpy as np
+
+    from training.dataset import SplitFractions, _split_sizes
+
+    share = np.arange(1, rows + 1) / rows
+    fractions = SplitFractions(train=train, validation=validation)
+    expected = (int((share <= train).sum()), int((share <= train + validation).sum()))
+    assert _split_sizes(rows, fractions) == expected
