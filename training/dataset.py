@@ -434,7 +434,7 @@ def build_training_table(
             "lower MLOPS_TRAINING__LABEL_MATURITY_DAYS"
         )
     fraud_ids = _known_fraud(tables, first, day)
-    fraud = _is_known_fraud(rows, thin, fraud_ids)
+    fraud = rows.holding(fraud_ids)
     keep, splits, weights, sampling = _sample_plan(
         times[mature],
         _Subset(rows, mature),
@@ -480,24 +480,6 @@ class _Subset:
 
     def take(self, indices: np.ndarray) -> pa.Array:
         return self.rows.ids_at(self.positions[indices])
-
-
-def _is_known_fraud(rows: WindowRows, thin: pa.Table, fraud_ids: pa.Array) -> np.ndarray:
-    """Which rows of `thin` are known frauds: their id hashes matched first (numbers, not strings), then
-    the ids of the few rows matched, so a collision of hashes marks nothing."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from training.feature_rows import ID_HASH
-
-    fraud = np.zeros(thin.num_rows, dtype=bool)
-    if len(fraud_ids) == 0:
-        return fraud
-    candidates = pc.is_in(thin[ID_HASH], value_set=pa.array(unit_hash(fraud_ids)))
-    positions = np.flatnonzero(candidates.to_numpy(zero_copy_only=False))
-    fraud[positions] = pc.is_in(rows.ids_at(positions), value_set=fraud_ids).to_numpy(zero_copy_only=False)
-    return fraud
 
 
 def _arrivals_between(arrivals: pa.ChunkedArray, first: date, last: date) -> np.ndarray:

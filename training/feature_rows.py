@@ -535,6 +535,37 @@ class WindowRows:
         taken = pa.chunked_array(pieces, pa.string()).combine_chunks()
         return taken.take(pa.array(np.argsort(order, kind="stable")))
 
+    def holding(self, ids: pa.Array) -> np.ndarray:
+        """A mask over the thin table of the rows whose transaction id is in `ids` (the known frauds). Their
+        id hashes are looked up first, by bisection where a file is in hash order, then the ids of the few
+        rows found, so a collision of hashes marks nothing."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from model_contract.inputs import unit_hash
+
+        found = np.zeros(int(self.starts[-1]), dtype=bool)
+        if len(ids) == 0:
+            return found
+        wanted = np.sort(unit_hash(ids))
+        candidates = []
+        for k, part in enumerate(self.parts):
+            hashes = part[ID_HASH].to_numpy()
+            if len(hashes) and np.all(hashes[1:] >= hashes[:-1]):
+                low = np.searchsorted(hashes, wanted, side="left")
+                count = np.searchsorted(hashes, wanted, side="right") - low
+                starts = np.repeat(low, count)
+                within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+                rows = starts + within
+            else:  # scan order (a file not yet rewritten)
+                hit = pc.is_in(pa.array(hashes), value_set=pa.array(wanted))
+                rows = np.flatnonzero(hit.to_numpy(zero_copy_only=False))
+            candidates.append(np.unique(rows) + self.starts[k])
+        positions = np.concatenate(candidates) if candidates else np.zeros(0, dtype=np.int64)
+        found[positions] = pc.is_in(self.ids_at(positions), value_set=ids).to_numpy(zero_copy_only=False)
+        return found
+
     def take(
         self, positions: np.ndarray, fraud: np.ndarray, columns: list[str]
     ) -> tuple[pa.Table, np.ndarray]:

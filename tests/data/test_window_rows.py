@@ -198,19 +198,27 @@ def test_a_file_rewritten_between_the_passes_is_named(tmp_path):
         rows.take(positions, fraud, COLUMNS)
 
 
-def test_known_frauds_are_matched_by_id_even_where_hashes_collide(tmp_path):
-    from training.dataset import _is_known_fraud, unit_hash
+@pytest.mark.parametrize("order", ["hash", "scan"])
+def test_known_frauds_are_matched_by_id_even_where_hashes_collide(tmp_path, order):
+    from training.dataset import unit_hash
 
     _write_date(tmp_path, DAYS[0], seed=0, signature="s0")
+    if order == "scan":
+        path = feature_rows._rows_path(tmp_path, DAYS[0]) / feature_rows.ROWS_FILE
+        pq.write_table(_rows_of(DAYS[0], ROWS, 0), path)
     rows = feature_rows.WindowRows(tmp_path, DAYS[:1])
     thin = rows.thin(THIN)
-    ids = thin["transaction_id"]
+    ids = thin["transaction_id"].combine_chunks()
     frauds = ids.take(pa.array([3, 70, 1_999]))
     hashes = thin[feature_rows.ID_HASH].to_numpy().copy()
-    hashes[10] = unit_hash(frauds.combine_chunks())[0]  # a legitimate row whose hash equals a fraud's
-    collided = thin.set_column(
-        thin.column_names.index(feature_rows.ID_HASH), feature_rows.ID_HASH, pa.array(hashes)
+    # A legitimate row whose hash equals a fraud's (in a hash-ordered file, the next row: order kept).
+    twin = 10 if order == "scan" else 4
+    hashes[twin] = unit_hash(frauds)[0]
+    part = rows.parts[0]
+    rows.parts[0] = part.set_column(
+        part.column_names.index(feature_rows.ID_HASH), feature_rows.ID_HASH, pa.array(hashes)
     )
-    expected = pc.is_in(ids, value_set=frauds.combine_chunks()).to_numpy(zero_copy_only=False)
-    assert np.array_equal(_is_known_fraud(rows, collided, frauds.combine_chunks()), expected)
-    assert expected.sum() == 3 and not expected[10]
+    expected = pc.is_in(ids, value_set=frauds).to_numpy(zero_copy_only=False)
+    assert expected.sum() == 3 and not expected[twin]
+    assert np.array_equal(rows.holding(frauds), expected)
+    assert not rows.holding(pa.array([], pa.string())).any()
