@@ -6,6 +6,7 @@ as training/feature_rows.py writes them (benchmarks/training_set.py's rows: the 
 
 from __future__ import annotations
 
+import io
 from datetime import date, timedelta
 
 import numpy as np
@@ -19,7 +20,13 @@ from benchmarks.training_set import _rows_of, build_lake
 from core.settings import Settings
 from pipelines.lake import write_json
 from training import feature_rows
-from training.dataset import FRAME_KEYS, SERVICE_FEATURES, TRANSACTION_INPUTS, build_training_table
+from training.dataset import (
+    FRAME_KEYS,
+    SERVICE_FEATURES,
+    TRANSACTION_INPUTS,
+    as_written,
+    build_training_table,
+)
 
 DAYS = [date(2026, 3, 1) + timedelta(days=k) for k in range(3)]
 ROWS = 2_000
@@ -173,6 +180,14 @@ def test_the_training_set_is_the_same_from_small_groups_and_the_store_as_from_wh
     assert cold.num_rows > 0 and int(pc.sum(cold["label"]).as_py()) > 0
     assert _same(cold, reference) and _same(warm, reference)
     assert info == reference_info
+    written = {_written(as_written(t)) for t in (cold, warm, reference)}
+    assert len(written) == 1  # the same bytes, so the same DVC hash, however the rows were read
+
+
+def _written(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="lz4")
+    return sink.getvalue()
 
 
 def test_ids_are_taken_file_by_file_in_the_order_asked(tmp_path):
