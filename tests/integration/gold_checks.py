@@ -110,17 +110,16 @@ def assert_training_set_is_the_full_join(settings: Settings, as_of: date, window
 
 def assert_frauds_kept_apart_are_their_rows(settings: Settings) -> None:
     """Each date's frauds kept apart (training/feature_rows.WindowRows) are rows of that date's current rows
-    file, value for value, recorded with its signature, and reported as fraud; at least one date has some."""
+    file, value for value, recorded with its signature; at least one date has some. (A store may hold a
+    transaction whose chargeback a re-delivered labels file withdrew: a read takes from it only the rows
+    it knows as frauds, which the full-join comparison above checks.)"""
     import pandas as pd
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     from pipelines.lake import read_json
     from training import feature_rows
 
-    labels = ds.dataset(settings.lake / "silver" / "labels", format="parquet", partitioning="hive")
-    reported = labels.to_table(filter=ds.field("is_fraud").cast("bool"))["transaction_id"]
     stores = sorted((settings.lake / "state" / "training_rows_frauds").glob("event_date=*.parquet"))
     assert stores, "no date kept its frauds apart"
     for path in stores:
@@ -128,7 +127,6 @@ def assert_frauds_kept_apart_are_their_rows(settings: Settings) -> None:
         stored = pq.read_table(path)
         signature = (stored.schema.metadata or {}).get(feature_rows.SIGNATURE_KEY, b"").decode()
         assert signature == read_json(feature_rows._record_path(settings.lake, day))["signature"], day
-        assert pc.all(pc.is_in(stored["transaction_id"], value_set=reported)).as_py(), day
         rows = pq.read_table(feature_rows._rows_path(settings.lake, day) / feature_rows.ROWS_FILE)
         same = rows.filter(pc.is_in(rows["transaction_id"], value_set=stored["transaction_id"]))
         by_id = [("transaction_id", "ascending")]
