@@ -607,7 +607,15 @@ class WindowRows:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        parquet = pq.ParquetFile(path)
+        try:
+            parquet = pq.ParquetFile(path)
+        except OSError as gone:
+            raise RowsChangedError(f"the rows file {path} changed while it was read ({gone})") from gone
+        if parquet.metadata.num_rows != len(file_ids):
+            raise RowsChangedError(
+                f"the rows file {path} changed while it was read: {parquet.metadata.num_rows} rows, "
+                f"{len(file_ids)} at the first pass"
+            )
         sizes = np.array([parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
         group_starts = np.concatenate([[0], np.cumsum(sizes)])
         group = np.searchsorted(group_starts, rows, side="right") - 1

@@ -199,16 +199,22 @@ def test_ids_are_taken_file_by_file_in_the_order_asked(tmp_path):
     assert rows.ids_at(asked).to_pylist() == thin["transaction_id"].take(pa.array(asked)).to_pylist()
 
 
-def test_a_file_rewritten_between_the_passes_is_named(tmp_path):
+@pytest.mark.parametrize("change", [300, -300, 0])
+def test_a_file_rewritten_between_the_passes_is_named(tmp_path, change):
     for k, day in enumerate(DAYS):
         _write_date(tmp_path, day, seed=k, signature=f"s{k}")
     rows = feature_rows.WindowRows(tmp_path, DAYS)
     thin = rows.thin(THIN)
-    # Between the passes the date is rebuilt with late transactions added: the rows move in the file.
-    rebuilt = _rows_of(DAYS[2], ROWS + 300, seed=9)
+    # Between the passes the date is rebuilt with transactions added or withdrawn (the rows move in the
+    # file), or with the same count of other transactions.
+    rebuilt = _rows_of(DAYS[2], ROWS + change, seed=9)
+    if change == 0:
+        rebuilt = rebuilt.set_column(
+            0, "transaction_id", pc.binary_join_element_wise(rebuilt["transaction_id"], "x", "")
+        )
     empty = {view.name: feature_rows._empty_carry(view) for view in feature_rows.VIEWS}
     feature_rows._write(tmp_path, DAYS[2], rebuilt, empty)
-    positions, fraud = _plan(thin, rate=0.1, fraud_share=0.0, seed=6)
+    positions, fraud = _plan(thin, rate=0.1, fraud_share=0.02, seed=6)
     with pytest.raises(feature_rows.RowsChangedError, match=f"event_date={DAYS[2]}"):
         rows.take(positions, fraud, COLUMNS)
 
