@@ -466,9 +466,7 @@ def build_training_table(
     by_time = pc.sort_indices(
         kept, sort_keys=[("event_timestamp", "ascending"), ("transaction_id", "ascending")]
     )
-    # One chunk a column: the file's bytes (and so its DVC hash) then depend on the rows alone, not on how
-    # many groups and kept-apart frauds they came from.
-    table = kept.take(by_time).combine_chunks()
+    table = kept.take(by_time)
     _require_fraud(table, day, window_days, require_fraud)
     return table, {**sampling, **label_coverage(settings, day, window_days)}
 

@@ -195,8 +195,11 @@ def ensure_feature_rows(settings: Settings, days: list[date]) -> dict:
     signatures = _Signatures(lake)
     stale = sorted(d for d in set(days) if not is_fresh(lake, d, signatures))
     if not stale:
-        relaid = [d.isoformat() for d in sorted(set(days)) if _relayout(lake, d)]
-        return {"built": [], "fresh": sorted(d.isoformat() for d in set(days)), "relaid": relaid}
+        return {
+            "built": [],
+            "fresh": sorted(d.isoformat() for d in set(days)),
+            "relaid": _relayout_all(lake, days),
+        }
     require_gold(settings)  # no gold at all: name the command that writes it
     # Walk back from the oldest stale date while the carry it needs is stale and gold exists to make it.
     first = stale[0]
@@ -205,6 +208,7 @@ def ensure_feature_rows(settings: Settings, days: list[date]) -> dict:
     ):
         first -= timedelta(days=1)
     carried = _read_carry(lake, first - timedelta(days=1), signatures)
+    reported = _reported_frauds(settings, first)  # read once for every date built
     built = []
     day = first
     while day <= stale[-1]:
@@ -213,12 +217,12 @@ def ensure_feature_rows(settings: Settings, days: list[date]) -> dict:
         elif day != first and day not in stale and is_fresh(lake, day, signatures):
             carried = _read_carry(lake, day, signatures)  # fresh: read, not rebuilt
         else:
-            carried = build_date(settings, day, carried, signatures)
+            carried = build_date(settings, day, carried, signatures, reported)
             built.append(day.isoformat())
         day += timedelta(days=1)
     log.info("feature rows built for %d date(s): %s", len(built), ", ".join(built))
-    relaid = [d.isoformat() for d in sorted(set(days)) if _relayout(lake, d)]
-    return {"built": built, "fresh": sorted({d.isoformat() for d in days} - set(built)), "relaid": relaid}
+    fresh = sorted({d.isoformat() for d in days} - set(built))
+    return {"built": built, "fresh": fresh, "relaid": _relayout_all(lake, days)}
 
 
 def _read_carry(lake: Path, day: date, signatures: _Signatures) -> dict[str, pa.Table]:
@@ -291,10 +295,15 @@ def _silver_of(settings: Settings, day: date) -> pa.Table:
 
 
 def build_date(
-    settings: Settings, day: date, carried: dict[str, pa.Table], signatures: _Signatures | None = None
+    settings: Settings,
+    day: date,
+    carried: dict[str, pa.Table],
+    signatures: _Signatures | None = None,
+    reported: pa.Array | None = None,
 ) -> dict[str, pa.Table]:
     """Write the rows of event date `day` (from its silver, its gold and what the day before carried) and
-    what it carries into the next; record its signature last. Returns the carry."""
+    what it carries into the next, and keep apart the rows of the frauds `reported` so far (read from the
+    labels when not given); record its signature last. Returns the carry."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -334,8 +343,10 @@ def build_date(
     carry = {v.name: _carry(v, carried[v.name], golds[v.name], day, FEATURE_LAG) for v in VIEWS}
     _write(lake, day, rows, carry)
     if rows is not None:  # the frauds reported so far, kept apart while the rows are at hand (WindowRows)
-        reported = rows.filter(pc.is_in(rows["transaction_id"], value_set=_reported_frauds(settings, day)))
-        _write_frauds(lake, day, signature, reported)
+        if reported is None:
+            reported = _reported_frauds(settings, day)
+        frauds = rows.filter(pc.is_in(rows["transaction_id"], value_set=reported))
+        _write_frauds(lake, day, signature, frauds)
     write_json(
         _record_path(lake, day),
         {"event_date": day.isoformat(), "signature": signature, "rows": 0 if rows is None else rows.num_rows},
@@ -440,6 +451,11 @@ def _relayout(lake: Path, day: date) -> bool:
         return False
     _replace(_rows_path(lake, day), {ROWS_FILE: pq.read_table(path)}, order_by_hash=True)
     return True
+
+
+def _relayout_all(lake: Path, days: list[date]) -> list[str]:
+    """`_relayout` for each of `days`: the dates rewritten."""
+    return [d.isoformat() for d in sorted(set(days)) if _relayout(lake, d)]
 
 
 def _write(lake: Path, day: date, rows: pa.Table | None, carry: dict[str, pa.Table]) -> None:
@@ -622,9 +638,9 @@ class WindowRows:
         needed = np.zeros(len(sizes), dtype=bool)
         needed[group[~fraud]] = True
         ids = file_ids.take(pa.array(rows))
-        stored = self._stored_frauds(day, signature, columns)
+        stored = self._stored_frauds(day, signature, columns) if fraud.any() else None
         at = np.full(len(rows), -1, dtype=np.int64)
-        if stored is not None and fraud.any():
+        if stored is not None:
             at = (
                 pc.fill_null(pc.index_in(ids, value_set=stored["transaction_id"]), -1)
                 .to_numpy()
