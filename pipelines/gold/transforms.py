@@ -217,7 +217,6 @@ def customer_features(evts: DataFrame, base: DataFrame, day: date) -> DataFrame:
     zero = {k: F.lit(0.0) if not k.startswith("_n_") else F.lit(0) for v in long_values.values() for k in v}
     no_row = {
         "_is_day": F.lit(False),
-        "_is_row": F.lit(False),
         "_txn_ms": F.lit(None).cast("long"),
         "_raw_usd": F.lit(None).cast("double"),
         "_merchant": F.lit(None).cast("string"),
@@ -235,7 +234,6 @@ def customer_features(evts: DataFrame, base: DataFrame, day: date) -> DataFrame:
             for k, v in values.items()
         ),
         is_day.alias("_is_day"),
-        F.lit(True).alias("_is_row"),
         F.col("_ms").alias("_txn_ms"),
         F.col("_usd").alias("_raw_usd"),
         F.col("merchant_id").alias("_merchant"),
@@ -248,16 +246,7 @@ def customer_features(evts: DataFrame, base: DataFrame, day: date) -> DataFrame:
         stream = stream.unionByName(
             _shifted(_on(evts, day, days), days, negated, {**zero, **no_row}).select(*rows.columns)
         )
-    # Two passes over one partitioning and order (no shuffle or sort between them). The running sums walk
-    # the whole stream; the shifted rows of D-7 and D-30 then leave it, and the sliding frames walk only the
-    # rows of D-1 and D. A sliding frame recomputes its aggregate over the whole frame for every row, and
-    # the shifted rows (null amount and merchant, so they never changed a sliding value) doubled both the
-    # rows it walks and each frame's size.
     running = _running("_key")
-    parts = [*(f"{part}_{name}" for name in LONG_WINDOWS for part in ("n", "sum", "sq")), "foreign_30d"]
-    carried = ("_key", "_ms", "_is_day", "_txn_ms", "_raw_usd", "_merchant", "transaction_id")
-    sums = [F.sum(f"_{p}").over(running).alias(f"_run_{p}") for p in parts]
-    summed = stream.select(*carried, EVENT_TIMESTAMP, *sums, "_is_row").where("_is_row")
     columns: list[Column] = []
     for name in ("1h", "24h"):
         w = _sliding("_key", WINDOWS[name])
@@ -272,16 +261,20 @@ def customer_features(evts: DataFrame, base: DataFrame, day: date) -> DataFrame:
         .cast("long")
         .alias("customer_distinct_merchants_24h")
     )
+    for name in LONG_WINDOWS:
+        columns += [
+            F.sum(f"_{part}_{name}").over(running).alias(f"_run_{part}_{name}") for part in ("n", "sum", "sq")
+        ]
+    columns.append(F.sum("_foreign_30d").over(running).alias("_run_foreign_30d"))
     previous = (
         Window.partitionBy("_key").orderBy("_ms", "transaction_id").rowsBetween(Window.unboundedPreceding, -1)
     )
-    features = summed.select(
+    features = stream.select(
         "_key",
         "_ms",
         "_is_day",
         EVENT_TIMESTAMP,
         *columns,
-        *(f"_run_{p}" for p in parts),
         F.max("_txn_ms").over(previous).alias("_previous_ms"),
     ).where("_is_day")
     features = features.join(base.withColumnRenamed("customer_id", "_key"), "_key", "left").na.fill(
