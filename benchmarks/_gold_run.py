@@ -2,7 +2,7 @@
 
 lookback HOME FIRST LAST REPEATS: warm Spark and GX up (a build of FIRST, unmeasured: JVM start, JIT and
 imports are fixed costs, not the cost of a date), then time build_gold and validate_gold of FIRST and LAST,
-alternated REPEATS times; prints the medians as one JSON line.
+alternated REPEATS times, and LAST's floor (`_floor_build`) as often; prints the medians as one JSON line.
 history HOME FIRST LAST [DAY ...]: derive the daily totals of FIRST .. LAST, then forget those of DAY ...
 floor HOME: start the SparkSession the jobs use and run a trivial job (the memory floor).
 """
@@ -55,13 +55,43 @@ def lookback(home: Path, first: date, last: date, repeats: int) -> dict:
                 record = FEATURES_STEPS[step](settings, day)
                 seconds[day][step].append(time.perf_counter() - started)
                 read.setdefault(day, record.get("silver_arrivals_read"))
-    return {
+    floors = [_floor_build(settings, last, read[last]) for _ in range(repeats)]
+    timings = {
         day.isoformat(): {
             **{step: statistics.median(samples) for step, samples in steps.items()},
             "silver_rows_read": _silver_rows(home, read[day]),
         }
         for day, steps in seconds.items()
     }
+    timings[last.isoformat()]["floor"] = statistics.median(floors)
+    return timings
+
+
+def _floor_build(settings, day: date, arrivals: list[str]) -> float:
+    """What any gold build of `day` does whatever its features: read the same silver rows (event dates D,
+    D-1, D-7 and D-30 of the same arrivals), shuffle them by customer and by merchant, sort each by time
+    and write D's rows of each table as one sorted file. No feature, no daily totals, no Arrow rewrite."""
+    import shutil
+
+    from pyspark.sql import functions as F
+
+    from pipelines.gold.transforms import ROW_OFFSETS
+    from pipelines.lake import Tables, read_partitions
+    from pipelines.spark import spark_session
+
+    spark = spark_session(settings)
+    wanted = [day - timedelta(days=k) for k in ROW_OFFSETS]
+    silver = read_partitions(spark, Tables(settings.lake).silver, [date.fromisoformat(a) for a in arrivals])
+    rows = silver.where(F.col("event_date").isin(*wanted))
+    scratch = settings.home / "bench-floor"
+    started = time.perf_counter()
+    for key in ("customer_id", "merchant_id"):
+        keyed = rows.repartition(key).sortWithinPartitions(key, "event_timestamp")
+        day_rows = keyed.where(F.col("event_date") == F.lit(day)).repartition(1).sortWithinPartitions(key)
+        day_rows.write.mode("overwrite").parquet(str(scratch / key))
+    seconds = time.perf_counter() - started
+    shutil.rmtree(scratch)
+    return seconds
 
 
 def floor() -> dict:

@@ -7,6 +7,8 @@ would take longer than the benchmarks; the gold job reads silver only, so it can
 gold_lookback: in one warm process (_gold_run.py), build_gold and validate_gold of the first date (silver of
 that date only) and of the 31st (its whole lookback: 30 earlier days and its own), alternated, median of
 `REPEATS`. Ratio = 31st / first (goal <= 1.25: a date's cost should follow its own rows, not its history).
+The 31st date is also measured against its floor: the same silver rows read, shuffled and sorted by
+customer and by merchant, and the date's rows written, with no feature computed (`_gold_run._floor_build`).
 
 gold_memory: peak RSS of the process tree (Python driver + JVM) of `mlops features --step build_gold` for the
 first and the 31st date, each in a process of its own, with the daily totals of the other dates already
@@ -110,6 +112,8 @@ def bench_gold_lookback(sizes: list[int], scratch: Path) -> list[dict]:
                 "last_rows": last["silver_rows_read"],
                 "first_build_seconds": first["build_gold"],
                 "last_build_seconds": last["build_gold"],
+                "last_floor_seconds": last["floor"],
+                "last_over_floor": last["build_gold"] / last["floor"],
                 "build_ratio": last["build_gold"] / first["build_gold"],
                 "first_validate_seconds": first["validate_gold"],
                 "last_validate_seconds": last["validate_gold"],
@@ -163,6 +167,8 @@ def print_gold_lookback(console, results: list[dict]) -> None:
         "build_gold s: 1st",
         "31st",
         "31st / 1st",
+        "31st's floor s",
+        "31st / floor",
         "validate_gold s: 1st",
         "31st",
         "31st / 1st",
@@ -177,6 +183,8 @@ def print_gold_lookback(console, results: list[dict]) -> None:
             f"{r['first_build_seconds']:.2f}",
             f"{r['last_build_seconds']:.2f}",
             f"{r['build_ratio']:.2f}x",
+            f"{r['last_floor_seconds']:.2f}",
+            f"{r['last_over_floor']:.2f}x",
             f"{r['first_validate_seconds']:.2f}",
             f"{r['last_validate_seconds']:.2f}",
             f"{r['validate_ratio']:.2f}x",
