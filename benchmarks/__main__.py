@@ -80,7 +80,8 @@ def bench_ingest(sizes: list[int], scratch: Path) -> list[dict]:
     """Landing -> bronze with Spark against a plain Spark CSV -> Parquet conversion of the same files with
     the same explicit schema in the same warm session (the baseline), with Arrow's CSV -> Parquet beside it
     as the floor; and the GX bronze suite against hand-written checks computing the same statistics in one
-    Spark pass. The 1-minute load average is recorded with each size: the figures move with it."""
+    Spark pass; bronze -> silver against its floor (the same rows sorted and written, nothing checked). The
+    1-minute load average is recorded with each size: the figures move with it."""
     mlops = str(Path(sys.executable).with_name("mlops"))
     results = []
     for rows in sizes:
@@ -120,7 +121,9 @@ def bench_ingest(sizes: list[int], scratch: Path) -> list[dict]:
         shutil.rmtree(scratch / f"arrow-{rows}")
         run, base = spark["output"], arrow["output"]
         # [first run, second run] of each path: a fresh driver's, then a warm one's (see _ingest_run.py).
-        bronze, spark_csv, gx, hand = (run[f"{k}_seconds"] for k in ("bronze", "spark_csv", "gx", "hand"))
+        bronze, spark_csv, gx, hand, silver, silver_floor = (
+            run[f"{k}_seconds"] for k in ("bronze", "spark_csv", "gx", "hand", "silver", "silver_floor")
+        )
         results.append(
             {
                 "rows": run["rows_in"],
@@ -133,6 +136,9 @@ def bench_ingest(sizes: list[int], scratch: Path) -> list[dict]:
                 "gx_seconds": gx,
                 "hand_seconds": hand,
                 "gx_ratio": [g / h for g, h in zip(gx, hand, strict=True)],
+                "silver_seconds": silver,
+                "silver_floor_seconds": silver_floor,
+                "silver_over_floor": [s / f for s, f in zip(silver, silver_floor, strict=True)],
                 "spark_peak_mib": spark["peak_mib"],
                 "arrow_peak_mib": arrow["peak_mib"],
             }
@@ -295,6 +301,9 @@ def print_ingest(console: Console, results: list[dict]) -> None:
         "GX bronze s",
         "hand checks s",
         "GX / hand",
+        "silver s",
+        "silver's floor s",
+        "silver / floor",
         "peak MiB Spark",
         "peak MiB Arrow",
         title="ingestion (goals: throughput >= 0.5x plain Spark CSV->Parquet, GX <= 2x hand-written checks)",
@@ -314,6 +323,9 @@ def print_ingest(console: Console, results: list[dict]) -> None:
                 f"{r['gx_seconds'][index]:.1f}",
                 f"{r['hand_seconds'][index]:.1f}",
                 f"{r['gx_ratio'][index]:.2f}x",
+                f"{r['silver_seconds'][index]:.1f}",
+                f"{r['silver_floor_seconds'][index]:.1f}",
+                f"{r['silver_over_floor'][index]:.2f}x",
                 f"{r['spark_peak_mib']:.0f}",
                 f"{r['arrow_peak_mib']:.0f}",
             )

@@ -3,7 +3,9 @@
 Starts Spark and imports GX first (JVM start and imports are fixed costs, not throughput), then, in the same
 session, runs each path twice: a plain Spark CSV -> Parquet conversion of the arrival's files with the
 contract's explicit schema (the baseline), landing -> bronze (the second run replaces what the first wrote),
-the GX bronze suite, and hand-written checks computing the same statistics in one Spark aggregation. The
+the GX bronze suite, and hand-written checks computing the same statistics in one Spark aggregation; then
+bronze -> silver against its floor (the same bronze rows read, range-sorted and written as silver files, with
+no deduplication, quarantine or counts read back). The
 first run of each pays its share of the JIT compilation of a fresh driver; the second is the steady state
 of a warm one (a long-lived Spark Connect server). Prints one JSON line with both.
 """
@@ -60,6 +62,19 @@ def spark_csv_to_parquet(spark, folder: Path, out: Path) -> float:
     return time.perf_counter() - started
 
 
+def silver_floor(bronze, rows: int, out: Path) -> float:
+    """The floor of build_silver: the arrival's bronze rows in silver's order and files, written; no
+    deduplication against the lookback, no quarantine, no counts read back. Seconds taken."""
+    from pipelines.ingest.job import ROWS_PER_SILVER_FILE
+
+    files = max(1, -(-rows // ROWS_PER_SILVER_FILE))
+    started = time.perf_counter()
+    order = ("event_timestamp", "transaction_id")
+    ordered = bronze.repartitionByRange(files, *order).sortWithinPartitions(*order)
+    ordered.write.mode("overwrite").parquet(str(out))
+    return time.perf_counter() - started
+
+
 def main(home: str, day: str) -> None:
     os.environ["MLOPS_HOME"] = home
     from core.settings import get_settings
@@ -75,7 +90,14 @@ def main(home: str, day: str) -> None:
 
     folder, baseline_out = settings.landing / day, Path(home) / "spark-csv-parquet"
     bronze = Tables(settings.lake).bronze
-    runs: dict[str, list[float]] = {"spark_csv": [], "bronze": [], "gx": [], "hand": []}
+    runs: dict[str, list[float]] = {
+        "spark_csv": [],
+        "bronze": [],
+        "gx": [],
+        "hand": [],
+        "silver": [],
+        "silver_floor": [],
+    }
     record: dict = {}
     for _ in range(2):
         runs["spark_csv"].append(spark_csv_to_parquet(spark, folder, baseline_out))
@@ -90,6 +112,12 @@ def main(home: str, day: str) -> None:
         stats = hand_written_checks(read_partition(spark, bronze, arrival))
         runs["hand"].append(time.perf_counter() - started)
         assert stats["rows"] == record["rows_bronze"]
+    for _ in range(2):
+        rows = read_partition(spark, bronze, arrival)
+        runs["silver_floor"].append(silver_floor(rows, record["rows_bronze"], Path(home) / "silver-floor"))
+        started = time.perf_counter()
+        job.build_silver(settings, arrival, "bench")
+        runs["silver"].append(time.perf_counter() - started)
     print(json.dumps({"rows_in": record["rows_in"], **{f"{name}_seconds": t for name, t in runs.items()}}))
 
 
