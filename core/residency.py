@@ -11,26 +11,38 @@ How a URI is resolved to a place:
   any other endpoint is judged by its host. Without an endpoint, the region comes from `?region=` or the
   default region given to the check (e.g. AWS_DEFAULT_REGION).
 - `https://` / `http://` object URLs: the host is the endpoint (AWS hosts again name their region).
-- `file://` URIs and plain paths: local disk, allowed only when the policy allows local paths.
+- `postgresql://`, `redis://`, `rediss://` (a driver suffix such as `postgresql+psycopg2` included): the
+  service's host is the endpoint (an RDS host names its region).
+- `file://`, `sqlite:///` URIs and plain paths: local disk, allowed only when the policy allows local paths;
+  so is a service or endpoint on this machine's loopback address (it stores on this machine's disk).
 Anything that cannot be resolved is refused: a location of unknown residency is not a compliant one.
+
+What the URI says is what its owner declared. `bucket_region` asks an S3-compatible endpoint where a bucket
+really is (`mlops doctor` does, when it can reach it).
 """
 
 from __future__ import annotations
 
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _S3_SCHEMES = frozenset({"s3", "s3a", "s3n"})
 _HTTP_SCHEMES = frozenset({"http", "https"})
+_SERVICE_SCHEMES = frozenset({"postgresql", "postgres", "redis", "rediss"})
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 # s3.eu-west-1.amazonaws.com, bucket.s3.eu-west-1.amazonaws.com, s3-eu-west-1.amazonaws.com,
 # s3.dualstack.eu-west-1.amazonaws.com, bucket.s3-fips.us-east-1.amazonaws.com, and the .cn partition.
 _AWS_S3_HOST = re.compile(
     r"(?:^|\.)s3(?:-fips)?(?:[.-]dualstack)?[.-](?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.amazonaws\.com(?:\.cn)?$"
 )
+# mydb.abc123xyz.eu-west-1.rds.amazonaws.com (RDS and Aurora endpoints name their region).
+_AWS_RDS_HOST = re.compile(r"\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.rds\.amazonaws\.com(?:\.cn)?$")
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
 
 
@@ -97,8 +109,8 @@ def redact(uri: str) -> str:
 
 
 def aws_region_of_host(host: str) -> str | None:
-    """The region an AWS S3 endpoint host names, e.g. s3.eu-west-1.amazonaws.com -> eu-west-1."""
-    match = _AWS_S3_HOST.search(host.lower())
+    """The region an AWS S3 or RDS endpoint host names, e.g. s3.eu-west-1.amazonaws.com -> eu-west-1."""
+    match = _AWS_S3_HOST.search(host.lower()) or _AWS_RDS_HOST.search(host.lower())
     return match.group("region") if match else None
 
 
@@ -107,9 +119,11 @@ def resolve_storage_uri(
 ) -> StorageLocation:
     """Where `uri` stores its data; ValueError when that cannot be told from the URI and the defaults."""
     parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
+    scheme = parts.scheme.lower().split("+", 1)[0]  # postgresql+psycopg2 is PostgreSQL
     if scheme in ("", "file"):
         return StorageLocation(uri, "local", parts.path or uri)
+    if scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db (SQLAlchemy's spelling)
+        return StorageLocation(uri, "local", parts.path[1:] or uri)
     if scheme in _S3_SCHEMES:
         query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         endpoint = query.get("endpoint_override") or query.get("endpoint_url") or default_endpoint
@@ -119,9 +133,12 @@ def resolve_storage_uri(
         if region:
             return StorageLocation(uri, "region", region.lower())
         raise ValueError("no region or endpoint: add ?region=<region> or configure a default region")
-    if scheme in _HTTP_SCHEMES:
+    if scheme in _HTTP_SCHEMES or scheme in _SERVICE_SCHEMES:
         return _endpoint_location(uri, uri)
-    raise ValueError(f"scheme {scheme!r} has no known residency (supported: s3, s3a, s3n, http(s), file)")
+    raise ValueError(
+        f"scheme {scheme!r} has no known residency (supported: s3, s3a, s3n, http(s), postgresql, redis, "
+        "sqlite, file)"
+    )
 
 
 def _endpoint_location(uri: str, endpoint: str) -> StorageLocation:
@@ -129,8 +146,71 @@ def _endpoint_location(uri: str, endpoint: str) -> StorageLocation:
     host = (urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname or "").lower()
     if not host:
         raise ValueError(f"endpoint {endpoint!r} has no host")
+    if host in _LOOPBACK_HOSTS:
+        return StorageLocation(uri, "local", f"{host} (this machine)")
     region = aws_region_of_host(host)
     return StorageLocation(uri, "region", region) if region else StorageLocation(uri, "endpoint", host)
+
+
+def judge(
+    uri: str,
+    policy: StoragePolicy,
+    *,
+    default_region: str | None = None,
+    default_endpoint: str | None = None,
+) -> tuple[StorageLocation | None, str | None]:
+    """(where `uri` stores its data or None, why the policy refuses it or None)."""
+    try:
+        location = resolve_storage_uri(uri, default_region=default_region, default_endpoint=default_endpoint)
+    except ValueError as exc:
+        return None, f"cannot tell where it stores data: {exc}"
+    return location, _refusal(location, policy)
+
+
+def object_store_child(uri: str, name: str) -> str:
+    """The folder `name` under an object store URI, without the URI's query: `?region=` and the endpoint are
+    this platform's residency declarations, not part of the bucket's path (s3://b/p?region=r -> s3://b/p/name).
+    """
+    parts = urlsplit(uri)
+    return urlunsplit((parts.scheme, parts.netloc, f"{parts.path.rstrip('/')}/{name}", "", ""))
+
+
+def declared_region(uri: str, default_region: str | None = None) -> str | None:
+    """The region `uri` says it is in (`?region=`, else the default given), lower-cased; None if neither."""
+    query = {key: values[-1] for key, values in parse_qs(urlsplit(uri).query).items()}
+    region = query.get("region") or default_region
+    return region.strip().lower() if region else None
+
+
+def bucket_region(
+    uri: str, *, region: str | None = None, endpoint: str | None = None, timeout_s: float = 3.0
+) -> tuple[str, str]:
+    """(the region an S3-compatible endpoint says `uri`'s bucket is in, the URL asked): a HEAD of the bucket,
+    whose answer carries `x-amz-bucket-region` even when it refuses access (403) or redirects (301).
+    OSError when the endpoint cannot be reached; ValueError when it answers without saying."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() not in _S3_SCHEMES or not parts.hostname:
+        raise ValueError(f"{redact(uri)} is not an s3:// bucket URI")
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    endpoint = query.get("endpoint_override") or query.get("endpoint_url") or endpoint
+    region = declared_region(uri, region)
+    if endpoint:
+        base = endpoint if "//" in endpoint else f"https://{endpoint}"
+    else:
+        base = f"https://s3.{region}.amazonaws.com" if region else "https://s3.amazonaws.com"
+    url = f"{base.rstrip('/')}/{parts.netloc}"
+    request = urllib.request.Request(url, method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            headers = response.headers
+    except urllib.error.HTTPError as answered:  # 301, 403, 404: the endpoint answered
+        headers = answered.headers
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise OSError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
+    found = headers.get("x-amz-bucket-region") if headers is not None else None
+    if not found:
+        raise ValueError(f"{url} answered without x-amz-bucket-region (not S3, or no such bucket)")
+    return found.strip().lower(), url
 
 
 def check_storage_uris(
@@ -144,17 +224,12 @@ def check_storage_uris(
     allowed: list[StorageLocation] = []
     rejected: list[tuple[str, str]] = []
     for uri in uris:
-        try:
-            location = resolve_storage_uri(
-                uri, default_region=default_region, default_endpoint=default_endpoint
-            )
-        except ValueError as exc:
-            rejected.append((uri, f"cannot tell where it stores data: {exc}"))
-            continue
-        reason = _refusal(location, policy)
+        location, reason = judge(
+            uri, policy, default_region=default_region, default_endpoint=default_endpoint
+        )
         if reason:
             rejected.append((uri, reason))
-        else:
+        elif location is not None:
             allowed.append(location)
     if rejected:
         raise DataResidencyError(rejected, policy)

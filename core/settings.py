@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.residency import StoragePolicy, check_storage_uris
+from core.residency import StoragePolicy, check_storage_uris, object_store_child
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -365,6 +365,36 @@ class Settings(BaseSettings):
         if self.cluster.object_store_uri:
             uris.append(self.cluster.object_store_uri)
         return uris
+
+    @property
+    def stores(self) -> dict[str, str]:
+        """Every place the active profile keeps data, by name, as a URI: what `mlops doctor`'s residency
+        check judges (the startup check above judges the paths and the object store)."""
+        cluster = self.profile is Profile.CLUSTER
+        store = self.cluster.object_store_uri if cluster else None
+        stores = {
+            "home (lake, scoring log, monitoring, checkpoints, feature files)": str(self.home),
+            "landing": str(self.landing),
+            "DVC remote": object_store_child(store, "dvc") if store else str(self.dvc_remote),
+        }
+        if not cluster:
+            return stores | {
+                "MLflow backend and registry": self.mlflow_tracking_uri,
+                "MLflow artifacts": str(self.mlflow_dir / "artifacts"),
+                "promotion history, tuning studies, online store": str(self.mlflow_dir),
+            }
+        stores |= {
+            "PostgreSQL (Airflow, promotion history, tuning studies)": self.cluster.postgres_dsn,
+            "Redis (online store, live entity state)": self.cluster.redis_url,
+            "MLflow tracking server (backend and registry)": self.cluster.mlflow_tracking_uri,
+            # The server writes artifacts to the object store when there is one (scripts/up.sh).
+            "MLflow artifacts": object_store_child(store, "mlflow/artifacts")
+            if store
+            else str(self.mlflow_dir / "artifacts"),
+        }
+        if store:
+            stores["object store"] = store
+        return stores
 
     @field_validator("home", "landing_dir", mode="after")
     @classmethod

@@ -41,7 +41,7 @@ class Check:
 
 
 def run_checks(settings: Settings) -> list[Check]:
-    checks: list[Callable[[Settings], Check]] = [_python, _java, _home, _spark]
+    checks: list[Callable[[Settings], Check]] = [_python, _java, _home, _residency, _spark]
     if settings.profile is Profile.LOCAL:
         checks += [_sqlite]
     else:
@@ -95,6 +95,57 @@ def _home(settings: Settings) -> Check:
         Status.FAIL,
         f"{existing} is not writable",
         "point MLOPS_HOME at a writable folder, e.g. export MLOPS_HOME=$PWD/var",
+    )
+
+
+def _residency(settings: Settings) -> Check:
+    """Every store of the profile (`Settings.stores`) judged by the storage policy, and the object store's
+    region asked of the store itself when it can be reached: a URI's `?region=` is only what its owner
+    declared. The doctor says when it could not ask, rather than pass on the URI's word."""
+    from core.residency import bucket_region, declared_region, judge, redact
+
+    policy = settings.storage_policy
+    region, endpoint = settings.cluster.object_store_region, settings.cluster.object_store_endpoint
+    placed, refused = [], []
+    for name, uri in settings.stores.items():
+        location, reason = judge(uri, policy, default_region=region, default_endpoint=endpoint)
+        if reason:
+            refused.append(f"{name} ({redact(uri)}): {reason}")
+        elif location is not None:
+            placed.append(f"{name}: {location.kind} {location.place}")
+    fix = (
+        "move the store into an allowed region or endpoint, or, if its place is approved, add it to "
+        "MLOPS_STORAGE_POLICY__ALLOWED_REGIONS / MLOPS_STORAGE_POLICY__ALLOWED_ENDPOINT_HOSTS"
+    )
+    if refused:
+        return Check("residency", Status.FAIL, "; ".join(refused), fix)
+    store = settings.stores.get("object store")
+    if store is None:
+        return Check("residency", Status.OK, "; ".join(placed))
+    declared, _ = judge(store, policy, default_region=region, default_endpoint=endpoint)
+    assert declared is not None, "judged above without a refusal"
+    try:
+        found, asked = bucket_region(store, region=region, endpoint=endpoint)
+    except (OSError, ValueError) as exc:
+        return Check(
+            "residency",
+            Status.WARN,
+            f"the object store's region was not verified, only declared ({declared.kind} {declared.place}): "
+            f"{exc}; " + "; ".join(placed),
+            "run `mlops doctor` where the object store's endpoint can be reached to verify its region",
+        )
+    said = declared_region(store, region)
+    if said is not None and found != said:
+        return Check(
+            "residency",
+            Status.FAIL,
+            f"the object store {redact(store)} is declared in {said}, but {asked} says its bucket is in "
+            f"{found}",
+            "correct the URI's ?region= (or MLOPS_CLUSTER__OBJECT_STORE_REGION) to the bucket's real region; "
+            "if that region is not allowed, move the data",
+        )
+    return Check(
+        "residency", Status.OK, f"object store region {found} verified at {asked}; " + "; ".join(placed)
     )
 
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from core.errors import LockTimeoutError, PipelineError
+from core.residency import object_store_child
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -71,7 +72,7 @@ class TrackedFolder:
 
 def remote_url(settings: Settings) -> str:
     if settings.cluster.object_store_uri and settings.profile.value == "cluster":
-        return settings.cluster.object_store_uri.rstrip("/") + "/dvc"
+        return object_store_child(settings.cluster.object_store_uri, "dvc")
     return str(settings.dvc_remote)
 
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.buckets import bucket_endpoint
+
 MLOPS = Path(sys.executable).with_name("mlops")
 
 
@@ -84,3 +88,65 @@ def test_a_spark_connect_server_that_is_not_there_is_named_with_a_fix(tmp_path):
     spark = _by_name(report)["spark"]
     assert code == 1 and spark["status"] == "fail"
     assert f"sc://127.0.0.1:{port}" in spark["detail"] and "MLOPS_SPARK_REMOTE" in spark["fix"]
+
+
+def test_local_profile_names_every_store_and_where_it_is(tmp_path):
+    _, report = _doctor(tmp_path, MLOPS_SPARK_REMOTE=f"sc://127.0.0.1:{_closed_port()}")
+    residency = _by_name(report)["residency"]
+    assert residency["status"] == "ok", residency
+    for store in ("landing", "DVC remote", "MLflow backend and registry", "MLflow artifacts"):
+        assert f"{store}: local " in residency["detail"]
+
+
+def _cluster(tmp_path, **env) -> dict:
+    """The doctor's residency check in the cluster profile, Spark's master on a closed port (no JVM)."""
+    _, report = _doctor(
+        tmp_path,
+        MLOPS_PROFILE="cluster",
+        MLOPS_CLUSTER__SPARK_MASTER=f"spark://127.0.0.1:{_closed_port()}",
+        MLOPS_CLUSTER__MLFLOW_TRACKING_URI=f"http://127.0.0.1:{_closed_port()}",
+        **env,
+    )
+    return _by_name(report)["residency"]
+
+
+@pytest.mark.parametrize(("real", "status"), [("eu-west-1", "ok"), ("us-east-1", "fail")])
+def test_the_object_stores_declared_region_is_checked_against_the_stores_own_answer(tmp_path, real, status):
+    with bucket_endpoint(403, real) as bucket:
+        residency = _cluster(
+            tmp_path,
+            MLOPS_CLUSTER__OBJECT_STORE_URI="s3://fraud-lake/prod?region=eu-west-1",
+            MLOPS_CLUSTER__OBJECT_STORE_ENDPOINT=bucket.url,
+        )
+    assert bucket.asked == ["/fraud-lake"]
+    assert residency["status"] == status, residency
+    if status == "ok":
+        assert f"object store region eu-west-1 verified at {bucket.url}/fraud-lake" in residency["detail"]
+    else:
+        assert "declared in eu-west-1" in residency["detail"] and "us-east-1" in residency["detail"]
+        assert "?region=" in residency["fix"]
+
+
+def test_an_object_store_that_cannot_be_reached_is_said_to_be_unverified(tmp_path):
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    residency = _cluster(
+        tmp_path,
+        MLOPS_CLUSTER__OBJECT_STORE_URI="s3://fraud-lake/prod?region=eu-west-1",
+        MLOPS_CLUSTER__OBJECT_STORE_ENDPOINT=endpoint,
+    )
+    assert residency["status"] == "warn", residency
+    assert "not verified, only declared" in residency["detail"] and endpoint in residency["detail"]
+
+
+def test_a_database_or_cache_outside_the_policy_fails_the_check_by_name(tmp_path):
+    residency = _cluster(
+        tmp_path,
+        MLOPS_CLUSTER__REDIS_URL="redis://:s3cr3t@cache.us.example.com:6379/0",
+        MLOPS_CLUSTER__POSTGRES_DSN="postgresql://u@db.abc123.us-east-1.rds.amazonaws.com:5432/mlops",
+    )
+    assert residency["status"] == "fail", residency
+    assert "Redis (online store, live entity state)" in residency["detail"]
+    assert "endpoint host cache.us.example.com" in residency["detail"]
+    assert "PostgreSQL" in residency["detail"] and "region us-east-1" in residency["detail"]
+    assert "s3cr3t" not in residency["detail"]
+    assert "MLOPS_STORAGE_POLICY__ALLOWED_ENDPOINT_HOSTS" in residency["fix"]

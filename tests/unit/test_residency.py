@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from pydantic import ValidationError
 
@@ -10,10 +12,14 @@ from core.residency import (
     StorageLocation,
     StoragePolicy,
     aws_region_of_host,
+    bucket_region,
     check_storage_uris,
+    declared_region,
+    object_store_child,
     redact,
     resolve_storage_uri,
 )
+from tests.buckets import bucket_endpoint
 
 EU_POLICY = StoragePolicy(
     allowed_regions=["eu-west-1", "eu-central-1"],
@@ -154,3 +160,72 @@ def test_aws_hosts_name_their_region_and_lookalikes_do_not(host, region):
 def test_an_endpoint_without_a_host_cannot_be_resolved():
     with pytest.raises(ValueError, match="has no host"):
         resolve_storage_uri("s3://lake?endpoint_override=http://")
+
+
+@pytest.mark.parametrize(
+    ("uri", "kind", "place"),
+    [
+        ("postgresql://u:pw@db.abc123.eu-west-1.rds.amazonaws.com:5432/mlops", "region", "eu-west-1"),
+        ("postgresql+psycopg2://u@db.abc123.eu-central-1.rds.amazonaws.com/mlops", "region", "eu-central-1"),
+        ("redis://:pw@minio.storage.svc.cluster.local:6379/0", "endpoint", "minio.storage.svc.cluster.local"),
+        ("rediss://127.0.0.1:6380/0", "local", "127.0.0.1 (this machine)"),
+        ("postgresql://postgres@localhost:5432/postgres", "local", "localhost (this machine)"),
+        ("http://127.0.0.1:5000", "local", "127.0.0.1 (this machine)"),
+        ("sqlite:////var/mlops/mlflow/mlflow.db", "local", "/var/mlops/mlflow/mlflow.db"),
+    ],
+)
+def test_databases_caches_and_servers_resolve_by_their_host(uri, kind, place):
+    assert check_storage_uris([uri], EU_POLICY) == [StorageLocation(uri, kind, place)]
+
+
+@pytest.mark.parametrize(
+    ("uri", "reason"),
+    [
+        ("postgresql://u@db.abc123.us-east-1.rds.amazonaws.com/mlops", "resolves to region us-east-1"),
+        ("redis://:pw@cache.us.example.com:6379/0", "endpoint host cache.us.example.com"),
+        ("mysql://db.example.com/x", "scheme 'mysql' has no known residency"),
+    ],
+)
+def test_a_database_or_cache_outside_the_policy_is_refused(uri, reason):
+    with pytest.raises(DataResidencyError, match=reason) as raised:
+        check_storage_uris([uri], EU_POLICY)
+    assert "pw@" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "child"),
+    [
+        ("s3://fraud-lake/prod?region=eu-west-1", "s3://fraud-lake/prod/dvc"),
+        ("s3://fraud-lake/prod/?endpoint_override=http://minio:9000", "s3://fraud-lake/prod/dvc"),
+        ("s3://fraud-lake", "s3://fraud-lake/dvc"),
+    ],
+)
+def test_a_folder_under_the_object_store_drops_the_residency_query(uri, child):
+    assert object_store_child(uri, "dvc") == child
+
+
+def test_the_declared_region_is_the_uris_or_the_default():
+    assert declared_region("s3://lake?region=EU-West-1", "us-east-1") == "eu-west-1"
+    assert declared_region("s3://lake", "eu-central-1") == "eu-central-1"
+    assert declared_region("s3://lake") is None
+
+
+@pytest.mark.parametrize("status", [200, 301, 403])
+def test_the_bucket_region_is_read_from_the_endpoints_answer_even_a_refusal(status):
+    with bucket_endpoint(status, "US-EAST-1") as bucket:
+        found, asked = bucket_region("s3://fraud-lake/prod?region=eu-west-1", endpoint=bucket.url)
+    assert found == "us-east-1" and asked == f"{bucket.url}/fraud-lake"
+    assert bucket.asked == ["/fraud-lake"]
+
+
+def test_an_endpoint_that_does_not_say_where_the_bucket_is_is_not_taken_as_proof():
+    with bucket_endpoint(region=None) as bucket, pytest.raises(ValueError, match="without x-amz-bucket"):
+        bucket_region(f"s3://fraud-lake?endpoint_override={bucket.url}")
+
+
+def test_an_unreachable_endpoint_is_an_os_error_naming_it():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(OSError, match=f"127.0.0.1:{port}/fraud-lake"):
+        bucket_region("s3://fraud-lake/prod", endpoint=f"http://127.0.0.1:{port}", timeout_s=2)

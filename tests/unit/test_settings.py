@@ -219,3 +219,30 @@ def test_a_url_setting_takes_only_a_web_address_and_empty_means_unset(monkeypatc
     assert (settings.mlflow_ui_url if name == "mlflow_ui_url" else settings.alerts.webhook_url) is None
     monkeypatch.setenv(variable, "https://mlflow.example.com")
     assert "https://mlflow.example.com" in {Settings().mlflow_ui_url, Settings().alerts.webhook_url}
+
+
+def test_every_store_of_the_cluster_profile_is_named_for_the_residency_check(monkeypatch):
+    from pipelines.versioning import remote_url
+
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_CLUSTER__OBJECT_STORE_URI", "s3://fraud-lake/prod?region=eu-west-1")
+    monkeypatch.setenv("MLOPS_CLUSTER__REDIS_URL", "redis://:pw@cache.internal:6379/0")
+    monkeypatch.setenv("MLOPS_STORAGE_POLICY__ALLOWED_REGIONS", '["eu-west-1"]')
+    settings = Settings()
+    stores = settings.stores
+    # Not s3://fraud-lake/prod?region=eu-west-1/dvc: the query is not part of the path.
+    assert stores["DVC remote"] == "s3://fraud-lake/prod/dvc" == remote_url(settings)
+    assert stores["MLflow artifacts"] == "s3://fraud-lake/prod/mlflow/artifacts"
+    assert stores["object store"] == "s3://fraud-lake/prod?region=eu-west-1"
+    assert stores["Redis (online store, live entity state)"] == "redis://:pw@cache.internal:6379/0"
+    assert settings.cluster.postgres_dsn in stores.values()
+    assert settings.cluster.mlflow_tracking_uri in stores.values()
+    assert str(settings.landing) in stores.values() and str(settings.home) in stores.values()
+
+
+def test_the_local_profile_names_its_files_as_its_stores(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLOPS_HOME", str(tmp_path))
+    stores = Settings().stores
+    assert stores["MLflow backend and registry"] == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    assert stores["DVC remote"] == str(tmp_path / "dvc-remote")
+    assert not any(uri.startswith(("redis", "postgres", "s3")) for uri in stores.values())
