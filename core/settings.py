@@ -178,6 +178,14 @@ class CompressionSettings(BaseModel):
     max_rows: int = Field(default=200_000, ge=1, description="train rows sampled for distillation")
 
 
+class RetentionSettings(BaseModel):
+    """How long the raw layers are kept (pipelines/privacy.py, the `enforce_retention` DAG), in days before
+    the newest arrival the lake has ingested. The scoring log's is `serving.log_retention_days`."""
+
+    landing_days: int = Field(default=90, ge=1, description="landing folders (raw files, raw identifiers)")
+    quarantine_days: int = Field(default=90, ge=1, description="quarantined rows (raw records)")
+
+
 class ServingSettings(BaseModel):
     """The scoring service (`mlops serve`, serving/)."""
 
@@ -342,6 +350,7 @@ class Settings(BaseSettings):
     gate: GateSettings = GateSettings()
     compression: CompressionSettings = CompressionSettings()
     serving: ServingSettings = ServingSettings()
+    retention: RetentionSettings = RetentionSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
     alerts: AlertSettings = AlertSettings()
     approval: ApprovalSettings = ApprovalSettings()

@@ -450,6 +450,46 @@ def history(
 
 
 @app.command()
+def erase(
+    customer: Annotated[str, typer.Option(help="the customer id whose raw rows are removed")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Remove a customer's raw rows from landing and quarantine, and their chargebacks; report what went."""
+    from pipelines.privacy import ErasureError, erase_customer
+
+    try:
+        record = erase_customer(get_settings(), customer)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--customer") from None
+    except ErasureError as exc:
+        err.print(f"[red]erase failed:[/] {exc}")
+        _emit({"status": "failed", "message": str(exc)}, as_json)
+        raise typer.Exit(code=1) from None
+    table = Table("where", "file", "rows removed", title=f"erased: {record['rows_removed']} rows")
+    for layer in ("landing", "quarantine"):
+        for name, count in record[layer].items():
+            table.add_row(layer, name, str(count))
+    err.print(table)
+    err.print(f"not reached by this command: {', '.join(record['not_reached'])}")
+    _emit({"status": "erased", **record}, as_json)
+
+
+@app.command()
+def retention(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Delete landing folders and quarantined rows older than their retention (what the DAG runs)."""
+    from pipelines.privacy import enforce_retention
+
+    record = enforce_retention(get_settings())
+    err.print(
+        f"newest ingested arrival {record['newest_ingested']}: removed landing {record['landing_removed']}, "
+        f"quarantine {record['quarantine_removed']}; kept though old: {record['kept'] or 'none'}"
+    )
+    _emit(record, as_json)
+
+
+@app.command()
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:

@@ -151,6 +151,12 @@ def clear_partitions(root: Path, partitions: tuple[Path, ...], retain_s: float =
             _retire(run, retain_s)
 
 
+def clear_replaced(root: Path) -> None:
+    """Delete the versions of `root`'s partitions that writes replaced and kept for their readers (see
+    `overwrite_partitions`), now: for an erasure, no old copy may stay. Call it holding `table_lock(root)`."""
+    _clear_leftovers(root, 0)
+
+
 def _kill_point(point: str) -> None:
     """Fault injection for the tests of a kill inside the commit: with MLOPS_LAKE_KILL_AT=<point> (staged,
     swapped-<n>, swapped, aside) the process kills itself there, as an OOM kill or a lost node would."""

@@ -43,6 +43,7 @@ DAG_IDS = {
     "monitor_fraud_model",
     "synthetic_landing",
     "tune_fraud_model",
+    "enforce_retention",
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"skip_identical", "train", "evaluate", "register", "promote", "export", "compress"}

@@ -1,0 +1,294 @@
+"""A person's raw rows erased on request, and the raw layers kept only as long as the settings allow.
+
+`erase_customer` removes every raw row of one customer from the landing zone (each transactions file of every
+arrival folder, CSV or JSON lines, gzipped or not) and from the quarantine (both feeds, both stages), and the
+chargebacks of that customer's transactions from the labels files and their quarantine. A line is the
+customer's when its `customer_id` field is the id; a line that does not parse (it was quarantined for that)
+is the customer's when it holds the id as a whole token, so a broken line is never left behind for being
+broken. Each file is rewritten aside and renamed over the old one, under the table's lock for the lake's
+files; a file with none of the customer's rows is not touched. The report counts what was removed, file by
+file.
+
+`enforce_retention` deletes landing folders and quarantine partitions older than their retention
+(`RetentionSettings`), counted back from the newest arrival the lake has ingested: the lake's own dates,
+never a caller's or this machine's clock, so a replayed or late feed is not emptied by the calendar. A landing
+folder the lake has not ingested is kept, whatever its age: deleting it would lose the only copy.
+
+What this does not reach: bronze, silver, gold, the training sets, the online store, MLflow's artifacts and
+the scoring log hold identifiers too; the report names them. The scoring log has a retention of its own
+(`serving.log_retention_days`, enforced by the service).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from datetime import date, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.errors import PipelineError
+from pipelines.ingest.landing import data_format
+from pipelines.lake import Tables, clear_partitions, clear_replaced, table_lock
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ARRIVAL_FOLDER = re.compile(r"\d{4}-\d{2}-\d{2}")
+PARTITION_PREFIX = "arrival_date="
+NOT_REACHED = (
+    "bronze",
+    "silver",
+    "gold",
+    "training sets",
+    "online store",
+    "MLflow artifacts",
+    "scoring log",
+)
+
+
+class ErasureError(PipelineError):
+    """Files that could not be rewritten; the others were, and the report says which is which."""
+
+
+def _token(value: str) -> re.Pattern[bytes]:
+    """`value` as a whole token: not inside a longer id (ids are letters, digits, `_` and `-`)."""
+    return re.compile(rb"(?<![\w-])" + re.escape(value.encode()) + rb"(?![\w-])")
+
+
+class _Matcher:
+    """Decides whether one raw line (bytes, its line ending kept) is the erased customer's or one of their
+    chargebacks: by the field when the line parses, by the token when it does not."""
+
+    def __init__(self, field: str, values: set[str], header: list[str] | None) -> None:
+        self.field, self.values = field, values
+        self.index = header.index(field) if header and field in header else None
+        self.width = len(header) if header else 0
+        self.tokens = [_token(v) for v in sorted(values)]
+
+    def csv_line(self, raw: bytes) -> bool:
+        try:
+            fields = next(csv.reader([raw.decode("utf-8").rstrip("\r\n")]), [])
+        except (UnicodeDecodeError, csv.Error):
+            fields = []
+        if self.index is not None and len(fields) == self.width:
+            return fields[self.index] in self.values
+        return self.any_token(raw)
+
+    def json_line(self, raw: bytes) -> bool:
+        try:
+            record = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if isinstance(record, dict) and isinstance(record.get(self.field), str):
+            return record[self.field] in self.values
+        return self.any_token(raw)
+
+    def any_token(self, raw: bytes) -> bool:
+        return any(t.search(raw) for t in self.tokens)
+
+
+def _lines(path: Path, compressed: bool) -> Iterator[bytes]:
+    with gzip.open(path, "rb") if compressed else path.open("rb") as handle:
+        yield from handle
+
+
+def _rewrite_text(path: Path, compressed: bool, kept: Iterable[bytes]) -> None:
+    """`kept` written aside (a hidden name: ingestion ignores it) and renamed over `path`."""
+    staged = path.with_name(f".erasing-{path.name}")
+    try:
+        with (
+            staged.open("wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if compressed else raw as out,
+        ):
+            out.writelines(kept)
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def _erase_in_file(path: Path, field: str, values: set[str], collect: str | None) -> tuple[int, set[str]]:
+    """Remove the lines of `path` whose `field` is one of `values`; (lines removed, the `collect` field's
+    values of the removed lines that parsed)."""
+    fmt, compressed = data_format(path.name)
+    lines = list(_lines(path, compressed))
+    header = None
+    if fmt == "csv" and lines:
+        header = next(csv.reader([lines[0].decode("utf-8", "replace").rstrip("\r\n")]), [])
+    matcher = _Matcher(field, values, header)
+    is_theirs: Callable[[bytes], bool] = matcher.csv_line if fmt == "csv" else matcher.json_line
+    body = lines[1:] if header is not None else lines
+    removed = [line for line in body if line.strip() and is_theirs(line)]
+    if not removed:
+        return 0, set()
+    collected: set[str] = set()
+    if collect:
+        collected = {v for line in removed if (v := _field_of(line, fmt, header, collect))}
+    gone = {id(line) for line in removed}
+    kept = ([lines[0]] if header is not None else []) + [line for line in body if id(line) not in gone]
+    _rewrite_text(path, compressed, kept)
+    return len(removed), collected
+
+
+def _field_of(raw: bytes, fmt: str | None, header: list[str] | None, name: str) -> str | None:
+    try:
+        if fmt == "csv":
+            fields = next(csv.reader([raw.decode("utf-8").rstrip("\r\n")]), [])
+            if header and name in header and len(fields) == len(header):
+                return fields[header.index(name)]
+            return None
+        record = json.loads(raw)
+    except (UnicodeDecodeError, csv.Error, json.JSONDecodeError):
+        return None
+    value = record.get(name) if isinstance(record, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _arrival_folders(landing: Path) -> list[Path]:
+    if not landing.is_dir():
+        return []
+    return sorted(p for p in landing.iterdir() if p.is_dir() and ARRIVAL_FOLDER.fullmatch(p.name))
+
+
+def _landing_files(settings: Settings, feed: str) -> list[Path]:
+    """The data files of `feed` in every arrival folder (what ingestion would read)."""
+    return [
+        f
+        for folder in _arrival_folders(settings.landing)
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.name.startswith(f"{feed}-") and data_format(f.name)[0]
+    ]
+
+
+def _silver_transaction_ids(tables: Tables, customer: str) -> set[str]:
+    """The ids of the customer's transactions in silver (their chargebacks are theirs too)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    if not tables.silver.is_dir():
+        return set()
+    dataset = ds.dataset(tables.silver, format="parquet", partitioning="hive", exclude_invalid_files=True)
+    found = dataset.to_table(columns=["transaction_id"], filter=pc.field("customer_id") == customer)
+    return set(found.column("transaction_id").to_pylist())
+
+
+def _erase_in_quarantine(root: Path, column: str | None, values: set[str]) -> dict[str, int]:
+    """Rows of the quarantine table at `root` whose raw record is one of `values`' (by `column` when given,
+    else by the raw record's own field or token); {file: rows removed}."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    removed: dict[str, int] = {}
+    if not root.is_dir() or not values:
+        return removed
+    tokens = [_token(v) for v in sorted(values)]
+    with table_lock(root):
+        clear_replaced(root)  # the older versions of its partitions hold the rows too
+        for path in sorted(root.glob(f"{PARTITION_PREFIX}*/stage=*/*.parquet")):
+            table = pq.read_table(path)
+            raw = table.column("raw_record").to_pylist()
+            theirs = [any(t.search(r.encode()) for t in tokens) if r is not None else False for r in raw]
+            if column is not None:
+                by_column = pc.is_in(table.column(column), value_set=pa.array(sorted(values)))
+                theirs = [a or bool(b) for a, b in zip(theirs, by_column.to_pylist(), strict=True)]
+            count = sum(theirs)
+            if not count:
+                continue
+            kept = table.filter(pa.array([not t for t in theirs]))
+            staged = path.with_name(f".erasing-{path.name}")
+            pq.write_table(kept, staged, compression="zstd")
+            os.replace(staged, path)
+            path.with_name(f".{path.name}.crc").unlink(missing_ok=True)  # Spark's checksum of the old bytes
+            removed[str(path.relative_to(root.parent.parent))] = count
+    return removed
+
+
+def erase_customer(settings: Settings, customer: str) -> dict:
+    """Remove the customer's raw rows from landing and quarantine, and their chargebacks; the report."""
+    customer = customer.strip()
+    if not customer or not re.fullmatch(r"[\w-]+", customer):
+        raise ValueError(f"{customer!r} is not a customer id (letters, digits, _ and - only)")
+    tables = Tables(settings.lake)
+    report: dict = {"landing": {}, "quarantine": {}, "failed": {}, "not_reached": list(NOT_REACHED)}
+    transactions: set[str] = set()
+    for path in _landing_files(settings, "transactions"):
+        try:
+            count, ids = _erase_in_file(path, "customer_id", {customer}, collect="transaction_id")
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            report["failed"][str(path.relative_to(settings.landing))] = str(exc)
+            continue
+        transactions |= ids
+        if count:
+            report["landing"][str(path.relative_to(settings.landing))] = count
+    transactions |= _silver_transaction_ids(tables, customer)
+    for path in _landing_files(settings, "labels") if transactions else []:
+        try:
+            count, _ = _erase_in_file(path, "transaction_id", transactions, collect=None)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            report["failed"][str(path.relative_to(settings.landing))] = str(exc)
+            continue
+        if count:
+            report["landing"][str(path.relative_to(settings.landing))] = count
+    report["quarantine"] |= _erase_in_quarantine(tables.quarantine, None, {customer})
+    report["quarantine"] |= _erase_in_quarantine(tables.quarantine_labels, "transaction_id", transactions)
+    report["rows_removed"] = sum(report["landing"].values()) + sum(report["quarantine"].values())
+    report["chargebacks_matched_by"] = len(transactions)
+    log.info("erasure: %d rows removed (%d files)", report["rows_removed"], len(report["landing"]))
+    if report["failed"]:
+        names = ", ".join(sorted(report["failed"]))
+        raise ErasureError(
+            f"could not erase from {names}: {report['failed']}; the other files were erased "
+            f"({report['rows_removed']} rows). Fix or remove those files and run `mlops erase` again."
+        )
+    return report
+
+
+def _ingested(tables: Tables) -> list[date]:
+    folder = tables.reconciliation(date(2000, 1, 1)).parent
+    return sorted(
+        date.fromisoformat(p.stem.removeprefix(PARTITION_PREFIX))
+        for p in (folder.glob(f"{PARTITION_PREFIX}*.json") if folder.is_dir() else ())
+    )
+
+
+def enforce_retention(settings: Settings) -> dict:
+    """Delete landing folders and quarantine partitions past their retention, counted back from the newest
+    arrival the lake has ingested; what was deleted and what was kept though old."""
+    tables = Tables(settings.lake)
+    ingested = _ingested(tables)
+    report: dict = {"newest_ingested": None, "landing_removed": [], "quarantine_removed": [], "kept": {}}
+    if not ingested:
+        return report
+    newest = ingested[-1]
+    report["newest_ingested"] = newest.isoformat()
+    keep_landing = newest - timedelta(days=settings.retention.landing_days)
+    for folder in _arrival_folders(settings.landing):
+        day = date.fromisoformat(folder.name)
+        if day >= keep_landing:
+            continue
+        if day not in ingested:
+            report["kept"][f"landing/{folder.name}"] = "not ingested: the lake has no copy of it yet"
+            continue
+        shutil.rmtree(folder)
+        report["landing_removed"].append(folder.name)
+    keep_quarantine = newest - timedelta(days=settings.retention.quarantine_days)
+    for root in (tables.quarantine, tables.quarantine_labels):
+        old = tuple(
+            p
+            for p in (sorted(root.glob(f"{PARTITION_PREFIX}*")) if root.is_dir() else [])
+            if date.fromisoformat(p.name.removeprefix(PARTITION_PREFIX)) < keep_quarantine
+        )
+        if old:
+            clear_partitions(root, old, retain_s=0)
+            report["quarantine_removed"] += [str(p.relative_to(settings.lake)) for p in old]
+    log.info("retention: %s", report)
+    return report

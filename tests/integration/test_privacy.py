@@ -1,0 +1,135 @@
+"""Erasure and retention on the reference lake (tests/lake.py: quarantined, duplicated, late and re-delivered
+rows), through the real engines: a customer erased from landing and quarantine is gone from what ingestion
+then reads, Spark still reads the rewritten quarantine, and the retention DAG deletes only what is past its
+retention and ingested. The file formats one by one: tests/unit/test_erase_files.py."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from collections import Counter
+from datetime import timedelta
+
+import pendulum
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from core.settings import Settings, get_settings
+from pipelines.ingest import job as ingest
+from pipelines.lake import Tables
+from pipelines.privacy import erase_customer
+from tests import lake as reference
+
+
+def _records(path) -> list[dict]:
+    """The rows of a landing file that parse, as dicts (an independent reading: csv and json modules)."""
+    with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as handle:
+        text = handle.read()
+    if ".csv" in path.name:
+        return list(csv.DictReader(io.StringIO(text)))
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _landing(settings: Settings, feed: str) -> dict[str, list[dict]]:
+    return {
+        str(p.relative_to(settings.landing)): _records(p)
+        for p in sorted(settings.landing.glob(f"*/{feed}-*"))
+    }
+
+
+def _quarantined(settings: Settings, feed: str) -> list[str]:
+    root = settings.lake / "quarantine" / feed
+    if not root.is_dir():
+        return []
+    table = ds.dataset(root, partitioning="hive").to_table(columns=["raw_record"])
+    return [r or "" for r in table.column("raw_record").to_pylist()]
+
+
+@pytest.fixture
+def home(tmp_path):
+    return reference.reference_lake(tmp_path / "home").home
+
+
+def test_an_erased_customer_is_gone_from_landing_quarantine_and_what_ingestion_reads_next(spark, home):
+    settings = Settings(home=home, spark_shuffle_partitions=2)
+    before = _landing(settings, "transactions")
+    quarantined = _quarantined(settings, "transactions")
+    labels_before = _landing(settings, "labels")
+    owner = {r["transaction_id"]: r["customer_id"] for rows in before.values() for r in rows}
+    reported = [r["transaction_id"] for rows in labels_before.values() for r in rows]
+    chargebacks = Counter(owner[t] for t in reported if t in owner)
+    # A customer with quarantined rows (every fault kind leaves some) and chargebacks, the most of both.
+    counts = Counter(r.get("customer_id") for rows in before.values() for r in rows if r.get("customer_id"))
+    in_quarantine = Counter(c for c in counts for raw in quarantined if c in raw)
+    customer = max(counts, key=lambda c: (in_quarantine[c] > 0 and chargebacks[c] > 0, in_quarantine[c]))
+    assert in_quarantine[customer] > 0 and chargebacks[customer] > 0, "the reference lake has such customers"
+    theirs = {t for t, c in owner.items() if c == customer}
+    their_labels = chargebacks[customer]
+
+    report = erase_customer(settings, customer)
+
+    after = _landing(settings, "transactions")
+    for name, rows in before.items():
+        kept = [r for r in rows if r.get("customer_id") != customer]
+        assert after[name] == kept, name  # the others' rows unchanged, in order
+    labels_after = _landing(settings, "labels")
+    assert not any(r["transaction_id"] in theirs for rows in labels_after.values() for r in rows)
+    assert sum(map(len, labels_before.values())) - sum(map(len, labels_after.values())) == their_labels
+    assert not any(customer in raw for raw in _quarantined(settings, "transactions"))
+    removed_lines = sum(len(before[n]) - len(after[n]) for n in before)
+    assert removed_lines == counts[customer]
+    assert sum(v for n, v in report["landing"].items() if "/transactions-" in n) == removed_lines
+    assert sum(v for n, v in report["quarantine"].items() if "/transactions/" in n) == in_quarantine[customer]
+
+    # Spark reads the rewritten quarantine (its old checksums went with the old bytes).
+    tables = Tables(settings.lake)
+    assert (
+        spark.read.parquet(str(tables.quarantine)).count()
+        == ds.dataset(tables.quarantine, partitioning="hive").count_rows()
+    )
+    # Ingesting an erased arrival again: bronze and silver hold nothing of the customer.
+    day = reference.DAYS[0]
+    record = ingest.ingest(settings, day, "after-erasure")
+    assert record["status"] == "ok", record
+    silver = pq.read_table(tables.silver / f"arrival_date={day}")
+    assert customer not in silver.column("customer_id").to_pylist()
+    assert silver.num_rows == record["rows_silver"] > 0
+
+
+def test_the_retention_dag_deletes_what_is_old_and_ingested_and_keeps_the_rest(airflow_db, home, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    newest = max(reference.DAYS)
+    never_ingested = home / "landing" / (reference.FIRST - timedelta(days=40)).isoformat()
+    never_ingested.mkdir()
+    (never_ingested / "transactions-00000.csv").write_text("transaction_id\n")
+    monkeypatch.setenv("MLOPS_HOME", str(home))
+    monkeypatch.setenv("MLOPS_RETENTION__LANDING_DAYS", "2")
+    monkeypatch.setenv("MLOPS_RETENTION__QUARANTINE_DAYS", "1")
+    get_settings.cache_clear()
+    settings = get_settings()
+    quarantine = settings.lake / "quarantine" / "transactions"
+    partitions = sorted(p.name for p in quarantine.glob("arrival_date=*"))
+
+    dag = DagBag(dag_folder="dags").dags["enforce_retention"]
+    run = dag.test(logical_date=pendulum.datetime(2026, 11, 29, tz="UTC"))  # the calendar plays no part
+    assert run.state == DagRunState.SUCCESS
+
+    landing = sorted(p.name for p in settings.landing.iterdir() if p.is_dir())
+    expected = sorted(
+        [never_ingested.name] + [d.isoformat() for d in reference.DAYS if d >= newest - timedelta(days=2)]
+    )
+    assert landing == expected
+    kept = sorted(p.name for p in quarantine.glob("arrival_date=*"))
+    assert kept == [p for p in partitions if p >= f"arrival_date={newest - timedelta(days=1)}"]
+    assert len(kept) < len(partitions), "the reference lake quarantines rows on its early arrivals"
