@@ -105,11 +105,12 @@ def _rewrite_text(path: Path, compressed: bool, kept: Iterable[bytes]) -> None:
     """`kept` written aside (a hidden name: ingestion ignores it) and renamed over `path`."""
     staged = path.with_name(f".erasing-{path.name}")
     try:
-        with (
-            staged.open("wb") as raw,
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if compressed else raw as out,
-        ):
-            out.writelines(kept)
+        with staged.open("wb") as raw:
+            if compressed:
+                with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as packed:
+                    packed.writelines(kept)
+            else:
+                raw.writelines(kept)
         os.replace(staged, path)
     finally:
         staged.unlink(missing_ok=True)
@@ -117,25 +118,29 @@ def _rewrite_text(path: Path, compressed: bool, kept: Iterable[bytes]) -> None:
 
 def _erase_in_file(path: Path, field: str, values: set[str], collect: str | None) -> tuple[int, set[str]]:
     """Remove the lines of `path` whose `field` is one of `values`; (lines removed, the `collect` field's
-    values of the removed lines that parsed)."""
+    values of the removed lines that parsed). Two streaming passes, so a file of any size fits: the first
+    finds the lines, the second (only when there are some) writes the others."""
     fmt, compressed = data_format(path.name)
-    lines = list(_lines(path, compressed))
     header = None
-    if fmt == "csv" and lines:
-        header = next(csv.reader([lines[0].decode("utf-8", "replace").rstrip("\r\n")]), [])
+    if fmt == "csv":
+        first = next(_lines(path, compressed), b"")
+        header = next(csv.reader([first.decode("utf-8", "replace").rstrip("\r\n")]), [])
     matcher = _Matcher(field, values, header)
     is_theirs: Callable[[bytes], bool] = matcher.csv_line if fmt == "csv" else matcher.json_line
-    body = lines[1:] if header is not None else lines
-    removed = [line for line in body if line.strip() and is_theirs(line)]
-    if not removed:
-        return 0, set()
-    collected: set[str] = set()
-    if collect:
-        collected = {v for line in removed if (v := _field_of(line, fmt, header, collect))}
-    gone = {id(line) for line in removed}
-    kept = ([lines[0]] if header is not None else []) + [line for line in body if id(line) not in gone]
-    _rewrite_text(path, compressed, kept)
-    return len(removed), collected
+
+    def judged() -> Iterator[tuple[bytes, bool]]:
+        for number, line in enumerate(_lines(path, compressed)):
+            yield line, not (header is not None and number == 0) and bool(line.strip()) and is_theirs(line)
+
+    removed, collected = 0, set[str]()
+    for line, theirs in judged():
+        if theirs:
+            removed += 1
+            if collect and (value := _field_of(line, fmt, header, collect)):
+                collected.add(value)
+    if removed:
+        _rewrite_text(path, compressed, (line for line, theirs in judged() if not theirs))
+    return removed, collected
 
 
 def _field_of(raw: bytes, fmt: str | None, header: list[str] | None, name: str) -> str | None:
