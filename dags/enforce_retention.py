@@ -5,7 +5,8 @@ Once a day, deletes the landing folders and the quarantined rows (transactions a
 their retention (`MLOPS_RETENTION__LANDING_DAYS`, `MLOPS_RETENTION__QUARANTINE_DAYS`), counted back from the
 newest arrival the lake has ingested: the lake's own dates, not the calendar, so a replayed or late feed is
 not emptied by the clock. A landing folder the lake has not ingested is kept whatever its age. The scoring
-log's retention is the scoring service's (`MLOPS_SERVING__LOG_RETENTION_DAYS`). The same work by hand:
+log's dates past `MLOPS_SERVING__LOG_RETENTION_DAYS` before its newest go too (the service expires them as it
+writes; this covers a service that is idle or down). The same work by hand:
 `mlops retention`; a person's rows on request: `mlops erase --customer ID` (pipelines/privacy.py).
 """
 

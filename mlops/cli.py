@@ -484,7 +484,8 @@ def retention(
     record = enforce_retention(get_settings())
     err.print(
         f"newest ingested arrival {record['newest_ingested']}: removed landing {record['landing_removed']}, "
-        f"quarantine {record['quarantine_removed']}; kept though old: {record['kept'] or 'none'}"
+        f"quarantine {record['quarantine_removed']}, scoring log {record['scoring_log_removed']}; "
+        f"kept though old: {record['kept'] or 'none'}"
     )
     _emit(record, as_json)
 

@@ -10,13 +10,14 @@ files; a file with none of the customer's rows is not touched. The report counts
 file.
 
 `enforce_retention` deletes landing folders and quarantine partitions older than their retention
-(`RetentionSettings`), counted back from the newest arrival the lake has ingested: the lake's own dates,
+(`RetentionSettings`), counted back from the newest arrival the lake has ingested, and the scoring log's
+dates older than `serving.log_retention_days` before its newest (what the service does as it writes, done
+here too for a service that is idle or down): the lake's own dates,
 never a caller's or this machine's clock, so a replayed or late feed is not emptied by the calendar. A landing
 folder the lake has not ingested is kept, whatever its age: deleting it would lose the only copy.
 
 What this does not reach: bronze, silver, gold, the training sets, the online store, MLflow's artifacts and
-the scoring log hold identifiers too; the report names them. The scoring log has a retention of its own
-(`serving.log_retention_days`, enforced by the service).
+the scoring log hold identifiers too; the report names them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import PipelineError
+from core.retention import expire_dated_folders
 from pipelines.ingest.landing import data_format
 from pipelines.lake import Tables, clear_partitions, clear_replaced, table_lock
 
@@ -271,6 +273,10 @@ def enforce_retention(settings: Settings) -> dict:
     tables = Tables(settings.lake)
     ingested = _ingested(tables)
     report: dict = {"newest_ingested": None, "landing_removed": [], "quarantine_removed": [], "kept": {}}
+    # The scoring log by its own dates (the service's clock), as the service expires it while it writes.
+    report["scoring_log_removed"] = expire_dated_folders(
+        settings.scoring_log_dir, "date=", settings.serving.log_retention_days
+    )
     if not ingested:
         return report
     newest = ingested[-1]

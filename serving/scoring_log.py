@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import shutil
 import threading
 import time
 import uuid
@@ -36,6 +35,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.retention import expire_dated_folders
 from model_contract.inputs import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 if TYPE_CHECKING:
@@ -337,12 +337,9 @@ class ScoringLog:
         """Partitions scored more than retention_days before the newest one written are deleted."""
         if self.retention_days is None or self._newest is None:
             return
-        oldest = (self._newest - timedelta(days=self.retention_days)).isoformat()
-        for folder in self.root.glob(f"{PARTITION}=*"):
-            if folder.is_dir() and folder.name.removeprefix(f"{PARTITION}=") < oldest:
-                shutil.rmtree(folder, ignore_errors=True)
-                self.removed_partitions += 1
-                log.info("scoring log: removed %s (older than %d days)", folder, self.retention_days)
+        for name in expire_dated_folders(self.root, f"{PARTITION}=", self.retention_days, self._newest):
+            self.removed_partitions += 1
+            log.info("scoring log: removed %s (older than %d days)", name, self.retention_days)
 
 
 # --- the chargeback journal ---------------------------------------------------------------------------------

@@ -113,6 +113,11 @@ def test_the_retention_dag_deletes_what_is_old_and_ingested_and_keeps_the_rest(a
     never_ingested = home / "landing" / (reference.FIRST - timedelta(days=40)).isoformat()
     never_ingested.mkdir()
     (never_ingested / "transactions-00000.csv").write_text("transaction_id\n")
+    # The scoring log by its own dates (the service's clock), whatever the lake's: 90 days back.
+    scoring_log = home / "scoring_log"
+    for day in ("2026-07-01", "2026-08-03", "2026-11-01"):
+        (scoring_log / f"date={day}").mkdir(parents=True)
+        (scoring_log / f"date={day}" / "part-0.parquet").write_bytes(b"")
     monkeypatch.setenv("MLOPS_HOME", str(home))
     monkeypatch.setenv("MLOPS_RETENTION__LANDING_DAYS", "2")
     monkeypatch.setenv("MLOPS_RETENTION__QUARANTINE_DAYS", "1")
@@ -133,3 +138,4 @@ def test_the_retention_dag_deletes_what_is_old_and_ingested_and_keeps_the_rest(a
     kept = sorted(p.name for p in quarantine.glob("arrival_date=*"))
     assert kept == [p for p in partitions if p >= f"arrival_date={newest - timedelta(days=1)}"]
     assert len(kept) < len(partitions), "the reference lake quarantines rows on its early arrivals"
+    assert sorted(p.name for p in scoring_log.iterdir()) == ["date=2026-08-03", "date=2026-11-01"]
