@@ -390,7 +390,8 @@ class Settings(BaseSettings):
             return stores | {
                 "MLflow backend and registry": self.mlflow_tracking_uri,
                 "MLflow artifacts": str(self.mlflow_dir / "artifacts"),
-                "promotion history, tuning studies, online store": str(self.mlflow_dir),
+                "promotion history and tuning studies": str(self.mlflow_dir),
+                "feature store (registry, online store)": str(self.feast_dir),
             }
         stores |= {
             "PostgreSQL (Airflow, promotion history, tuning studies)": self.cluster.postgres_dsn,
