@@ -114,6 +114,11 @@ def aws_region_of_host(host: str) -> str | None:
     return match.group("region") if match else None
 
 
+def _query(uri: str) -> dict[str, str]:
+    """The URI's query parameters, the last value of each."""
+    return {key: values[-1] for key, values in parse_qs(urlsplit(uri).query).items()}
+
+
 def resolve_storage_uri(
     uri: str, *, default_region: str | None = None, default_endpoint: str | None = None
 ) -> StorageLocation:
@@ -125,7 +130,7 @@ def resolve_storage_uri(
     if scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db (SQLAlchemy's spelling)
         return StorageLocation(uri, "local", parts.path[1:] or uri)
     if scheme in _S3_SCHEMES:
-        query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        query = _query(uri)
         endpoint = query.get("endpoint_override") or query.get("endpoint_url") or default_endpoint
         if endpoint:
             return _endpoint_location(uri, endpoint)
@@ -177,8 +182,7 @@ def object_store_child(uri: str, name: str) -> str:
 
 def declared_region(uri: str, default_region: str | None = None) -> str | None:
     """The region `uri` says it is in (`?region=`, else the default given), lower-cased; None if neither."""
-    query = {key: values[-1] for key, values in parse_qs(urlsplit(uri).query).items()}
-    region = query.get("region") or default_region
+    region = _query(uri).get("region") or default_region
     return region.strip().lower() if region else None
 
 
@@ -191,7 +195,7 @@ def bucket_region(
     parts = urlsplit(uri)
     if parts.scheme.lower() not in _S3_SCHEMES or not parts.hostname:
         raise ValueError(f"{redact(uri)} is not an s3:// bucket URI")
-    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    query = _query(uri)
     endpoint = query.get("endpoint_override") or query.get("endpoint_url") or endpoint
     region = declared_region(uri, region)
     if endpoint:

@@ -106,12 +106,14 @@ def _residency(settings: Settings) -> Check:
 
     policy = settings.storage_policy
     region, endpoint = settings.cluster.object_store_region, settings.cluster.object_store_endpoint
-    placed, refused = [], []
-    for name, uri in settings.stores.items():
+    stores = settings.stores
+    placed, refused, located = [], [], {}
+    for name, uri in stores.items():
         location, reason = judge(uri, policy, default_region=region, default_endpoint=endpoint)
         if reason:
             refused.append(f"{name} ({redact(uri)}): {reason}")
         elif location is not None:
+            located[name] = location
             placed.append(f"{name}: {location.kind} {location.place}")
     fix = (
         "move the store into an allowed region or endpoint, or, if its place is approved, add it to "
@@ -119,11 +121,10 @@ def _residency(settings: Settings) -> Check:
     )
     if refused:
         return Check("residency", Status.FAIL, "; ".join(refused), fix)
-    store = settings.stores.get("object store")
+    store = stores.get("object store")
     if store is None:
         return Check("residency", Status.OK, "; ".join(placed))
-    declared, _ = judge(store, policy, default_region=region, default_endpoint=endpoint)
-    assert declared is not None, "judged above without a refusal"
+    declared = located["object store"]
     try:
         found, asked = bucket_region(store, region=region, endpoint=endpoint)
     except (OSError, ValueError) as exc:

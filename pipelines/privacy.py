@@ -29,13 +29,13 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import PipelineError
-from core.retention import expire_dated_folders
+from core.retention import dated_folders, expire_dated_folders
 from pipelines.ingest.landing import data_format
 from pipelines.lake import Tables, clear_partitions, clear_replaced, table_lock
 
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ARRIVAL_FOLDER = re.compile(r"\d{4}-\d{2}-\d{2}")
 PARTITION_PREFIX = "arrival_date="
 NOT_REACHED = (
     "bronze",
@@ -66,36 +65,17 @@ def _token(value: str) -> re.Pattern[bytes]:
     return re.compile(rb"(?<![\w-])" + re.escape(value.encode()) + rb"(?![\w-])")
 
 
-class _Matcher:
-    """Decides whether one raw line (bytes, its line ending kept) is the erased customer's or one of their
-    chargebacks: by the field when the line parses, by the token when it does not."""
-
-    def __init__(self, field: str, values: set[str], header: list[str] | None) -> None:
-        self.field, self.values = field, values
-        self.index = header.index(field) if header and field in header else None
-        self.width = len(header) if header else 0
-        self.tokens = [_token(v) for v in sorted(values)]
-
-    def csv_line(self, raw: bytes) -> bool:
-        try:
+def _parsed(raw: bytes, fmt: str | None, header: list[str] | None) -> dict | None:
+    """One raw line as a record: a CSV line with as many fields as the header, or a JSON object; None when
+    it does not parse (such a line is judged by the token)."""
+    try:
+        if fmt == "csv":
             fields = next(csv.reader([raw.decode("utf-8").rstrip("\r\n")]), [])
-        except (UnicodeDecodeError, csv.Error):
-            fields = []
-        if self.index is not None and len(fields) == self.width:
-            return fields[self.index] in self.values
-        return self.any_token(raw)
-
-    def json_line(self, raw: bytes) -> bool:
-        try:
-            record = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            record = None
-        if isinstance(record, dict) and isinstance(record.get(self.field), str):
-            return record[self.field] in self.values
-        return self.any_token(raw)
-
-    def any_token(self, raw: bytes) -> bool:
-        return any(t.search(raw) for t in self.tokens)
+            return dict(zip(header, fields, strict=True)) if header and len(fields) == len(header) else None
+        record = json.loads(raw)
+    except (UnicodeDecodeError, csv.Error, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _lines(path: Path, compressed: bool) -> Iterator[bytes]:
@@ -127,49 +107,34 @@ def _erase_in_file(path: Path, field: str, values: set[str], collect: str | None
     if fmt == "csv":
         first = next(_lines(path, compressed), b"")
         header = next(csv.reader([first.decode("utf-8", "replace").rstrip("\r\n")]), [])
-    matcher = _Matcher(field, values, header)
-    is_theirs: Callable[[bytes], bool] = matcher.csv_line if fmt == "csv" else matcher.json_line
+    tokens = [_token(v) for v in sorted(values)]
 
-    def judged() -> Iterator[tuple[bytes, bool]]:
+    def judged() -> Iterator[tuple[bytes, dict | None, bool]]:
         for number, line in enumerate(_lines(path, compressed)):
-            yield line, not (header is not None and number == 0) and bool(line.strip()) and is_theirs(line)
+            if (header is not None and number == 0) or not line.strip():
+                yield line, None, False
+                continue
+            record = _parsed(line, fmt, header)
+            value = record.get(field) if record else None
+            theirs = value in values if isinstance(value, str) else any(t.search(line) for t in tokens)
+            yield line, record, theirs
 
     removed, collected = 0, set[str]()
-    for line, theirs in judged():
+    for _, record, theirs in judged():
         if theirs:
             removed += 1
-            if collect and (value := _field_of(line, fmt, header, collect)):
+            if collect and record and isinstance(value := record.get(collect), str) and value:
                 collected.add(value)
     if removed:
-        _rewrite_text(path, compressed, (line for line, theirs in judged() if not theirs))
+        _rewrite_text(path, compressed, (line for line, _, theirs in judged() if not theirs))
     return removed, collected
-
-
-def _field_of(raw: bytes, fmt: str | None, header: list[str] | None, name: str) -> str | None:
-    try:
-        if fmt == "csv":
-            fields = next(csv.reader([raw.decode("utf-8").rstrip("\r\n")]), [])
-            if header and name in header and len(fields) == len(header):
-                return fields[header.index(name)]
-            return None
-        record = json.loads(raw)
-    except (UnicodeDecodeError, csv.Error, json.JSONDecodeError):
-        return None
-    value = record.get(name) if isinstance(record, dict) else None
-    return value if isinstance(value, str) else None
-
-
-def _arrival_folders(landing: Path) -> list[Path]:
-    if not landing.is_dir():
-        return []
-    return sorted(p for p in landing.iterdir() if p.is_dir() and ARRIVAL_FOLDER.fullmatch(p.name))
 
 
 def _landing_files(settings: Settings, feed: str) -> list[Path]:
     """The data files of `feed` in every arrival folder (what ingestion would read)."""
     return [
         f
-        for folder in _arrival_folders(settings.landing)
+        for _, folder in sorted(dated_folders(settings.landing, "").items())
         for f in sorted(folder.iterdir())
         if f.is_file() and f.name.startswith(f"{feed}-") and data_format(f.name)[0]
     ]
@@ -282,8 +247,7 @@ def enforce_retention(settings: Settings) -> dict:
     newest = ingested[-1]
     report["newest_ingested"] = newest.isoformat()
     keep_landing = newest - timedelta(days=settings.retention.landing_days)
-    for folder in _arrival_folders(settings.landing):
-        day = date.fromisoformat(folder.name)
+    for day, folder in sorted(dated_folders(settings.landing, "").items()):
         if day >= keep_landing:
             continue
         if day not in ingested:
@@ -293,11 +257,8 @@ def enforce_retention(settings: Settings) -> dict:
         report["landing_removed"].append(folder.name)
     keep_quarantine = newest - timedelta(days=settings.retention.quarantine_days)
     for root in (tables.quarantine, tables.quarantine_labels):
-        old = tuple(
-            p
-            for p in (sorted(root.glob(f"{PARTITION_PREFIX}*")) if root.is_dir() else [])
-            if date.fromisoformat(p.name.removeprefix(PARTITION_PREFIX)) < keep_quarantine
-        )
+        partitions = dated_folders(root, PARTITION_PREFIX)
+        old = tuple(partitions[day] for day in sorted(partitions) if day < keep_quarantine)
         if old:
             clear_partitions(root, old, retain_s=0)
             report["quarantine_removed"] += [str(p.relative_to(settings.lake)) for p in old]
