@@ -186,6 +186,28 @@ class RetentionSettings(BaseModel):
     quarantine_days: int = Field(default=90, ge=1, description="quarantined rows (raw records)")
 
 
+class LineageSettings(BaseModel):
+    """OpenLineage events of every stage (core/lineage.py, docs/lineage.md): always written as files under
+    $MLOPS_HOME/lineage (what `mlops lineage` reads), and posted to `url` when it is set."""
+
+    enabled: bool = Field(default=True, description="emit OpenLineage events")
+    url: str | None = Field(
+        default=None, description="an OpenLineage consumer (Marquez: http://marquez:5000)"
+    )
+    endpoint: str = Field(default="api/v1/lineage", description="the consumer's path for events")
+    namespace: str = Field(default="mlops-fraud", min_length=1, description="the jobs' namespace")
+    timeout_s: float = Field(default=5.0, gt=0, description="how long a post may take")
+    retries: int = Field(
+        default=2, ge=0, le=10, description="a failed post's retries (0.3 s back-off, doubling)"
+    )
+    pause_s: float = Field(default=60.0, ge=0, description="after a failed post, how long none is tried")
+
+    @field_validator("url")
+    @classmethod
+    def _a_web_address(cls, url: str | None) -> str | None:
+        return web_address("lineage.url", url)
+
+
 class ServingSettings(BaseModel):
     """The scoring service (`mlops serve`, serving/)."""
 
@@ -351,6 +373,7 @@ class Settings(BaseSettings):
     compression: CompressionSettings = CompressionSettings()
     serving: ServingSettings = ServingSettings()
     retention: RetentionSettings = RetentionSettings()
+    lineage: LineageSettings = LineageSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
     alerts: AlertSettings = AlertSettings()
     approval: ApprovalSettings = ApprovalSettings()

@@ -21,6 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core import lineage
 from core.settings import Settings
 from features.feast_private import provider
 from features.online_store import OnlineWriter, open_writer
@@ -395,6 +396,20 @@ def materialize(
     ]
 
 
+def _materialized_lineage(settings: Settings, record: dict, day: date) -> lineage.Datasets:
+    from pipelines.gold.contract import CUSTOMER_TABLE, MERCHANT_TABLE, PARTITION_COLUMN, table_path
+
+    gold = [
+        table_path(settings.lake, t) / f"{PARTITION_COLUMN}={day.isoformat()}"
+        for t in (CUSTOMER_TABLE, MERCHANT_TABLE)
+    ]
+    return lineage.Datasets(
+        [lineage.path(p) for p in gold if p.is_dir()],
+        [lineage.online_store(settings, view) for view in record.get("materialized", {})],
+    )
+
+
+@lineage.emits("materialize", _materialized_lineage)
 def materialize_date(settings: Settings, day: date) -> dict:
     """Apply the Feast definitions (idempotent) and load the date's UTC interval into the online store."""
     apply(settings)

@@ -474,6 +474,25 @@ def erase(
     _emit({"status": "erased", **record}, as_json)
 
 
+@app.command(name="lineage")
+def lineage_command(
+    version: Annotated[str, typer.Argument(help="the registered model version (fraud-detector)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the graph as one JSON line last")] = False,
+) -> None:
+    """The lineage graph of a model version: landing files to the version, and what it made since."""
+    from mlops.lineage import describe, lineage_of
+
+    settings = get_settings()
+    try:
+        graph = lineage_of(settings, version)
+    except LookupError as exc:
+        err.print(f"[red]lineage:[/] {exc}")
+        raise typer.Exit(code=1) from None
+    for line in describe(settings, graph):
+        err.print(line, markup=False, highlight=False)
+    _emit(graph, as_json)
+
+
 @app.command()
 def retention(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,

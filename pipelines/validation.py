@@ -74,6 +74,15 @@ def validate(
         "evaluated": result.statistics.get("evaluated_expectations"),
         "failed": len(failures),
         "failures": failures,
+        # each expectation's outcome, for the validated dataset's OpenLineage data-quality facet
+        "assertions": [
+            {
+                "expectation": r.expectation_config.type,
+                "column": r.expectation_config.kwargs.get("column"),
+                "success": bool(r.success),
+            }
+            for r in result.results
+        ],
         "data_docs": docs,
     }
     if failures:

@@ -121,7 +121,7 @@ class Service:
 
     def __init__(self, settings: Settings, live_from: datetime | None) -> None:
         from serving.features import PendingState
-        from serving.scoring_log import ScoringLog
+        from serving.scoring_log import DayLineage, ScoringLog
 
         self.settings = settings
         self.started = time.time()
@@ -147,6 +147,7 @@ class Service:
                 settings.serving.log_flush_interval_s,
                 settings.serving.log_max_pending_rows,
                 settings.serving.log_retention_days,
+                on_written=DayLineage(settings),
             )
             if settings.serving.scoring_log
             else None

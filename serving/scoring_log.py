@@ -30,16 +30,19 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core import lineage
 from core.retention import expire_dated_folders
 from model_contract.inputs import CATEGORICAL_FEATURES, NUMERIC_FEATURES
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,39 @@ def read_scoring_log(
     return pa.concat_tables(tables)
 
 
+class DayLineage:
+    """Announces each (scoring date, model version) the log writes, once per process: an OpenLineage run
+    `score` that read the model version and wrote the date's folder (core/lineage.py). It remembers at most
+    MAX_PAIRS pairs, then forgets them all at once: an event sent twice is harmless, a set that grows with
+    every date and version is not."""
+
+    MAX_PAIRS = 4096
+
+    def __init__(self, settings: Settings) -> None:
+        from model_contract.onnx import MODEL_NAME
+
+        self.settings = settings
+        self.model = MODEL_NAME
+        self._seen: set[tuple[date, str]] = set()
+
+    def __call__(self, root: Path, day: date, versions: set[str]) -> None:
+        new = sorted(v for v in versions if (day, v) not in self._seen)
+        if not new:
+            return
+        if len(self._seen) + len(new) > self.MAX_PAIRS:
+            self._seen.clear()
+        lineage.emit_once(
+            self.settings,
+            "score",
+            lineage.Datasets(
+                [lineage.model_version(self.settings, self.model, v) for v in new],
+                [lineage.path(partition_dir(root, day))],
+                {"date": day.isoformat()},
+            ),
+        )
+        self._seen.update((day, v) for v in new)
+
+
 class ScoringLog:
     """Takes rows (dicts of the schema's columns) from the request path without blocking on disk: rows go
     to an in-memory queue, at most `max_pending_rows` of them waiting at once (queued or kept after a failed
@@ -142,8 +178,10 @@ class ScoringLog:
         flush_interval_s: float = 5.0,
         max_pending_rows: int = 200_000,
         retention_days: int | None = None,
+        on_written: Callable[[Path, date, set[str]], None] | None = None,
     ) -> None:
         self.root = root
+        self.on_written = on_written  # told the model versions of each date's rows once they are on disk
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
         self.max_pending_rows = max_pending_rows
@@ -323,6 +361,7 @@ class ScoringLog:
                 with self._held_lock:
                     self._held -= table.num_rows
                 self._newest = day if self._newest is None else max(self._newest, day)
+                self._announce(day, table)
             except Exception:  # disk full, permissions: keep the rows (within the cap), say where
                 self.errors += 1
                 log.exception(
@@ -332,6 +371,18 @@ class ScoringLog:
                 )
                 self._tables.setdefault(day, []).extend(parts)
                 self._converted += table.num_rows
+
+    def _announce(self, day: date, table: pa.Table) -> None:
+        if self.on_written is None:
+            return
+        import pyarrow.compute as pc
+
+        versions = {*pc.unique(table["model_version"]).to_pylist()}
+        versions |= {v for v in pc.unique(table["shadow_version"]).to_pylist() if v}
+        try:
+            self.on_written(self.root, day, versions)
+        except Exception:  # lineage never costs a row of the log
+            log.exception("scoring log: the lineage of %s could not be announced", day)
 
     def _expire(self) -> None:
         """Partitions scored more than retention_days before the newest one written are deleted."""

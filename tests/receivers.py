@@ -16,6 +16,7 @@ from typing import Any
 @dataclass
 class Received:
     posts: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # the path each post went to, in order
     mails: list[Message] = field(default_factory=list)
     recipients: list[list[str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -31,6 +32,7 @@ def _webhook(received: Received):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             with received.lock:
                 received.posts.append(json.loads(body))
+                received.paths.append(self.path)
             self.send_response(204)
             self.end_headers()
 

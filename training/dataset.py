@@ -30,6 +30,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core import lineage
 from core.errors import PipelineError
 
 # The model's input contract is model_contract.inputs (below training, serving and monitoring); its names
@@ -71,6 +72,7 @@ WEIGHT = "weight"  # how many transactions of the window a row stands for (1 / s
 SPLITS = ("train", "validation", "holdout")
 DATASET_FILE = "training_set.parquet"
 METADATA_FILE = "training_set.json"  # as-of date and window, versioned with the data
+TRAINING_SET_MEMBER = "training_set"  # the training set's member in its DVC revision (and lineage name)
 
 
 class TrainingSetError(PipelineError):
@@ -611,6 +613,43 @@ def write_training_set(
     }
 
 
+def _training_set_lineage(
+    settings: Settings, record: dict, day: date, window_days: int | None = None
+) -> lineage.Datasets:
+    """The window's feature rows and the DVC revisions of its gold, the labels known at `day`."""
+    from pipelines.gold.contract import gold_revision_path
+    from pipelines.lake import Tables, read_json
+    from training.feature_rows import _rows_path
+
+    window = window_days or settings.training.window_days
+    days = [day - timedelta(days=k) for k in range(window)]
+    revisions = [read_json(gold_revision_path(settings.home, d)) for d in days]
+    labels = Tables(settings.lake).silver_labels
+    label_days = [day - timedelta(days=k) for k in range(window + 60)]
+    return lineage.Datasets(
+        [
+            *(
+                lineage.dvc_revision(settings, f"gold/event_date={r['event_date']}", r["dataset_rev"])
+                for r in revisions
+                if r
+            ),
+            *(
+                lineage.path(_rows_path(settings.lake, d))
+                for d in days
+                if _rows_path(settings.lake, d).is_dir()
+            ),
+            *(
+                lineage.path(Tables.partition(labels, d))
+                for d in label_days
+                if Tables.partition(labels, d).is_dir()
+            ),
+        ],
+        [lineage.dvc_revision(settings, TRAINING_SET_MEMBER, record["training_set_rev"])],
+        {"as_of": day.isoformat(), "window_days": window},
+    )
+
+
+@lineage.emits("training_set", _training_set_lineage)
 def build_training_set(settings: Settings, day: date, window_days: int | None = None) -> dict:
     """The retrain's first step: build and version the training set as of `day` with the training
     settings; its `seconds` go on to the training run."""
@@ -651,7 +690,7 @@ def version_training_frame(
     staging.write_text(json.dumps({"as_of": day.isoformat(), **metadata}, sort_keys=True) + "\n")
     staging.replace(folder / METADATA_FILE)
     member = track(settings, f"training/as_of={day.isoformat()}", folder)
-    return record_revision(settings, {"training_set": member}), folder
+    return record_revision(settings, {TRAINING_SET_MEMBER: member}), folder
 
 
 def as_written(frame: pd.DataFrame | pa.Table) -> pa.Table:
@@ -722,7 +761,7 @@ def read_training_set(
     from pipelines.versioning import revision_files
 
     members = revision_files(settings, rev)
-    files = members.get("training_set")
+    files = members.get(TRAINING_SET_MEMBER)
     if files is None or DATASET_FILE not in files:
         raise TrainingSetError(f"revision {rev!r} is not a training set (members: {sorted(members)})")
     data = files[DATASET_FILE]

@@ -37,6 +37,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core import lineage
 from core.errors import PipelineError
 from features.definitions import (
     CUSTOMER_JOIN_KEY,
@@ -173,6 +174,25 @@ def is_fresh(lake: Path, day: date, signatures: _Signatures) -> bool:
     )
 
 
+def _rows_lineage(settings: Settings, record: dict, event_dates: list[date]) -> lineage.Datasets:
+    """Rows and carry of each date built, from its gold and the carry of the date before it."""
+    lake = settings.lake
+    built = [date.fromisoformat(d) for d in record.get("built", [])]
+    read: list[Path] = []
+    for day in built:
+        read += [
+            table_path(lake, t) / f"{PARTITION_COLUMN}={day.isoformat()}"
+            for t in (CUSTOMER_TABLE, MERCHANT_TABLE)
+        ]
+        if day - timedelta(days=1) not in built:
+            read.append(_carry_path(lake, day - timedelta(days=1)))
+    return lineage.Datasets(
+        [lineage.path(p) for p in read if p.exists()],
+        [lineage.path(p) for day in built for p in (_rows_path(lake, day), _carry_path(lake, day))],
+    )
+
+
+@lineage.emits("build_training_rows", _rows_lineage)
 def build_feature_rows(settings: Settings, event_dates: list[date]) -> dict:
     """The features job's step: the rows of the event dates it (re)built gold for, and of any later date
     whose rows read them (the gold of a date is read by the rows of the 32 dates after it)."""

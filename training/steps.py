@@ -18,11 +18,14 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec
 
+from core import lineage
 from core.clock import StageClock
 from core.settings import Settings
+from model_contract.onnx import CHAMPION_ALIAS, MODEL_NAME
 from training.dataset import (
     NUMERIC_FEATURES,
     SPLIT,
+    TRAINING_SET_MEMBER,
     build_training_set,
     model_arrays,
     read_holdout,
@@ -88,6 +91,73 @@ def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
     return Tensors(torch.from_numpy(x), torch.from_numpy(y))
 
 
+# --- lineage: what each step read and wrote (core/lineage.py) ---------------------------------------------
+
+
+def _version(settings: Settings, version: object) -> lineage.Dataset:
+    return lineage.model_version(settings, MODEL_NAME, str(version))
+
+
+def _train_lineage(
+    settings: Settings,
+    result: dict,
+    training_set_rev: str,
+    config: TrainConfig,
+    *args: object,
+    **kwargs: object,
+) -> lineage.Datasets:
+    """The training set's revision -> the MLflow run; with what rebuilds it: commit, image, configuration
+    (the tuned hyperparameters and the seed among it)."""
+    if not result.get("run_id"):  # a torchrun worker other than rank 0: rank 0 reports the run
+        return lineage.Datasets()
+    return lineage.Datasets(
+        [lineage.dvc_revision(settings, TRAINING_SET_MEMBER, training_set_rev)],
+        [lineage.mlflow(settings, f"runs/{result['run_id']}")],
+        {
+            "git_commit": git_commit(),
+            "image": _image(settings),
+            "seed": config.seed,
+            "config": asdict(config),
+        },
+    )
+
+
+def _register_lineage(settings: Settings, result: dict, run_id: str, image_id: str = "") -> lineage.Datasets:
+    return lineage.Datasets(
+        [lineage.mlflow(settings, f"runs/{run_id}")], [_version(settings, result["model_version"])]
+    )
+
+
+def _alias_lineage(settings: Settings, record: dict, *args: object, **kwargs: object) -> lineage.Datasets:
+    """A gate's, a person's or a rollback's decision: the version judged -> the champion alias, when it moved
+    (the alias dataset's version names the version it points at now)."""
+    versions = {record.get("model_version"), record.get("champion_version")} - {None}
+    moved = record.get("champion_version") and record.get("champion_version") != record.get(
+        "previous_champion"
+    )
+    alias = f"models/{MODEL_NAME}/aliases/{CHAMPION_ALIAS}"
+    return lineage.Datasets(
+        [_version(settings, v) for v in sorted(versions, key=str)],
+        [lineage.mlflow(settings, alias, version=str(record["champion_version"]))] if moved else [],
+        {"decision": record.get("decision"), "previous_champion": record.get("previous_champion")},
+    )
+
+
+def _export_lineage(settings: Settings, record: dict, version: str, *args: object) -> lineage.Datasets:
+    """The version -> its ONNX files in its run's artifacts."""
+    from training.export import ONNX_DIR
+
+    files = [v["file"] for v in record.get("variants", [])]
+    if not files:
+        return lineage.Datasets([_version(settings, version)])
+    run_id = _run_of_version(settings, {"model_version": version})
+    return lineage.Datasets(
+        [_version(settings, version)],
+        [lineage.mlflow(settings, f"runs/{run_id}/artifacts/{ONNX_DIR}/{name}") for name in files],
+        {"serving_file": record.get("serving_file")},
+    )
+
+
 # The first step, defined beside the training set: its Airflow task imports neither MLflow nor torch.
 dataset = build_training_set
 
@@ -105,6 +175,7 @@ def _gold_validation(settings: Settings, as_of: str) -> tuple[str, str]:
     return ",".join(r["suite"] for r in record["results"]), str(all(r["success"] for r in record["results"]))
 
 
+@lineage.emits("train", _train_lineage)
 def train(
     settings: Settings,
     training_set_rev: str,
@@ -272,6 +343,7 @@ def image_digest(image_id: str) -> str | None:
     )
 
 
+@lineage.emits("register", _register_lineage)
 @_timed("register", lambda settings, result: result["run_id"])
 def register(settings: Settings, run_id: str, image_id: str = "") -> dict:
     """Register the run's model as a new version of `fraud-detector`. `image_id`: the image the training
@@ -303,6 +375,7 @@ def _ledger(settings: Settings):
 
 
 @_timed("promote", _run_of_version)
+@lineage.emits("promote", _alias_lineage)
 def promote(
     settings: Settings,
     version: str,
@@ -361,6 +434,7 @@ def _decision_record(decision) -> dict:
     }
 
 
+@lineage.emits("approve", _alias_lineage)
 def approve(
     settings: Settings,
     version: str,
@@ -396,6 +470,7 @@ def approve(
     return _compress_promoted(settings, record)
 
 
+@lineage.emits("promote_by_hand", _alias_lineage)
 def promote_by_hand(
     settings: Settings, version: str, reason: str, expected_champion: str | None = None
 ) -> dict:
@@ -411,6 +486,7 @@ def promote_by_hand(
     return _compress_promoted(settings, _decision_record(decision))
 
 
+@lineage.emits("rollback", _alias_lineage)
 def rollback(
     settings: Settings,
     reason: str = "rollback",
@@ -452,6 +528,7 @@ def history(settings: Settings) -> dict:
     }
 
 
+@lineage.emits("export", _export_lineage)
 @_timed("export", _run_of_version)
 def export(settings: Settings, version: str) -> dict:
     """fp32 ONNX of `version` for CPU scoring, checked against torch and logged to its run: every candidate
@@ -461,6 +538,7 @@ def export(settings: Settings, version: str) -> dict:
     return export_version(settings, version, variants=False)
 
 
+@lineage.emits("compress", _export_lineage)
 def compress(settings: Settings, version: str, decision: str) -> dict:
     """The int8, pruned and student variants of `version`, when `decision` promoted it: measured against fp32
     on the holdout, the smallest as accurate served (training/export.py). Made after the decision, off the

@@ -65,3 +65,9 @@ def build_path(lake: Path, day: date) -> Path:
     """What a date's gold was built from (each input arrival's signature): the features stage rebuilds the
     date when these change (late events, re-deliveries, out-of-order arrivals)."""
     return builds_root(lake) / f"{PARTITION_COLUMN}={day.isoformat()}.json"
+
+
+def gold_revision_path(home: Path, day: date) -> Path:
+    """Where version_gold keeps the DVC revision of the date's gold as it last versioned it (the training
+    set's lineage names the revisions of the gold it read)."""
+    return home / "datasets" / "gold" / f"{PARTITION_COLUMN}={day.isoformat()}.rev.json"

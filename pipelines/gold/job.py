@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 
+from core import lineage
 from core.errors import PipelineError
 from pipelines.gold import state, transforms
 from pipelines.gold.contract import (
@@ -20,6 +21,7 @@ from pipelines.gold.contract import (
     PARTITION_COLUMN,
     build_path,
     builds_root,
+    gold_revision_path,
     table_path,
     validation_path,
 )
@@ -92,6 +94,47 @@ def plan_gold(settings: Settings, arrivals: list[date]) -> dict:
     return plan
 
 
+def gold_partitions(settings: Settings, day: date) -> dict[str, Path]:
+    """The date's gold partition of each table (which may not exist)."""
+    return {t: _gold_partition(table_path(settings.lake, t), day) for t in (CUSTOMER_TABLE, MERCHANT_TABLE)}
+
+
+def _gold_lineage(settings: Settings, record: dict, day: date) -> lineage.Datasets:
+    tables = Tables(settings.lake)
+    arrivals = sorted({*record.get("silver_arrivals_read", []), *record.get("state_arrivals", [])})
+    read = [
+        Tables.partition(root, date.fromisoformat(a))
+        for a in arrivals
+        for root in (tables.silver, tables.silver_labels)
+    ]
+    return lineage.Datasets(
+        [lineage.path(p) for p in read if p.is_dir()],
+        [lineage.path(p, rows=record.get(f"rows_{t}")) for t, p in gold_partitions(settings, day).items()],
+    )
+
+
+def _gold_validation_lineage(settings: Settings, results: list[dict], day: date) -> lineage.Datasets:
+    by_suite = {r["suite"]: r for r in results}
+    return lineage.Datasets(
+        [
+            lineage.validated(lineage.path(p), by_suite[gold_suite_name(t)])
+            for t, p in gold_partitions(settings, day).items()
+            if gold_suite_name(t) in by_suite
+        ]
+    )
+
+
+def _version_lineage(settings: Settings, record: dict, day: date) -> lineage.Datasets:
+    if not record.get("dataset_rev"):
+        return lineage.Datasets()
+    partitions = gold_partitions(settings, day)
+    return lineage.Datasets(
+        [lineage.path(partitions[t], version=md5) for t, md5 in record["members"].items()],
+        [lineage.dvc_revision(settings, f"gold/{PARTITION_COLUMN}={day.isoformat()}", record["dataset_rev"])],
+    )
+
+
+@lineage.emits("build_gold", _gold_lineage)
 def build_gold(settings: Settings, day: date) -> dict:
     """Customer and merchant features for the transactions of event date `day`, from every arrival that
     holds rows of it (late events included): silver rows of event dates D, D-1, D-7 and D-30, plus the
@@ -128,6 +171,8 @@ def build_gold(settings: Settings, day: date) -> dict:
         "event_date": day.isoformat(),
         "lookback_from": window_start.isoformat(),
         "silver_arrivals_read": [a.isoformat() for a in row_arrivals],
+        # the arrivals whose daily totals (state.py) went into the features
+        "state_arrivals": [a.isoformat() for a in arrivals],
         "silver_rows": expected,
     }
     for table, frame in outputs.items():
@@ -207,6 +252,7 @@ def _stable_file_names(partition: Path) -> None:
         crc.unlink()
 
 
+@lineage.emits("version_gold", _version_lineage)
 def version_gold(settings: Settings, day: date) -> dict:
     """Version the date's gold partitions with DVC (both tables in one commit and one push); returns the
     dataset revision and its members."""
@@ -221,6 +267,7 @@ def version_gold(settings: Settings, day: date) -> dict:
         return {"dataset_rev": None, "members": {}, "skipped": f"no gold for event date {day}"}
     members = dict(zip(tables, track_many(settings, partitions), strict=True))
     rev = record_revision(settings, members)
+    write_json(gold_revision_path(settings.home, day), {"event_date": day.isoformat(), "dataset_rev": rev})
     return {"dataset_rev": rev, "members": {k: v.md5 for k, v in members.items()}}
 
 
@@ -228,6 +275,7 @@ def _gold_partition(root: Path, day: date) -> Path:
     return root / f"{PARTITION_COLUMN}={day.isoformat()}"
 
 
+@lineage.emits("validate_gold", _gold_validation_lineage)
 def validate_gold(settings: Settings, day: date) -> list[dict]:
     spark = spark_session(settings)
     results = []

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from core import lineage
 from core.errors import (
     EmptyArrivalError,
     LandingFileError,
@@ -57,6 +58,59 @@ log = logging.getLogger(__name__)
 ROWS_PER_SILVER_FILE = 2_000_000
 
 
+def _landed(settings: Settings, day: date, record: dict) -> list[lineage.Dataset]:
+    return [lineage.path(settings.landing / day.isoformat() / name) for name in record.get("files", [])]
+
+
+def _bronze_lineage(settings: Settings, record: dict, day: date, run_id: str) -> lineage.Datasets:
+    tables = Tables(settings.lake)
+    return lineage.Datasets(
+        _landed(settings, day, record),
+        [
+            lineage.path(Tables.partition(tables.bronze, day), rows=record.get("rows_bronze", 0)),
+            lineage.path(
+                Tables.partition(tables.quarantine, day, stage="bronze"),
+                rows=record.get("rows_quarantined", 0),
+            ),
+        ],
+    )
+
+
+def _validation_lineage(settings: Settings, record: dict, day: date) -> lineage.Datasets:
+    layer = record["suite"].split("_", 1)[0]
+    tables = Tables(settings.lake)
+    partition = lineage.path(Tables.partition(tables.bronze if layer == "bronze" else tables.silver, day))
+    return lineage.Datasets([lineage.validated(partition, record)])
+
+
+def _silver_lineage(settings: Settings, record: dict, day: date, run_id: str) -> lineage.Datasets:
+    tables = Tables(settings.lake)
+    lookback = [day - timedelta(days=k) for k in range(settings.ingest.dedup_lookback_days + 1)]
+    read = [Tables.partition(tables.bronze, d) for d in lookback]
+    written = [day, *map(date.fromisoformat, record.get("rebuilt_arrivals", []))]
+    return lineage.Datasets(
+        [lineage.path(p) for p in read if p.is_dir()],
+        [
+            *(lineage.path(Tables.partition(tables.silver, d)) for d in written),
+            *(lineage.path(Tables.partition(tables.quarantine, d, stage="silver")) for d in written),
+        ],
+    )
+
+
+def _labels_lineage(settings: Settings, record: dict, day: date, run_id: str) -> lineage.Datasets:
+    tables = Tables(settings.lake)
+    return lineage.Datasets(
+        _landed(settings, day, record),
+        [
+            lineage.path(Tables.partition(tables.silver_labels, day), rows=record.get("rows_silver")),
+            lineage.path(
+                Tables.partition(tables.quarantine_labels, day), rows=record.get("rows_quarantined")
+            ),
+        ],
+    )
+
+
+@lineage.emits("ingest_to_bronze", _bronze_lineage)
 def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     """Landing files of `day` -> bronze (typed) and quarantine (with reasons); write the reconciliation."""
     tables = Tables(settings.lake)
@@ -228,10 +282,12 @@ def _empty_arrival(settings: Settings, tables: Tables, arrival: Arrival, run_id:
     return record
 
 
+@lineage.emits("validate_bronze", _validation_lineage)
 def validate_bronze(settings: Settings, day: date) -> dict:
     return _validate(settings, day, "bronze")
 
 
+@lineage.emits("validate_silver", _validation_lineage)
 def validate_silver(settings: Settings, day: date) -> dict:
     return _validate(settings, day, "silver")
 
@@ -264,6 +320,7 @@ def _read_rows(spark: SparkSession, root: Path, day: date, rows: int, schema: St
     return read_partition(spark, root, day)
 
 
+@lineage.emits("build_silver", _silver_lineage)
 def build_silver(settings: Settings, day: date, run_id: str) -> dict:
     """Bronze of `day` -> silver (deduplicated against itself and the bronze of the arrivals of the
     lookback, sorted), removed copies -> quarantine; update the record.
@@ -375,6 +432,7 @@ def _reconciliation(tables: Tables, day: date) -> dict:
     return record
 
 
+@lineage.emits("ingest_labels", _labels_lineage)
 def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     """Chargebacks reported on `day` -> silver labels (first copy of a transaction_id wins) and quarantine.
     A header-only labels file is normal: no chargeback was reported that day."""

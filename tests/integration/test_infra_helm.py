@@ -225,6 +225,9 @@ UNSET_MEANS = {
     "MLOPS_MLFLOW_UI_URL": "the tracking URI (the cluster's MLflow server)",
     # Airflow runs in the cluster it launches pods in: the pods' service account, no connection.
     "MLOPS_CLUSTER__KUBERNETES_CONN_ID": "in-cluster config (the service account of the worker or triggerer)",
+    # Lineage events go to files on the shared filesystem ($MLOPS_HOME/lineage) until an operator names an
+    # OpenLineage consumer (Marquez: docs/lineage.md).
+    "MLOPS_LINEAGE__URL": "no consumer: events are written to files only",
 }
 # Settings whose cluster value differs from the code's default on purpose; every other one in values.yaml
 # repeats the default, so a default changed in code and not here fails below instead of drifting apart.
