@@ -163,6 +163,7 @@ def main() -> None:
             "gold_lookback",
             "gold_memory",
             "dag_parse",
+            "lineage",
             "serving",
             "end_to_end",
         ],
@@ -232,6 +233,11 @@ def main() -> None:
 
             results["dag_parse"] = bench_dag_parse([], Path(scratch))
             print_dag_parse(console, results["dag_parse"])
+        if args.only in (None, "lineage"):
+            from benchmarks.lineage import bench_lineage, print_lineage
+
+            results["lineage"] = bench_lineage(Path(scratch))
+            print_lineage(console, results["lineage"])
         if args.only in (None, "serving"):
             from benchmarks.serving import print_serving, run
 

@@ -12,8 +12,8 @@ OpenLineage consumer (Marquez, or any other) by the OpenLineage client's HTTP tr
 fails a step: a lost event is logged, and `mlops lineage` says where it had to fall back on the registry.
 
 The events are built here as plain dicts in the OpenLineage 2-0-2 schema rather than with the client's
-classes: importing `openlineage.client` costs about 0.16 s in every task process (its client module loads
-every transport), on every task of the arrival's critical path. tests/unit/test_lineage_contract.py builds
+classes: importing `openlineage.client` loads every transport, in every task process on the arrival's
+critical path (the `lineage` benchmark, docs/benchmarks.md). tests/unit/test_lineage_contract.py builds
 the same events with the client's own classes and requires identical JSON; pyproject.toml pins the client
 below its next minor.
 
@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from core.pod_results import POD_NAME_ENV
 from core.residency import redact
 
 if TYPE_CHECKING:
@@ -230,9 +231,42 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def emit(settings: Settings, payload: dict[str, Any]) -> None:
-    """Write the event under $MLOPS_HOME/lineage/ and post it to `lineage.url` when set; never raises."""
+# A pod of the cluster profile mounts the shared filesystem read-only: its events are kept here (at most
+# RELAY_LIMIT, the oldest dropped and counted) and go back with its result through the pod results table
+# (core/pod_results.py), and the Airflow task that launched it sends them (`relay`).
+RELAY_LIMIT = 64
+RELAY_KEY = "lineage_events"
+_held: list[dict[str, Any]] = []
+_dropped = [0]
+
+
+def take_held() -> list[dict[str, Any]]:
+    """The events this pod process kept for its launcher, emptied (and a note of any it had to drop)."""
+    held, _held[:] = list(_held), []
+    if _dropped[0]:
+        log.warning(
+            "lineage: %d events of this pod were dropped (more than %d held)", _dropped[0], RELAY_LIMIT
+        )
+        _dropped[0] = 0
+    return held
+
+
+def relay(settings: Settings, events: list[dict[str, Any]]) -> None:
+    """Send the events a pod kept, as if emitted here (its launcher's task, which can write the files)."""
+    for payload in events:
+        emit(settings, payload, relayed=True)
+
+
+def emit(settings: Settings, payload: dict[str, Any], relayed: bool = False) -> None:
+    """Write the event under $MLOPS_HOME/lineage/ and post it to `lineage.url` when set; in a pod, keep it
+    for the launching task instead. Never raises."""
     if not settings.lineage.enabled:
+        return
+    if os.environ.get(POD_NAME_ENV) and not relayed:
+        if len(_held) >= RELAY_LIMIT:
+            _held.pop(0)
+            _dropped[0] += 1
+        _held.append(payload)
         return
     folder = settings.home / EVENTS_DIR
     name = f"{payload['eventTime'].replace(':', '')}-{payload['run']['runId']}-{payload['eventType']}.json"
@@ -278,7 +312,7 @@ def _post(settings: Settings, payload: dict[str, Any]) -> None:
             "lineage: the %s event of %s was not accepted by %s",
             payload["eventType"],
             payload["job"]["name"],
-            redact(settings.lineage.url),
+            redact(config.url or ""),
         )
 
 

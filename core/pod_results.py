@@ -106,6 +106,11 @@ def emit(result: dict[str, Any], xcom_path: Path | None = None, *, record: bool 
     (POD_NAME_ENV set by the downward API) with `record`, into the pod results table under the pod's name and
     the settings' namespace, which the launching task reads. A result that cannot be recorded fails the
     command (and the pod, and the task's try)."""
+    from core import lineage
+
+    held = lineage.take_held()  # the pod's lineage events, for its launcher to send (core/lineage.py)
+    if held and record and os.environ.get(POD_NAME_ENV):
+        result = {**result, lineage.RELAY_KEY: held}
     line = json.dumps(result, sort_keys=True, default=str)
     if xcom_path is not None:
         xcom_path.parent.mkdir(parents=True, exist_ok=True)

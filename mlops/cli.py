@@ -494,6 +494,47 @@ def lineage_command(
 
 
 @app.command()
+def reproduce(
+    version: Annotated[str, typer.Argument(help="the registered model version (fraud-detector)")],
+    tolerance: Annotated[
+        float, typer.Option(min=0.0, help="how far each holdout metric may lie from the registered one")
+    ] = 0.02,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Rebuild a model version: same commit, image, training set (its DVC hash checked) and configuration,
+    retrained and compared with the registered metrics. Exits 1 when it cannot or the result differs."""
+    from training.reproduce import ReproduceError
+    from training.reproduce import reproduce as rebuild
+
+    try:
+        record = rebuild(get_settings(), version, tolerance)
+    except ReproduceError as exc:
+        err.print(f"[red]reproduce refused:[/] {exc}", markup=True, highlight=False)
+        _emit({"status": "refused", "model_version": version, "reason": str(exc)}, as_json)
+        raise typer.Exit(code=1) from None
+    data = record["training_set"]
+    err.print(
+        f"v{version}: commit {record['git_commit'][:12]}, image {record['image']}"
+        f"{' ' + record['image_digest'] if record['image_digest'] else ''}, training set "
+        f"{record['training_set_rev']} as of {data['as_of']} (DVC hash {data['recorded_md5']}; rebuilt from "
+        f"the lake: {data['rebuilt_md5']}, {'equal' if data['hash_equal'] else 'DIFFERENT'}), seed "
+        f"{record['config']['seed']}, hyperparameters from {record['tuning_source']}",
+        markup=False,
+        highlight=False,
+    )
+    for metric, compared in record.get("metrics", {}).items():
+        err.print(
+            f"  {metric}: registered {compared['registered']:.4f}, rebuilt {compared['rebuilt']:.4f} "
+            f"({'within' if compared['within'] else 'BEYOND'} {tolerance})",
+            markup=False,
+        )
+    err.print(f"{record['status']}: {record['reason']}", markup=False, highlight=False)
+    _emit(record, as_json)
+    if record["status"] != "reproduced":
+        raise typer.Exit(code=1)
+
+
+@app.command()
 def retention(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:

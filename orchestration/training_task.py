@@ -242,8 +242,16 @@ def _training_pod_operator_class() -> type:
             key = (str(pod.metadata.namespace or self.namespace), str(pod.metadata.name))
             if self._result_of is not None and self._result_of[0] == key:
                 return self._result_of[1]  # the pod was already done when the task deferred: read once
-            url = get_settings().promotion_ledger_url
+            from core import lineage
+
+            settings = get_settings()
+            url = settings.promotion_ledger_url
             result = pod_results.read(url, *key)
+            if isinstance(result, dict) and lineage.RELAY_KEY in result:
+                # the pod's OpenLineage events: its volume is read-only, this worker's is not
+                events = result[lineage.RELAY_KEY]
+                result = {k: v for k, v in result.items() if k != lineage.RELAY_KEY}
+                lineage.relay(settings, events)
             # What ran, as the node reported it: the image by digest (the tag can be pushed again).
             image_id = container_image_id(
                 pod if pod.status else getattr(self, "remote_pod", None), self.base_container_name

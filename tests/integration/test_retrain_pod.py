@@ -684,3 +684,45 @@ def test_the_task_returns_what_its_pod_recorded_once_and_the_row_is_deleted(
     with pytest.raises(pod_results.PodResultMissingError, match="fraud-train-q8w2m1 finished without"):
         retried.pod_result({"ti": RecordingTaskInstance()})
     get_settings.cache_clear()
+
+
+def test_a_pods_lineage_events_come_back_with_its_result_and_its_task_writes_them(
+    task, postgres_database, monkeypatch
+):
+    """A pod mounts the shared filesystem read-only: the OpenLineage events of its step are kept in the pod
+    and recorded with its result; the task that followed it writes them under $MLOPS_HOME/lineage and
+    pushes the result without them."""
+    from kubernetes.client import models as k8s
+
+    from core import lineage, pod_results
+
+    monkeypatch.setenv("MLOPS_PROFILE", "cluster")
+    monkeypatch.setenv("MLOPS_CLUSTER__POSTGRES_DSN", postgres_database.replace("+psycopg2", ""))
+    get_settings.cache_clear()
+    settings = get_settings()
+    run = lineage.mlflow(settings, f"runs/{MLFLOW_RUN}")
+
+    @lineage.emits("register", lambda s, result: lineage.Datasets([run], []))
+    def step(s) -> dict:
+        return {"run_id": MLFLOW_RUN, "model_version": "3"}
+
+    monkeypatch.setenv(pod_results.POD_NAME_ENV, "fraud-register-5hq2p")  # in the pod
+    pod_results.emit(step(settings))
+    assert lineage.read_events(settings, (lineage.START, lineage.COMPLETE)) == []  # nothing written there
+    monkeypatch.delenv(pod_results.POD_NAME_ENV)
+
+    followed = copy.deepcopy(task)
+    followed.pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(
+            name="fraud-register-5hq2p", namespace=settings.cluster.kubernetes_namespace
+        ),
+        status=k8s.V1PodStatus(phase="Succeeded"),
+    )
+    ti = RecordingTaskInstance()
+    assert followed.pod_result({"ti": ti}) == {"run_id": MLFLOW_RUN, "model_version": "3"}
+    assert ti.pushed == [("return_value", {"run_id": MLFLOW_RUN, "model_version": "3"})]
+    start, complete = lineage.read_events(settings, (lineage.START, lineage.COMPLETE))
+    assert (start["eventType"], complete["eventType"]) == ("START", "COMPLETE")
+    assert complete["job"]["name"] == "register" and complete["inputs"][0]["name"] == f"runs/{MLFLOW_RUN}"
+    assert complete["run"]["facets"]["mlops"]["model_version"] == "3"
+    get_settings.cache_clear()

@@ -41,10 +41,13 @@ def test_an_event_is_the_json_the_openlineage_client_writes_for_the_same_run(set
 
     monkeypatch.setenv(lineage.AIRFLOW_DAG, "ingest_transactions")
     monkeypatch.setenv(lineage.AIRFLOW_RUN, "manual__2026-03-02")
-    suite = {"suite": "bronze_transactions", "assertions": [
-        {"expectation": "expect_column_values_to_not_be_null", "column": "amount", "success": True},
-        {"expectation": "expect_table_row_count_to_be_between", "column": None, "success": False},
-    ]}  # fmt: skip
+    suite = {
+        "suite": "bronze_transactions",
+        "assertions": [
+            {"expectation": "expect_column_values_to_not_be_null", "column": "amount", "success": True},
+            {"expectation": "expect_table_row_count_to_be_between", "column": None, "success": False},
+        ],
+    }
     partition = settings.lake / "bronze" / "arrival_date=2026-03-02"
     read = lineage.validated(lineage.path(partition), suite)
     written = lineage.path(settings.lake / "silver" / "arrival_date=2026-03-02", rows=42, version="ab12")
@@ -101,7 +104,7 @@ def test_an_event_is_the_json_the_openlineage_client_writes_for_the_same_run(set
                 "jobType": made(
                     job_type_job.JobTypeJobFacet, processingType="BATCH", integration="MLOPS", jobType="TASK"
                 )
-            },  # fmt: skip
+            },
         ),
         inputs=[
             ol.InputDataset(
@@ -122,7 +125,7 @@ def test_an_event_is_the_json_the_openlineage_client_writes_for_the_same_run(set
                                 success=False,
                                 name="bronze_transactions",
                             ),
-                        ],  # fmt: skip
+                        ],
                     )
                 },
             )
@@ -230,11 +233,16 @@ def test_the_scoring_log_announces_each_date_and_version_once_within_its_bound(s
     announce(root, date(2026, 3, 2), {"2"})  # already announced: nothing sent
     announce(root, date(2026, 3, 3), {"2"})
     events = _events(settings)
-    assert [(e["job"]["name"], [d["name"] for d in e["inputs"]], e["outputs"][0]["name"]) for e in events] == [
-        ("score", ["models/fraud-detector/versions/2", "models/fraud-detector/versions/3"],
-         str(root / "date=2026-03-02")),
+    assert [
+        (e["job"]["name"], [d["name"] for d in e["inputs"]], e["outputs"][0]["name"]) for e in events
+    ] == [
+        (
+            "score",
+            ["models/fraud-detector/versions/2", "models/fraud-detector/versions/3"],
+            str(root / "date=2026-03-02"),
+        ),
         ("score", ["models/fraud-detector/versions/2"], str(root / "date=2026-03-03")),
-    ]  # fmt: skip
+    ]
     announce.MAX_PAIRS = 3
     announce(root, date(2026, 3, 4), {"2"})  # past the bound: forgets, then remembers only the new pair
     assert len(announce._seen) == 1
