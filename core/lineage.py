@@ -267,15 +267,17 @@ def emit(settings: Settings, payload: dict[str, Any], relayed: bool = False) -> 
             _held.pop(0)
             _dropped[0] += 1
         _held.append(payload)
+        if payload["eventType"] == FAIL:  # a failed pod records no result: its log keeps the event
+            log.warning("lineage event of this pod: %s", json.dumps(payload, sort_keys=True, default=str))
         return
     folder = settings.home / EVENTS_DIR
     name = f"{payload['eventTime'].replace(':', '')}-{payload['run']['runId']}-{payload['eventType']}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         scratch = folder / f".{name}.tmp"
-        scratch.write_text(json.dumps(payload, sort_keys=True) + "\n")
+        scratch.write_text(json.dumps(payload, sort_keys=True, default=str) + "\n")
         scratch.replace(folder / name)
-    except OSError:
+    except (OSError, TypeError, ValueError):  # a full disk, a read-only folder, a value JSON cannot hold
         log.exception(
             "lineage: the %s event of %s cannot be written under %s",
             payload["eventType"],

@@ -145,18 +145,10 @@ def _from_registry(
     settings: Settings, version: str, root: Key, upstream: list[dict], notes: list[str]
 ) -> list[tuple[Key, str | None]]:
     """No event made `root`: its run and training set from the registry's tags, said in `notes`."""
-    from mlflow.exceptions import MlflowException
-
     from training.dataset import TRAINING_SET_MEMBER
     from training.registry import ModelRegistry
 
-    registry = ModelRegistry(settings.mlflow_tracking_uri)
-    try:
-        found = registry.client.get_model_version(registry.name, version)
-    except MlflowException as exc:
-        raise LookupError(
-            f"{registry.name} has no version {version!r} in {settings.mlflow_tracking_uri}"
-        ) from exc
+    found = ModelRegistry(settings.mlflow_tracking_uri).version(version)  # LookupError when there is none
     run = lineage.mlflow(settings, f"runs/{found.run_id}").key
     upstream.append(_edge(run, root, {}, origin="registry"))
     notes.append(f"no lineage event registered v{version}: its run {found.run_id} is the registry's")

@@ -156,6 +156,18 @@ class ModelRegistry:
         version = mlflow.register_model(f"runs:/{run_id}/{artifact}", self.name, tags=tags or {})
         return str(version.version)
 
+    def version(self, version: str):
+        """The registered version `version` (MLflow's ModelVersion), or a LookupError naming the model, the
+        version and the registry."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version(self.name, version)
+        except MlflowException as exc:
+            raise LookupError(
+                f"{self.name} has no version {version!r} in {self.tracking_uri}: `mlops history` lists them"
+            ) from exc
+
     def champion(self) -> str | None:
         from mlflow.exceptions import MlflowException
 

@@ -60,18 +60,13 @@ def _config(params: dict[str, str]) -> TrainConfig:
 
 def resolve(settings: Settings, version: str) -> dict[str, Any]:
     """What version `version` was made from, as its registry entry and run recorded it."""
-    from mlflow.exceptions import MlflowException
-
     from training.registry import ModelRegistry
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     try:
-        found = registry.client.get_model_version(registry.name, version)
-    except MlflowException as exc:
-        raise ReproduceError(
-            f"{registry.name} has no version {version!r} in {settings.mlflow_tracking_uri}: `mlops history` "
-            "lists the versions"
-        ) from exc
+        found = registry.version(version)
+    except LookupError as exc:
+        raise ReproduceError(str(exc)) from exc
     if not found.run_id:
         raise ReproduceError(
             f"v{version} was not registered from a training run: nothing records how it was made"

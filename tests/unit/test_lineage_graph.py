@@ -118,6 +118,6 @@ def test_a_version_no_event_registered_comes_from_the_registry_and_says_so(setti
         ("event", "training_set@abc"),
     ]
     assert any("no lineage event registered" in note for note in graph["from_registry"])
-    with pytest.raises(LookupError, match="has no version '99'"):
+    with pytest.raises(LookupError, match="has no version '99' in sqlite"):
         lineage_of(settings, "99")
     mlflow.set_tracking_uri(None)
