@@ -146,10 +146,8 @@ def validated(dataset: Dataset, suite: dict[str, Any]) -> Dataset:
 def dvc_revision(settings: Settings, member: str, rev: str) -> Dataset:
     """A DVC revision (pipelines/versioning.py record_revision) of `member` (e.g. `gold/event_date=...`),
     in the namespace of the DVC remote that holds it."""
-    from pipelines.versioning import remote_url
-
     return Dataset(
-        redact(remote_url(settings)), f"{member}@{rev}", {"version": _facet("version", datasetVersion=rev)}
+        redact(settings.dvc_remote_url), f"{member}@{rev}", {"version": _facet("version", datasetVersion=rev)}
     )
 
 

@@ -460,6 +460,14 @@ class Settings(BaseSettings):
         return self.home / "dvc-remote"
 
     @property
+    def dvc_remote_url(self) -> str:
+        """Where DVC pushes: the object store's `dvc/` in the cluster profile when it has one, else the
+        folder `dvc_remote`."""
+        if self.cluster.object_store_uri and self.profile is Profile.CLUSTER:
+            return object_store_child(self.cluster.object_store_uri, "dvc")
+        return str(self.dvc_remote)
+
+    @property
     def spark_master(self) -> str:
         return "local[*]" if self.profile is Profile.LOCAL else self.cluster.spark_master
 

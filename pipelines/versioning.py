@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING
 import yaml
 
 from core.errors import LockTimeoutError, PipelineError
-from core.residency import object_store_child
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -71,9 +70,7 @@ class TrackedFolder:
 
 
 def remote_url(settings: Settings) -> str:
-    if settings.cluster.object_store_uri and settings.profile.value == "cluster":
-        return object_store_child(settings.cluster.object_store_uri, "dvc")
-    return str(settings.dvc_remote)
+    return settings.dvc_remote_url
 
 
 @contextmanager
