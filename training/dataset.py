@@ -595,7 +595,7 @@ def write_training_set(
     table, sampling = build_training_table(
         settings, day, window_days, label_maturity_days, max_fit_rows=max_fit_rows, read_stats=read
     )
-    metadata = {"window_days": window_days, "label_maturity_days": label_maturity_days, **sampling}
+    metadata = training_set_metadata(window_days, label_maturity_days, sampling)
     rev, folder = version_training_frame(settings, day, table, metadata)
     counts = {
         row[SPLIT]: {"rows": int(row[f"{LABEL}_count"]), "positives": int(row[f"{LABEL}_sum"])}
@@ -673,12 +673,24 @@ def version_training_frame(
 ) -> tuple[str, Path]:
     """Write a training frame (or `build_training_table`'s table) and its metadata (as-of date added) to the
     as-of folder and version it with DVC; returns the revision and the folder."""
-    import pyarrow.parquet as pq
 
     from pipelines.versioning import record_revision, track
 
-    table = as_written(frame)
     folder = dataset_folder(settings, day)
+    write_training_folder(folder, day, as_written(frame), metadata)
+    member = track(settings, f"training/as_of={day.isoformat()}", folder)
+    return record_revision(settings, {TRAINING_SET_MEMBER: member}), folder
+
+
+def training_set_metadata(window_days: int, label_maturity_days: int, sampling: dict) -> dict:
+    """What a training set's metadata file holds besides its as-of date."""
+    return {"window_days": window_days, "label_maturity_days": label_maturity_days, **sampling}
+
+
+def write_training_folder(folder: Path, day: date, table: pa.Table, metadata: dict) -> None:
+    """The training set's data and metadata files in `folder`, as DVC versions them (and a rebuild hashes)."""
+    import pyarrow.parquet as pq
+
     folder.mkdir(parents=True, exist_ok=True)
     # Files are replaced, never rewritten in place: a versioned file is a hard link to its DVC cache object.
     staging = folder / f".{DATASET_FILE}.tmp"
@@ -689,8 +701,6 @@ def version_training_frame(
     staging = folder / f".{METADATA_FILE}.tmp"
     staging.write_text(json.dumps({"as_of": day.isoformat(), **metadata}, sort_keys=True) + "\n")
     staging.replace(folder / METADATA_FILE)
-    member = track(settings, f"training/as_of={day.isoformat()}", folder)
-    return record_revision(settings, {TRAINING_SET_MEMBER: member}), folder
 
 
 def as_written(frame: pd.DataFrame | pa.Table) -> pa.Table:

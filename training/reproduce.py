@@ -139,15 +139,14 @@ def _folder_hash(folder: Path) -> str:
 def rebuild_training_set(settings: Settings, made: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """The training set as of the version's date, rebuilt from the lake with its recorded window and sampling
     into `scratch`, and its DVC hash against the recorded one."""
-    import pyarrow.parquet as pq
-
     from pipelines.versioning import revision_files, revision_manifest
     from training.dataset import (
-        DATASET_FILE,
         METADATA_FILE,
         TRAINING_SET_MEMBER,
         as_written,
         build_training_table,
+        training_set_metadata,
+        write_training_folder,
     )
 
     rev = made["training_set_rev"]
@@ -161,17 +160,10 @@ def rebuild_training_set(settings: Settings, made: dict[str, Any], scratch: Path
         metadata["label_maturity_days"],
         max_fit_rows=metadata.get("max_fit_rows"),
     )
-    # as training/dataset.py write_training_set and version_training_frame write it
-    rebuilt = {
-        "window_days": metadata["window_days"],
-        "label_maturity_days": metadata["label_maturity_days"],
-        **sampling,
-    }
-    scratch.mkdir(parents=True)
-    pq.write_table(as_written(table), scratch / DATASET_FILE, compression="lz4")
-    (scratch / METADATA_FILE).write_text(
-        json.dumps({"as_of": day.isoformat(), **rebuilt}, sort_keys=True) + "\n"
+    metadata_written = training_set_metadata(
+        metadata["window_days"], metadata["label_maturity_days"], sampling
     )
+    write_training_folder(scratch, day, as_written(table), metadata_written)
     found = _folder_hash(scratch)
     return {
         "as_of": day.isoformat(),
