@@ -102,9 +102,11 @@ def register_champion(home: Path) -> None:
 
 
 def traffic(home: Path, day: date) -> list[dict]:
+    from core.settings import Settings
     from serving.replay import day_events
 
-    return [item for kind, item in day_events(home / "lake", day) if kind == "transaction"]
+    # the landing's raw ids, as callers send them: the service pseudonymises them on arrival
+    return [item for kind, item in day_events(Settings(home=home), day) if kind == "transaction"]
 
 
 # --- a small HTTP/1.1 load generator (keep-alive connections, raw bytes: the client must cost little) ------
@@ -256,7 +258,9 @@ def serve(env: dict[str, str], day: date, **serving: str) -> tuple[Process, int]
 
 
 def floor(home: Path, items: list[dict], count: int) -> dict:
-    """The in-process floor: the online store read of the transaction's two entities and one ONNX call."""
+    """The in-process floor: the pseudonyms and online store read of the transaction's two entities and one
+    ONNX call."""
+    from core import pseudonym
     from core.settings import Settings
     from features.online import open_online
     from serving.models import ModelSource
@@ -269,9 +273,13 @@ def floor(home: Path, items: list[dict], count: int) -> dict:
     model = source.load(source.champion() or "1")
     x = np.zeros((1, len(MODEL_INPUTS)), dtype="float32")
     timings = []
+    pseudonyms = pseudonym.for_settings(settings)
     for item in items[:count]:
         started = time.perf_counter()
-        online.get([{"customer_id": item["customer_id"], "merchant_id": item["merchant_id"]}])
+        # what the service does first with a request's raw ids (core/pseudonym.py)
+        entities = [{"customer_id": item["customer_id"], "merchant_id": item["merchant_id"]}]
+        pseudonyms.replace_in(entities)
+        online.get(entities)
         model.score(x)
         timings.append((time.perf_counter() - started) * 1000.0)
     values = np.asarray(timings)

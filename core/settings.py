@@ -186,6 +186,14 @@ class RetentionSettings(BaseModel):
     quarantine_days: int = Field(default=90, ge=1, description="quarantined rows (raw records)")
 
 
+class PrivacySettings(BaseModel):
+    """Pseudonyms of customer and merchant ids past landing (core/pseudonym.py, docs/privacy.md)."""
+
+    # The cluster profile mounts a Secret here (infra/); the local profile, unset, makes one under
+    # $MLOPS_HOME/secrets on first use. Every process that ingests or scores must read the same key.
+    key_file: Path | None = Field(default=None, description="the pseudonym key (a mounted Secret's file)")
+
+
 class LineageSettings(BaseModel):
     """OpenLineage events of every stage (core/lineage.py, docs/lineage.md): always written as files under
     $MLOPS_HOME/lineage (what `mlops lineage` reads), and posted to `url` when it is set."""
@@ -373,6 +381,7 @@ class Settings(BaseSettings):
     compression: CompressionSettings = CompressionSettings()
     serving: ServingSettings = ServingSettings()
     retention: RetentionSettings = RetentionSettings()
+    privacy: PrivacySettings = PrivacySettings()
     lineage: LineageSettings = LineageSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
     alerts: AlertSettings = AlertSettings()

@@ -470,7 +470,8 @@ def erase(
         for name, count in record[layer].items():
             table.add_row(layer, name, str(count))
     err.print(table)
-    err.print(f"not reached by this command: {', '.join(record['not_reached'])}")
+    held = f" (they hold the pseudonym {record['pseudonym']}, not the id)" if record["pseudonym"] else ""
+    err.print(f"not reached by this command{held}: {', '.join(record['not_reached'])}")
     _emit({"status": "erased", **record}, as_json)
 
 

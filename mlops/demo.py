@@ -471,9 +471,9 @@ def score_day(settings: Settings, day: date, console: Console, drift: bool = Fal
     env = {**os.environ, **settings_as_env(settings, include_secrets=True)}
     log = settings.home / "run" / f"serving-replay-{day.isoformat()}{'-drift' if drift else ''}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    events = day_events(settings.lake, day)
+    events = day_events(settings, day)
     with replay_service(env, day, port, log) as service:
-        report = replay_day(service, settings.lake, day, events=drifted(events) if drift else events)
+        report = replay_day(service, settings, day, events=drifted(events) if drift else events)
         status = httpx.get(f"{service.url}/status", headers=service.headers("read"), timeout=10).json()
     latency = report.percentiles()
     declined = sum(r["decision"] == "decline" for r in report.results)

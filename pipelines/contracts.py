@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from core import pseudonym
+
 CHANNELS: tuple[str, ...] = ("pos", "contactless", "online", "atm")
 
 # Card billing currencies, and units of each per US dollar (fixed reference rates, not market data).
@@ -99,6 +101,18 @@ class FieldContract:
     scale: int | None = None  # decimal: digits after the point
     # timestamp: its UTC date must lie in the arrival window [arrival - late days, arrival]
     in_arrival_window: bool = False
+    # An identifier of a person or a business: landing holds it raw (judged by `pattern`), bronze onward its
+    # pseudonym (core/pseudonym.py), which the suites of those layers check for instead.
+    pseudonym: pseudonym.Kind | None = None
+
+    @property
+    def stored_pattern(self) -> str | None:
+        """The pattern of the value as bronze onward stores it."""
+        return pseudonym.PATTERNS[self.pseudonym] if self.pseudonym else self.pattern
+
+    @property
+    def stored_max_length(self) -> int | None:
+        return pseudonym.STORED_LENGTH if self.pseudonym else self.max_length
 
     @property
     def range_text(self) -> str:
@@ -133,8 +147,8 @@ TRANSACTIONS_CONTRACT = TableContract(
     name="transactions",
     fields=(
         FieldContract("transaction_id", "string", pattern=r"^tx[0-9a-f]{16}\z", max_length=18),
-        FieldContract("customer_id", "string", pattern=r"^c[0-9]{7}\z", max_length=8),
-        FieldContract("merchant_id", "string", pattern=r"^m[0-9]{6}\z", max_length=7),
+        FieldContract("customer_id", "string", pattern=r"^c[0-9]{7}\z", max_length=8, pseudonym="customer"),
+        FieldContract("merchant_id", "string", pattern=r"^m[0-9]{6}\z", max_length=7, pseudonym="merchant"),
         FieldContract(
             "amount",
             "decimal",

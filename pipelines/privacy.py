@@ -17,7 +17,8 @@ never a caller's or this machine's clock, so a replayed or late feed is not empt
 folder the lake has not ingested is kept, whatever its age: deleting it would lose the only copy.
 
 What this does not reach: bronze, silver, gold, the training sets, the online store, MLflow's artifacts and
-the scoring log hold identifiers too; the report names them.
+the scoring log hold no raw id (core/pseudonym.py), but the customer's pseudonym, which is still personal
+data; the report names those stores and gives the pseudonym to look for, so an operator can act on them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core import pseudonym
 from core.errors import PipelineError
 from core.retention import dated_folders, expire_dated_folders
 from pipelines.ingest.landing import data_format
@@ -54,6 +56,15 @@ NOT_REACHED = (
     "MLflow artifacts",
     "scoring log",
 )
+
+
+def _pseudonym_of(settings: Settings, customer: str) -> str | None:
+    """The customer's pseudonym in the stores past landing, or None without the key (said in the log)."""
+    try:
+        return pseudonym.for_settings(settings).customer(customer)
+    except pseudonym.PseudonymKeyError as exc:
+        log.warning("erase: no pseudonym to report for the stores past landing: %s", exc)
+        return None
 
 
 class ErasureError(PipelineError):
@@ -190,7 +201,13 @@ def erase_customer(settings: Settings, customer: str) -> dict:
     if not customer or not re.fullmatch(r"[\w-]+", customer):
         raise ValueError(f"{customer!r} is not a customer id (letters, digits, _ and - only)")
     tables = Tables(settings.lake)
-    report: dict = {"landing": {}, "quarantine": {}, "failed": {}, "not_reached": list(NOT_REACHED)}
+    report: dict = {
+        "landing": {},
+        "quarantine": {},
+        "failed": {},
+        "not_reached": list(NOT_REACHED),
+        "pseudonym": _pseudonym_of(settings, customer),
+    }
     transactions: set[str] = set()
     for path in _landing_files(settings, "transactions"):
         try:

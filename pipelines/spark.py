@@ -12,6 +12,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -69,6 +71,10 @@ def spark_session(settings: Settings) -> SparkSession:
         session = builder.getOrCreate()
         _release_at_exit(session)
         return session
+    # Python workers (the pseudonym UDF of ingestion, core/pseudonym.py) run this environment's Python, which
+    # has pandas and pyarrow; the plain `python3` on PATH that pyspark takes by default may not. A remote
+    # cluster whose executors keep Python elsewhere names it with PYSPARK_PYTHON.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(settings.spark_master).appName("mlops-fraud")
     for key, value in {**driver_conf(settings), **session_conf(settings)}.items():
         builder = builder.config(key, value)

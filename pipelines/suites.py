@@ -104,15 +104,18 @@ def build_suite(name: str) -> dict[str, Any]:
             out.append(
                 _expectation("expect_column_values_to_be_in_set", column=f.name, value_set=list(f.allowed))
             )
-        if f.kind == "string" and f.pattern is not None:
-            out.append(_expectation("expect_column_values_to_match_regex", column=f.name, regex=f.pattern))
-        if f.max_length is not None:
+        # Stored values: bronze onward holds an identifier's pseudonym, never the raw id landing sent.
+        if f.kind == "string" and f.stored_pattern is not None:
+            out.append(
+                _expectation("expect_column_values_to_match_regex", column=f.name, regex=f.stored_pattern)
+            )
+        if f.stored_max_length is not None:
             out.append(
                 _expectation(
                     "expect_column_value_lengths_to_be_between",
                     column=f.name,
                     min_value=1,
-                    max_value=f.max_length,
+                    max_value=f.stored_max_length,
                 )
             )
     # The batch gate.

@@ -210,7 +210,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 
   for name in "${missing[@]}"; do
     case $name in
-      # PYSPARK_PYTHON: Python workers (none today: the jobs use no Python UDFs) run in this environment.
+      # PYSPARK_PYTHON: Python workers (ingestion's pseudonym UDF) run in this environment.
       spark-connect) start spark-connect env PYSPARK_PYTHON="$PY" SPARK_LOCAL_IP=127.0.0.1 "$BIN/spark-submit" \
         "${SPARK_CONNECT_ARGS[@]}" --conf spark.connect.grpc.binding.address=127.0.0.1 \
         --conf "spark.connect.grpc.binding.port=$SPARK_CONNECT_PORT" ;;

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from core import pseudonym
 from model_contract.onnx import MODEL_NAME
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
 from serving.auth import Guard, open_callers
@@ -126,6 +127,9 @@ class Service:
         self.settings = settings
         self.started = time.time()
         self.models = Models.from_settings(settings)
+        # Raw ids are replaced on arrival (core/pseudonym.py): the live state, the online store and the
+        # scoring log only ever see pseudonyms. No key, no service: it fails here, at start.
+        self.pseudonyms = pseudonym.for_settings(settings)
         self.replay_from = live_from or settings.serving.live_from
         self.clock = ServiceClock(
             settings.serving.max_lateness_s, settings.serving.max_future_skew_s, self.replay_from
@@ -305,6 +309,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             )
         if service.loading:
             return None, ORJSONResponse({"detail": service.loading}, status_code=503, headers=RETRY_AFTER)
+        service.pseudonyms.replace_in(items)  # before anything looks the ids up or records them
         try:
             return await service.batcher.submit(items, received, caller_of(request)), None
         except ModelUnavailableError as exc:
@@ -533,6 +538,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "scoring_log_pending_rows": service.scoring_log.pending if service.scoring_log else None,
             "scoring_log_dropped_rows": service.scoring_log.dropped if service.scoring_log else None,
             "live_state": service.settings.serving.live_state,
+            # Which key the ids are pseudonymised with (its id, never the key): ingestion's must be the same.
+            "pseudonym_key_id": service.pseudonyms.key_id,
             "live_state_loading": service.loading,
             "restored_from_scoring_log": service.restored,
             # Objects the cyclic collector no longer walks: what loading built (Service._load).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,10 +22,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dtime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from core import pseudonym
 from pipelines.contracts import TRANSACTION_COLUMNS
 from pipelines.lake import Tables
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -107,25 +112,41 @@ def _iso(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def day_events(lake: Path, day: date) -> list[tuple[str, dict[str, Any]]]:
+def day_events(settings: Settings, day: date) -> list[tuple[str, dict[str, Any]]]:
     """("chargeback" | "transaction", request item) of `day`, in the order they happened: the silver
     transactions with an event time on `day` (whatever date they arrived), and the fraud reports with a
-    label time on `day`."""
+    label time on `day`.
+
+    Silver holds pseudonyms; a caller of the service sends raw ids, which the service pseudonymises on
+    arrival. So each transaction is sent with the raw ids of its landing files (`raw_ids`), as its producer
+    sent them, and the replay also proves that the service's pseudonyms are ingestion's."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    tables = Tables(lake)
+    tables = Tables(settings.lake)
     start, end = day_start(day), day_start(day + timedelta(days=1))
     events: list[tuple[datetime, int, str, dict[str, Any]]] = []
     if tables.silver.is_dir():
         silver = ds.dataset(tables.silver, format="parquet", partitioning="hive")
         stamp = pc.field("event_timestamp")
         rows = silver.to_table(
-            columns=list(TRANSACTION_COLUMNS), filter=(stamp >= start) & (stamp < end)
+            columns=[*TRANSACTION_COLUMNS, "arrival_date"], filter=(stamp >= start) & (stamp < end)
         ).to_pylist()
+        raw = raw_ids(settings, sorted({_as_date(row["arrival_date"]) for row in rows}))
         for row in rows:
             when = row["event_timestamp"].astimezone(UTC)
             item = {name: row[name] for name in TRANSACTION_COLUMNS}
+            for column in pseudonym.COLUMNS:
+                try:
+                    item[column] = raw[item[column]]
+                except KeyError:
+                    raise RuntimeError(
+                        f"transaction {item['transaction_id']} of {day}: no raw {column} in the landing "
+                        f"files of its arrival {row['arrival_date']} ({settings.landing}) has the pseudonym "
+                        f"{item[column]}. Its landing folder is gone (retention.landing_days) or was "
+                        "ingested under another pseudonym key; a day can be replayed only while its "
+                        "landing files are kept."
+                    ) from None
             item["amount"] = float(item["amount"])
             item["event_timestamp"] = _iso(when)
             events.append((when, 1, "transaction", item))
@@ -142,6 +163,43 @@ def day_events(lake: Path, day: date) -> list[tuple[str, dict[str, Any]]]:
             events.append((when, 0, "chargeback", item))
     events.sort(key=lambda e: (e[0], e[1], e[3]["transaction_id"]))
     return [(kind, item) for _, _, kind, item in events]
+
+
+def _as_date(value: Any) -> date:
+    return value if isinstance(value, date) else date.fromisoformat(str(value))
+
+
+def raw_ids(settings: Settings, arrivals: list[date]) -> dict[str, str]:
+    """pseudonym -> raw id of every customer and merchant id in the transactions files that landed on
+    `arrivals` (gzipped or not, any format: the ids are found by their contract patterns). An operator's
+    tool: it needs the landing files and the pseudonym key, as ingestion does."""
+    import gzip
+
+    from pipelines.contracts import TRANSACTIONS_CONTRACT
+    from pipelines.ingest.landing import data_format
+
+    pseudonyms = pseudonym.for_settings(settings)
+    tokens = {}
+    for column, kind in pseudonym.COLUMNS.items():
+        body = TRANSACTIONS_CONTRACT.field(column).pattern.removeprefix("^").removesuffix(r"\z")  # type: ignore[union-attr]
+        tokens[kind] = re.compile(rf"(?<![A-Za-z0-9]){body}(?![A-Za-z0-9])")
+    found: dict[str, str] = {}
+    for arrival in arrivals:
+        folder = settings.landing / arrival.isoformat()
+        for path in sorted(folder.glob("transactions-*")) if folder.is_dir() else []:
+            fmt, compressed = data_format(path.name)
+            if fmt is None or not path.is_file():
+                continue
+            with (
+                gzip.open(path, "rt", encoding="utf-8", errors="replace")
+                if compressed
+                else path.open(encoding="utf-8", errors="replace") as handle
+            ):
+                text = handle.read()
+            for kind, token in tokens.items():
+                for raw in set(token.findall(text)):
+                    found[pseudonyms.of(kind, raw)] = raw
+    return found
 
 
 def drifted(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
@@ -186,7 +244,7 @@ class ReplayReport:
 
 def replay_day(
     service: Running,
-    lake: Path,
+    settings: Settings,
     day: date,
     timeout_s: float = 30.0,
     events: list[tuple[str, dict[str, Any]]] | None = None,
@@ -200,7 +258,7 @@ def replay_day(
     started = time.perf_counter()
     chargebacks, scoring = service.headers("chargebacks"), service.headers("score")
     with httpx.Client(base_url=service.url, timeout=timeout_s) as client:
-        for kind, item in day_events(lake, day) if events is None else events:
+        for kind, item in day_events(settings, day) if events is None else events:
             if kind == "chargeback":
                 answer = client.post("/chargebacks", json=item, headers=chargebacks)
                 report.chargebacks += 1

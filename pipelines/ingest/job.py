@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from core import lineage
+from core import lineage, pseudonym
 from core.errors import (
     EmptyArrivalError,
     LandingFileError,
@@ -129,6 +129,7 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     if not with_rows:
         return _empty_arrival(settings, tables, arrival, run_id)
 
+    pseudonyms = pseudonym.for_settings(settings)  # before any write: no key, nothing past landing
     classify = functools.partial(transforms.classify, arrival=day, late_days=settings.ingest.late_event_days)
     stored, rows, lines_in = _classified_lines(spark, arrival, with_rows, TRANSACTION_COLUMNS, classify)
     try:
@@ -136,7 +137,7 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
         quarantine_partition = Tables.partition(tables.quarantine, day, stage="bronze")
         # A partition this run writes no row to is emptied, not left as an earlier run wrote it.
         overwrite_partitions(
-            transforms.to_bronze(rows, day, run_id),
+            transforms.to_bronze(rows, day, run_id, pseudonyms),
             tables.bronze,
             ["arrival_date"],
             now_empty=(bronze_partition,),
@@ -174,6 +175,7 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
         "rows_quarantined": rows_quarantined,
         "quarantined_by_reason": {r: by_reason.get(r, 0) for r in transforms.ROW_REASONS},
         "quarantine_rate": rows_quarantined / rows_in,
+        "pseudonym_key_id": pseudonyms.key_id,
     }
     write_json(tables.reconciliation(day), record)
     log.info("reconciliation %s: %s", day, record)

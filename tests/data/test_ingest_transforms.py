@@ -11,10 +11,12 @@ from datetime import date
 import pytest
 from pyspark.sql import functions as F
 
+from core.pseudonym import Pseudonymiser
 from pipelines.contracts import LABEL_COLUMNS, TRANSACTION_COLUMNS, TRANSACTIONS_CONTRACT
 from pipelines.ingest import transforms
 
 ARRIVAL = date(2026, 1, 10)
+PSEUDONYMS = Pseudonymiser(b"a test key of 32 bytes, not used")
 HEADER = list(TRANSACTION_COLUMNS)
 GOOD = {
     "transaction_id": "tx0123456789abcdef",
@@ -119,10 +121,14 @@ def test_each_json_line_gets_the_right_reason(verdict, record, reason):
 def test_bronze_and_quarantine_partition_the_input(spark):
     lines = [_csv(), _csv(amount="x"), _csv(transaction_id="tx00000000000000ff"), "garbage"]
     classified = transforms.classify(transforms.parse_csv_lines(_lines(spark, lines), HEADER), ARRIVAL, 1)
-    bronze = transforms.to_bronze(classified, ARRIVAL, "run-1").collect()
+    bronze = transforms.to_bronze(classified, ARRIVAL, "run-1", PSEUDONYMS).collect()
     quarantine = transforms.to_quarantine(classified, ARRIVAL, "run-1").collect()
     assert len(bronze) + len(quarantine) == len(lines)
     assert {r.line_number for r in bronze} == {2, 4}
+    # bronze holds the ids' pseudonyms; the quarantine keeps the failing rows' raw records
+    assert {(r.customer_id, r.merchant_id) for r in bronze} == {
+        (PSEUDONYMS.customer(GOOD["customer_id"]), PSEUDONYMS.merchant(GOOD["merchant_id"]))
+    }
     assert sorted((r.line_number, r.reason) for r in quarantine) == [(3, "wrong_type"), (5, "malformed")]
     assert all(r.stage == "bronze" and r.run_id == "run-1" and r.arrival_date == ARRIVAL for r in quarantine)
 
@@ -139,7 +145,9 @@ def test_deduplicate_keeps_the_first_copy_by_file_and_line(spark):
     ]
     df = spark.createDataFrame(rows, "value string, source_file string, line_number long")
     classified = transforms.classify(transforms.parse_csv_lines(df, HEADER), ARRIVAL, 1)
-    silver, duplicates = transforms.deduplicate(transforms.to_bronze(classified, ARRIVAL, "r"), "r")
+    silver, duplicates = transforms.deduplicate(
+        transforms.to_bronze(classified, ARRIVAL, "r", PSEUDONYMS), "r"
+    )
     kept = {r.transaction_id: r for r in silver.collect()}
     assert len(kept) == 2
     assert str(kept[GOOD["transaction_id"]].amount) == "99.00"  # transactions-00000.csv:9 comes first
@@ -318,7 +326,7 @@ def test_a_resend_in_a_later_arrival_is_a_duplicate_naming_the_first_copy(spark)
     today = transforms.parse_csv_lines(
         _lines(spark, [_csv(), _csv(transaction_id="tx00000000000000aa")]), HEADER
     )
-    bronze = transforms.to_bronze(transforms.classify(today, later, 1), later, "r")
+    bronze = transforms.to_bronze(transforms.classify(today, later, 1), later, "r", PSEUDONYMS)
     earlier = spark.createDataFrame(
         [
             (GOOD["transaction_id"], ARRIVAL, "transactions-00003.csv", 17),
@@ -505,3 +513,14 @@ def test_a_line_judged_in_a_batch_gets_the_verdict_it_gets_alone(spark, verdict,
         alone = _judge(spark, kind, [value])[value].asDict()
         batched = verdict(kind, value).asDict()
         assert {**alone, "line_number": None} == {**batched, "line_number": None}, value
+
+
+def test_the_pseudonym_key_is_in_no_query_plan(spark):
+    """The key rides in the pickled UDF, never as a literal: explain(), the event log and the UI show
+    plans."""
+    classified = transforms.classify(transforms.parse_csv_lines(_lines(spark, [_csv()]), HEADER), ARRIVAL, 1)
+    bronze = transforms.to_bronze(classified, ARRIVAL, "r", PSEUDONYMS)
+    plans = bronze._jdf.queryExecution().toString()
+    assert "pseudonymise_customer" in plans  # the plan was read
+    for shown in (PSEUDONYMS.key.hex(), PSEUDONYMS.key.decode(), PSEUDONYMS.key.hex().upper()):
+        assert shown not in plans

@@ -13,6 +13,7 @@ Each run gets its own PostgreSQL databases and Redis database index, removed or 
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -90,9 +91,14 @@ def test_the_chain_runs_in_the_cluster_profile_on_postgres_redis_and_a_spark_clu
 ):
     home = tmp_path / "home"
     mlflow_port = free_port()
+    # The cluster's pseudonym key is a mounted Secret the profile requires (it never makes one): a file here.
+    key_file = tmp_path / "pseudonym-key" / "key"
+    key_file.parent.mkdir()
+    key_file.write_text(secrets.token_hex(32) + "\n")
     env = stack_env(
         home,
         MLOPS_PROFILE="cluster",
+        MLOPS_PRIVACY__KEY_FILE=str(key_file),
         MLOPS_CLUSTER__POSTGRES_DSN=f"{POSTGRES}/{databases['airflow']}",
         MLOPS_MLFLOW_BACKEND_STORE_URI=f"{ENGINE}/{databases['mlflow']}",
         MLOPS_CLUSTER__MLFLOW_TRACKING_URI=f"http://127.0.0.1:{mlflow_port}",

@@ -18,14 +18,14 @@ from tests.e2e.conftest import DEMO_DATES
 
 
 @pytest.fixture(scope="module")
-def replayed(demo_stack, tmp_path_factory):
+def replayed(demo_stack, settings, tmp_path_factory):
     from serving.replay import replay_day, replay_service
 
     day: date = DEMO_DATES[-1]
     env = {**os.environ, **demo_stack.env}
     log = tmp_path_factory.mktemp("parity") / "serve.log"
     with replay_service(env, day, free_port(), log) as service:
-        report = replay_day(service, demo_stack.home / "lake", day)
+        report = replay_day(service, settings, day)
     return day, report
 
 

@@ -233,6 +233,7 @@ UNSET_MEANS = {
 # repeats the default, so a default changed in code and not here fails below instead of drifting apart.
 CLUSTER_CHOICES = {
     "MLOPS_PROFILE",
+    "MLOPS_PRIVACY__KEY_FILE",
     "MLOPS_HOME",
     "MLOPS_LANDING_DIR",
     "MLOPS_TRAINING__RUNNER",

@@ -21,6 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from core import pseudonym
+from core.settings import Settings
 from tests.conftest import free_port, wait_for
 from tests.model.tensors import make_split
 from training.artifacts import log_model
@@ -201,7 +203,9 @@ def champion(server, registry_home):
     return version
 
 
-def test_a_transaction_is_scored_with_the_features_used_and_unknown_entities_named(server, champion):
+def test_a_transaction_is_scored_with_the_features_used_and_unknown_entities_named(
+    server, champion, registry_home
+):
     answer = server.client.post("/score", json=transaction(3))
     assert answer.status_code == 200, answer.text
     result = answer.json()
@@ -216,7 +220,11 @@ def test_a_transaction_is_scored_with_the_features_used_and_unknown_entities_nam
     # an empty lake: neither entity has state, the score used missing values and says so
     assert result["missing_entities"] == ["customer_id", "merchant_id"]
     assert result["features"]["customer_txn_count_24h"] is None
-    assert "customer c0000003" in result["notes"][0] and "missing" in result["notes"][0]
+    # the note names the customer by the pseudonym the service gave its id on arrival, never the raw id
+    pseudonyms = pseudonym.for_settings(Settings(home=registry_home))
+    assert server.client.get("/status").json()["pseudonym_key_id"] == pseudonyms.key_id
+    assert f"customer {pseudonyms.customer('c0000003')}" in result["notes"][0]
+    assert "missing" in result["notes"][0] and "c0000003" not in answer.text
 
     many = server.client.post("/score", json=[transaction(10), transaction(11)])
     assert many.status_code == 200

@@ -633,6 +633,7 @@ def scoring_played(cluster, steps_played, serving_image, redis_db):
         "mlops-feast-redis-url": {"url": redis_url},
         "mlops-mlflow-client": {"username": "scorer", "password": secrets.token_urlsafe(12)},
         "mlops-scoring-tokens": {"tokens.json": json.dumps(callers)},
+        "mlops-pseudonym-key": {"key": secrets.token_hex(32)},
     }
     mounted = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
     for secret, values in secrets_made.items():

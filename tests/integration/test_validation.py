@@ -8,11 +8,13 @@ from decimal import Decimal
 import pytest
 
 from core.errors import DataValidationError
+from core.pseudonym import Pseudonymiser
 from pipelines.ingest.schemas import BRONZE_TRANSACTIONS
 from pipelines.validation import validate
 
 DAY = date(2026, 1, 5)
 ROW_BOUNDS = {"min_rows": 1, "max_rows": 100}
+PSEUDONYMS = Pseudonymiser(b"the validation tests' own key 32")
 
 
 def _bronze(spark, **changes):
@@ -20,8 +22,8 @@ def _bronze(spark, **changes):
     for n in range(3):
         row = {
             "transaction_id": f"tx0123456789abc00{n}",
-            "customer_id": "c0000001",
-            "merchant_id": "m000002",
+            "customer_id": PSEUDONYMS.customer("c0000001"),  # bronze holds pseudonyms, never raw ids
+            "merchant_id": PSEUDONYMS.merchant("m000002"),
             "amount": Decimal("12.50"),
             "currency": "EUR",
             "country": "DE",
@@ -66,6 +68,11 @@ def test_a_passing_suite_costs_one_spark_job_per_column_it_checks_at_most(spark,
         ),
         ({"amount": Decimal("0.00")}, "expect_column_values_to_be_between on column 'amount': 1 unexpected"),
         ({"customer_id": "c1"}, "expect_column_values_to_match_regex on column 'customer_id': 1 unexpected"),
+        # a raw id past landing is a defect of the pipeline, and the gate says so
+        (
+            {"merchant_id": "m000002"},
+            "expect_column_values_to_match_regex on column 'merchant_id': 1 unexpected",
+        ),
     ],
 )
 def test_a_failing_expectation_names_itself_its_column_and_the_values_at_fault(

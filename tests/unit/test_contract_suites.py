@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from core import pseudonym
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT
 from pipelines.suites import (
     GENERATED_SUITES,
@@ -56,9 +57,24 @@ def test_the_bronze_suite_checks_every_id_pattern_the_row_rules_quarantine():
         (e["type"], e["kwargs"].get("column")): e["kwargs"]
         for e in build_suite("bronze_transactions")["expectations"]
     }
-    for column in ("transaction_id", "customer_id", "merchant_id"):
-        regex = kinds[("expect_column_values_to_match_regex", column)]["regex"]
-        assert regex == TRANSACTIONS_CONTRACT.field(column).pattern
+    assert kinds[("expect_column_values_to_match_regex", "transaction_id")]["regex"] == (
+        TRANSACTIONS_CONTRACT.field("transaction_id").pattern
+    )
+    # a person's or a business's id is held as its pseudonym from bronze on: the suite wants that form
+    for column, kind in pseudonym.COLUMNS.items():
+        assert TRANSACTIONS_CONTRACT.field(column).pseudonym == kind
+        assert kinds[("expect_column_values_to_match_regex", column)]["regex"] == pseudonym.PATTERNS[kind]
+        assert kinds[("expect_column_value_lengths_to_be_between", column)]["max_value"] == (
+            pseudonym.STORED_LENGTH
+        )
+    for layer_suite, table_column in (("gold_customer_features", "customer_id"),
+                                      ("gold_merchant_features", "merchant_id")):  # fmt: skip
+        regexes = {
+            e["kwargs"]["column"]: e["kwargs"]["regex"]
+            for e in load_suite(layer_suite)["expectations"]
+            if e["type"] == "expect_column_values_to_match_regex"
+        }
+        assert regexes[table_column] == pseudonym.PATTERNS[pseudonym.COLUMNS[table_column]]
     assert ("expect_column_values_to_be_unique", "transaction_id") not in kinds  # a silver (batch) rule
     assert ("expect_column_values_to_be_unique", "transaction_id") in {
         (e["type"], e["kwargs"].get("column")) for e in build_suite("silver_labels")["expectations"]

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core import pseudonym
 from core.settings import Settings
 from pipelines.privacy import ErasureError, erase_customer
 
@@ -100,6 +101,8 @@ def test_a_customers_lines_go_from_every_format_and_the_rest_stay_as_they_were(s
     }
     assert report["rows_removed"] == 7 and report["failed"] == {}
     assert "silver" in report["not_reached"] and "scoring log" in report["not_reached"]
+    # what those stores hold instead of the id, for the operator to look for
+    assert report["pseudonym"] == pseudonym.for_settings(settings).customer(WHO)
     assert not list(settings.landing.rglob(".erasing-*"))
 
     again = erase_customer(settings, WHO)
