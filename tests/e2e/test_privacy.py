@@ -104,8 +104,8 @@ def test_no_store_the_demo_wrote_holds_a_raw_id_past_landing(demo_stack, landed)
     for name, folder in (("silver", "lake/silver/transactions"), ("scoring log", "scoring_log")):
         values = set()
         for path in (home / folder).rglob("*.parquet"):
-            table = pq.read_table(path, columns=list(pseudonym.COLUMNS))
-            for column in table.columns:
+            columns = [c for c in pq.read_schema(path).names if c in pseudonym.COLUMNS]
+            for column in pq.read_table(path, columns=columns).columns:  # the scoring log's ids, not its counts
                 values.update(column.to_pylist())
         assert values and values <= wanted | {None}, f"{name} holds ids that are no pseudonym of a landed id"
 
