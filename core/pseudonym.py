@@ -52,6 +52,10 @@ STORED_LENGTH = len("pc") + HEX_DIGITS
 KEY_BYTES = 32  # a new key's size; a configured key must have at least MIN_KEY_BYTES
 MIN_KEY_BYTES = 16
 KEY_FILE_NAME = "pseudonym.key"
+# Ids of published keys: params.yaml's example key, which dvc.yaml's pipeline on synthetic data uses so that
+# its outputs reproduce anywhere. The cluster profile refuses them (tests/unit/test_pseudonym.py holds this
+# set to params.yaml).
+EXAMPLE_KEY_IDS = frozenset({"62dca71bcd88"})
 
 
 class PseudonymKeyError(RuntimeError):
@@ -180,7 +184,15 @@ def for_settings(settings: Settings) -> Pseudonymiser:
     missing; the cluster profile requires the mounted Secret)."""
     from core.settings import Profile
 
-    return _cached(settings.privacy.key_file, settings.home, settings.profile is Profile.LOCAL)
+    local = settings.profile is Profile.LOCAL
+    pseudonyms = _cached(settings.privacy.key_file, settings.home, local)
+    if not local and pseudonyms.key_id in EXAMPLE_KEY_IDS:
+        raise PseudonymKeyError(
+            f"{settings.privacy.key_file} holds the published example key of params.yaml (key id "
+            f"{pseudonyms.key_id}): anyone can compute its pseudonyms. Mount a key of your own "
+            '(docs/privacy.md, "The key")'
+        )
+    return pseudonyms
 
 
 @functools.lru_cache(maxsize=8)

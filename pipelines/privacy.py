@@ -151,15 +151,18 @@ def _landing_files(settings: Settings, feed: str) -> list[Path]:
     ]
 
 
-def _silver_transaction_ids(tables: Tables, customer: str) -> set[str]:
-    """The ids of the customer's transactions in silver (their chargebacks are theirs too)."""
+def _silver_transaction_ids(tables: Tables, ids: set[str]) -> set[str]:
+    """The ids of the customer's transactions in silver, which knows them by pseudonym (their chargebacks
+    are theirs too)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    if not tables.silver.is_dir():
+    if not tables.silver.is_dir() or not ids:
         return set()
     dataset = ds.dataset(tables.silver, format="parquet", partitioning="hive", exclude_invalid_files=True)
-    found = dataset.to_table(columns=["transaction_id"], filter=pc.field("customer_id") == customer)
+    theirs = pc.field("customer_id").isin(pa.array(sorted(ids)))
+    found = dataset.to_table(columns=["transaction_id"], filter=theirs)
     return set(found.column("transaction_id").to_pylist())
 
 
@@ -218,7 +221,9 @@ def erase_customer(settings: Settings, customer: str) -> dict:
         transactions |= ids
         if count:
             report["landing"][str(path.relative_to(settings.landing))] = count
-    transactions |= _silver_transaction_ids(tables, customer)
+    # Past landing the customer is their pseudonym: silver's rows, the silver-stage quarantine's records.
+    known_as = {customer, *filter(None, [report["pseudonym"]])}
+    transactions |= _silver_transaction_ids(tables, known_as)
     for path in _landing_files(settings, "labels") if transactions else []:
         try:
             count, _ = _erase_in_file(path, "transaction_id", transactions, collect=None)
@@ -227,7 +232,7 @@ def erase_customer(settings: Settings, customer: str) -> dict:
             continue
         if count:
             report["landing"][str(path.relative_to(settings.landing))] = count
-    report["quarantine"] |= _erase_in_quarantine(tables.quarantine, None, {customer})
+    report["quarantine"] |= _erase_in_quarantine(tables.quarantine, None, known_as)
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine_labels, "transaction_id", transactions)
     report["rows_removed"] = sum(report["landing"].values()) + sum(report["quarantine"].values())
     report["chargebacks_matched_by"] = len(transactions)

@@ -105,7 +105,8 @@ def test_no_store_the_demo_wrote_holds_a_raw_id_past_landing(demo_stack, landed)
         values = set()
         for path in (home / folder).rglob("*.parquet"):
             columns = [c for c in pq.read_schema(path).names if c in pseudonym.COLUMNS]
-            for column in pq.read_table(path, columns=columns).columns:  # the scoring log's ids, not its counts
+            # the scoring log's ids, not its per-minute counts
+            for column in pq.read_table(path, columns=columns).columns:
                 values.update(column.to_pylist())
         assert values and values <= wanted | {None}, f"{name} holds ids that are no pseudonym of a landed id"
 
@@ -125,3 +126,19 @@ def _settings(demo_stack):
     from core.settings import Settings
 
     return Settings(home=demo_stack.home)
+
+
+def test_every_arrival_names_the_key_its_pseudonyms_were_made_with(demo_stack):
+    """The key's id (never the key) in each bronze write's lineage event and reconciliation record: a
+    pseudonym can be traced to its key, and a key that changed between arrivals shows."""
+    import json
+
+    from core.lineage import read_events
+
+    settings = _settings(demo_stack)
+    key_id = pseudonym.for_settings(settings).key_id
+    bronze = [e for e in read_events(settings) if e["job"]["name"] == "ingest_to_bronze"]
+    assert len(bronze) >= 3, "one per demo arrival at least"
+    assert {e["run"]["facets"]["mlops"]["pseudonym_key_id"] for e in bronze} == {key_id}
+    records = sorted((demo_stack.home / "lake" / "reconciliation" / "transactions").glob("*.json"))
+    assert records and {json.loads(p.read_text())["pseudonym_key_id"] for p in records} == {key_id}

@@ -127,6 +127,11 @@ def secret_references(objects) -> dict[tuple[str, str], set[str | None]]:
         add(orchestration, node, key)
     for entry in VALUES["secret"]:
         add(orchestration, entry["secretName"], entry["secretKey"])
+    # Secrets the chart mounts as volumes in every Airflow container (the pseudonym key).
+    for volume in VALUES.get("volumes") or []:
+        if secret := volume.get("secret"):
+            for key in [item["key"] for item in secret.get("items") or []] or [WHOLE]:
+                add(orchestration, secret["secretName"], key)
     # The retrain DAG's pods take this Secret whole (envFrom): each key becomes a variable.
     add(ClusterServices().kubernetes_namespace, TrainingSettings().credentials_secret, WHOLE)
     return refs

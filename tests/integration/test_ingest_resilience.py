@@ -98,6 +98,8 @@ def test_a_standalone_cluster_gives_the_same_silver_as_local_mode(spark, spark_s
         MLOPS_LANDING_DIR=str(landing),
         MLOPS_PROFILE="cluster",
         MLOPS_CLUSTER__SPARK_MASTER=spark_standalone,
+        # the cluster's key is given (a mounted Secret); the same as local mode's, so pseudonyms are equal
+        MLOPS_PRIVACY__KEY_FILE=str(tmp_path / "local" / "secrets" / "pseudonym.key"),
     )
     keys = ("rows_in", "rows_bronze", "rows_quarantined", "rows_silver", "duplicates_removed")
     assert {k: cluster[k] for k in keys} == {k: local[k] for k in keys}

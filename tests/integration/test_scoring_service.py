@@ -337,7 +337,7 @@ def test_what_loading_built_is_frozen_out_of_the_cyclic_collector(server, champi
     assert server.client.get("/status").json()["gc_frozen_objects"] > 10_000
 
 
-def test_a_late_transaction_fails_only_its_own_request(server, champion):
+def test_a_late_transaction_fails_only_its_own_request(server, champion, registry_home):
     """A transaction inside the window but more than a day older than its customer's latest: the live
     state cannot compute its features. Its request is refused (422 naming it) and leaves nothing in the
     state; requests scored beside it are answered."""
@@ -355,7 +355,9 @@ def test_a_late_transaction_fails_only_its_own_request(server, champion):
     assert refused.status_code == 422, refused.text
     [problem] = refused.json()["detail"]
     assert problem["loc"] == ["body", 1, "event_timestamp"] and problem["rule"].startswith("late:"), problem
-    assert "c0710001" in problem["rule"]
+    # it names the customer as the service knows them: by pseudonym, never the raw id
+    assert pseudonym.for_settings(Settings(home=registry_home)).customer("c0710001") in problem["rule"]
+    assert "c0710001" not in refused.text
     # The request's first item was not kept: its customer is still unknown to the next transaction.
     after = transaction(
         2104, customer_id="c0710003", merchant_id="m071004", event_timestamp="2026-01-10T20:02:00Z"

@@ -83,3 +83,21 @@ def test_the_cluster_profile_never_makes_a_key_it_must_be_given(tmp_path):
     given.write_text(KEY.hex())
     settings = Settings(profile=Profile.CLUSTER, home=tmp_path, privacy={"key_file": given})
     assert pseudonym.for_settings(settings).key == KEY
+
+
+def test_the_published_example_key_is_known_and_refused_by_the_cluster_profile(tmp_path):
+    import yaml
+
+    from core.settings import REPO_ROOT
+
+    published = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["privacy"]["example_key"]
+    example = Pseudonymiser(bytes.fromhex(published))
+    assert example.key_id in pseudonym.EXAMPLE_KEY_IDS
+    key_file = tmp_path / "key"
+    key_file.write_text(published)
+    with pytest.raises(PseudonymKeyError, match="published example key"):
+        pseudonym.for_settings(
+            Settings(profile=Profile.CLUSTER, home=tmp_path, privacy={"key_file": key_file})
+        )
+    # the local profile may use it: dvc.yaml's example pipeline on synthetic data does
+    assert pseudonym.for_settings(Settings(home=tmp_path, privacy={"key_file": key_file})).key == example.key
