@@ -110,6 +110,12 @@ class FieldContract:
         """The pattern of the value as bronze onward stores it."""
         return pseudonym.PATTERNS[self.pseudonym] if self.pseudonym else self.pattern
 
+    def raw_token(self) -> str:
+        """A regex of the raw value anywhere in a text, not inside a longer word: what finds a landed id in a
+        file of any format (the replay, the privacy scan)."""
+        body = (self.pattern or "").removeprefix("^").removesuffix(r"\z")
+        return rf"(?<![A-Za-z0-9]){body}(?![A-Za-z0-9])"
+
     @property
     def stored_max_length(self) -> int | None:
         return pseudonym.STORED_LENGTH if self.pseudonym else self.max_length

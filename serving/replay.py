@@ -179,10 +179,10 @@ def raw_ids(settings: Settings, arrivals: list[date]) -> dict[str, str]:
     from pipelines.ingest.landing import data_format
 
     pseudonyms = pseudonym.for_settings(settings)
-    tokens = {}
-    for column, kind in pseudonym.COLUMNS.items():
-        body = TRANSACTIONS_CONTRACT.field(column).pattern.removeprefix("^").removesuffix(r"\z")  # type: ignore[union-attr]
-        tokens[kind] = re.compile(rf"(?<![A-Za-z0-9]){body}(?![A-Za-z0-9])")
+    tokens = {
+        kind: re.compile(TRANSACTIONS_CONTRACT.field(column).raw_token())
+        for column, kind in pseudonym.COLUMNS.items()
+    }
     found: dict[str, str] = {}
     for arrival in arrivals:
         folder = settings.landing / arrival.isoformat()

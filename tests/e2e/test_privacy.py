@@ -29,8 +29,7 @@ RAW_ALLOWED = ("landing", "lake/quarantine")
 
 def _id_token(column: str) -> re.Pattern[bytes]:
     """A raw id of `column` anywhere in a text: its contract pattern, not inside a longer word."""
-    body = TRANSACTIONS_CONTRACT.field(column).pattern.removeprefix("^").removesuffix(r"\z")  # type: ignore[union-attr]
-    return re.compile(rb"(?<![A-Za-z0-9])" + body.encode() + rb"(?![A-Za-z0-9])")
+    return re.compile(TRANSACTIONS_CONTRACT.field(column).raw_token().encode())
 
 
 TOKENS = [_id_token(column) for column in pseudonym.COLUMNS]
