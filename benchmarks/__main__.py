@@ -165,6 +165,7 @@ def main() -> None:
             "dag_parse",
             "lineage",
             "serving",
+            "spark_jobs",
             "end_to_end",
         ],
         help="run one benchmark",
@@ -179,7 +180,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--baseline-commit",
-        help="end_to_end: also run this commit's code on the same set-up first, for before/after ratios",
+        help="end_to_end, spark_jobs: also run this commit's code on the same set-up first, for before/after",
     )
     parser.add_argument("--out", type=Path, default=Path("var/bench"), help="where results.json goes")
     args = parser.parse_args()
@@ -243,6 +244,12 @@ def main() -> None:
 
             results["serving"] = [run(chosen[0] if chosen else 20_000, 500.0, 20.0, Path(scratch))]
             print_serving(console, results["serving"][0])
+        if args.only in (None, "spark_jobs"):
+            from benchmarks.spark_jobs import DEFAULT_SIZES as DEMO_ROWS
+            from benchmarks.spark_jobs import bench_spark_jobs, print_spark_jobs
+
+            results["spark_jobs"] = bench_spark_jobs(chosen or DEMO_ROWS, Path(scratch), args.baseline_commit)
+            print_spark_jobs(console, results["spark_jobs"])
         if args.only == "end_to_end":  # hours at the goal's size: only when asked for (make bench-e2e)
             from benchmarks.end_to_end import DEFAULT_HISTORY_DAYS, bench_end_to_end, print_end_to_end
             from benchmarks.end_to_end import DEFAULT_SIZES as E2E_ROWS
