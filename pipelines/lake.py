@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 
 @dataclass(frozen=True)
@@ -273,15 +274,68 @@ def _recover(root: Path, run: Path) -> None:
         os.rename(aside, live)
 
 
-def read_partitions(spark: SparkSession, root: Path, days: list[date]) -> DataFrame | None:
-    """The arrival dates of a table that exist among `days` (None if none), `arrival_date` restored."""
+def read_partitions(
+    spark: SparkSession, root: Path, days: list[date], schema: StructType | str | None = None
+) -> DataFrame | None:
+    """The arrival dates of a table that exist among `days` (None if none), `arrival_date` restored. With
+    the table's `schema` (partition column included) Spark reads no file to learn it: a read of a small
+    date is otherwise a Spark job of its own (benchmarks/spark_jobs.py)."""
     paths = [str(Tables.partition(root, d)) for d in days if Tables.partition(root, d).is_dir()]
-    return spark.read.option("basePath", str(root)).parquet(*paths) if paths else None
+    return _reader(spark, root, schema).parquet(*paths) if paths else None
 
 
-def read_partition(spark: SparkSession, root: Path, day: date) -> DataFrame:
-    """One arrival date of a table, with `arrival_date` restored from the path."""
-    return spark.read.option("basePath", str(root)).parquet(str(Tables.partition(root, day)))
+def read_partition(
+    spark: SparkSession, root: Path, day: date, schema: StructType | str | None = None
+) -> DataFrame:
+    """One arrival date of a table, with `arrival_date` restored from the path (`schema`: as above)."""
+    return _reader(spark, root, schema).parquet(str(Tables.partition(root, day)))
+
+
+def _reader(spark: SparkSession, root: Path, schema: StructType | str | None):
+    reader = spark.read.option("basePath", str(root))
+    return reader if schema is None else reader.schema(schema)
+
+
+def data_files(partition: Path) -> list[Path]:
+    """The Parquet files a reader of `partition` reads: below it, none under a hidden or Spark-private
+    name (staging, retired versions, checksums, _SUCCESS)."""
+    if not partition.is_dir():
+        return []
+    return sorted(
+        path
+        for path in partition.rglob("*.parquet")
+        if not any(part.startswith((".", "_")) for part in path.relative_to(partition).parts)
+    )
+
+
+def read_arrow(partition: Path, columns: list[str]):
+    """Columns of a partition's rows as one Arrow table (None for a partition with no files): for the
+    small tables whose counts a step records, read without a Spark job."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = data_files(partition)
+    return pa.concat_tables([pq.read_table(path, columns=columns) for path in files]) if files else None
+
+
+def parquet_rows(partition: Path) -> int:
+    """The rows in a partition as written: the sum of its files' footers (no Spark job, no data read); 0
+    for a partition that does not exist. The reconciliation counts state what is on disk."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(path).num_rows for path in data_files(partition))
+
+
+def value_counts(partition: Path, column: str) -> dict[str | None, int]:
+    """How many rows of a partition hold each value of one of its columns (read with Arrow, that column
+    only); empty for a partition that does not exist. For small tables such as a date's quarantine."""
+    import pyarrow.parquet as pq
+
+    counts: dict[str | None, int] = {}
+    for path in data_files(partition):
+        for entry in pq.read_table(path, columns=[column]).column(column).value_counts().to_pylist():
+            counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+    return counts
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -25,10 +25,12 @@ from pipelines.gold.contract import (
     table_path,
     validation_path,
 )
+from pipelines.ingest.schemas import SILVER_TRANSACTIONS
 from pipelines.lake import (
     Tables,
     clear_partitions,
     overwrite_partitions,
+    parquet_rows,
     read_json,
     read_partitions,
     write_json,
@@ -153,7 +155,7 @@ def build_gold(settings: Settings, day: date) -> dict:
         return _no_events(settings, tables, day, roots, inputs_of(records, day))
     wanted = [day - timedelta(days=k) for k in transforms.ROW_OFFSETS]
     row_arrivals = [a for a in arrivals if any(d.isoformat() in records[a]["event_dates"] for d in wanted)]
-    silver = read_partitions(spark, tables.silver, row_arrivals)
+    silver = read_partitions(spark, tables.silver, row_arrivals, SILVER_TRANSACTIONS)
     assert silver is not None, "`row_arrivals` holds the rows of `day`, counted above"
     evts = transforms.events(silver).where(F.col("event_date").isin(*wanted))
     customer_daily = state.read_table(spark, settings.lake, "customer_daily", arrivals)
@@ -183,7 +185,7 @@ def build_gold(settings: Settings, day: date) -> dict:
         overwrite_partitions(
             ordered, root, [PARTITION_COLUMN], now_empty=(written,), before_swap=_stable_file_names
         )
-        record[f"rows_{table}"] = spark.read.parquet(str(written)).count() if written.is_dir() else 0
+        record[f"rows_{table}"] = parquet_rows(written)  # from the footers of what was written
     if record[f"rows_{CUSTOMER_TABLE}"] != expected or record[f"rows_{MERCHANT_TABLE}"] != expected:
         raise PipelineError(
             f"gold {day}: {record[f'rows_{CUSTOMER_TABLE}']} customer and {record[f'rows_{MERCHANT_TABLE}']} "

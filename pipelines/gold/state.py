@@ -31,10 +31,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.gold import transforms
+from pipelines.ingest.schemas import SILVER_TRANSACTIONS
 from pipelines.lake import (
     Tables,
     clear_partitions,
     overwrite_partitions,
+    read_arrow,
     read_json,
     read_partitions,
     write_json,
@@ -160,7 +162,7 @@ def forget(lake: Path, arrival: date) -> None:
 def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dict[date, dict]:
     tables = Tables(lake)
     arrivals = sorted(signatures)
-    silver = read_partitions(spark, tables.silver, arrivals)
+    silver = read_partitions(spark, tables.silver, arrivals, SILVER_TRANSACTIONS)
     assert silver is not None, "every arrival in `signatures` has a silver partition"
     evts = transforms.events(silver)
     root = state_root(lake)
@@ -172,7 +174,7 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
     if labels is not None:
         first = min(arrivals) - timedelta(days=CHARGEBACK_REACH_DAYS)
         reach_silver = read_partitions(
-            spark, tables.silver, arrivals_with_silver(tables, first, max(arrivals))
+            spark, tables.silver, arrivals_with_silver(tables, first, max(arrivals)), SILVER_TRANSACTIONS
         )
         assert reach_silver is not None, "the reach includes `arrivals`, which have silver partitions"
         merchants = reach_silver.select(
@@ -191,22 +193,26 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
             overwrite_partitions(frame, target, ["arrival_date"], now_empty=now_empty)
         else:  # no chargebacks arrived on these dates
             clear_partitions(target, now_empty)
-    daily = read_partitions(spark, root / "merchant_daily", arrivals)
-    counts = daily.groupBy("arrival_date", "event_date").agg(F.sum("n").alias("n")).collect() if daily else []
-    reported = read_partitions(spark, root / "merchant_chargebacks", arrivals)
-    label_dates = reported.select("arrival_date", "label_date").distinct().collect() if reported else []
     records = {}
     for arrival in arrivals:
-        event_dates = {
-            r.event_date.isoformat(): int(r.n)
-            for r in sorted(counts, key=lambda r: r.event_date)
-            if r.arrival_date == arrival
-        }
+        # The counts come from the totals just written (small; read with Arrow, no Spark job).
+        daily = read_arrow(Tables.partition(root / "merchant_daily", arrival), ["event_date", "n"])
+        totals = daily.group_by("event_date").aggregate([("n", "sum")]) if daily is not None else None
+        reported = read_arrow(Tables.partition(root / "merchant_chargebacks", arrival), ["label_date"])
         record = {
             "arrival_date": arrival.isoformat(),
             "signature": signatures[arrival],
-            "event_dates": event_dates,
-            "label_dates": sorted(r.label_date.isoformat() for r in label_dates if r.arrival_date == arrival),
+            "event_dates": {
+                day.isoformat(): int(n)
+                for day, n in sorted(
+                    zip(totals["event_date"].to_pylist(), totals["n_sum"].to_pylist(), strict=True)
+                )
+            }
+            if totals is not None
+            else {},
+            "label_dates": sorted({d.isoformat() for d in reported["label_date"].to_pylist()})
+            if reported is not None
+            else [],
         }
         write_json(_signature_path(lake, arrival), record)
         records[arrival] = record
@@ -218,5 +224,5 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
 
 def read_table(spark: SparkSession, lake: Path, table: str, arrivals: list[date]) -> DataFrame:
     """A state table over `arrivals` (empty, with its columns, when none of them has rows)."""
-    frame = read_partitions(spark, state_root(lake) / table, arrivals)
+    frame = read_partitions(spark, state_root(lake) / table, arrivals, f"{SCHEMAS[table]}, arrival_date date")
     return frame if frame is not None else spark.createDataFrame([], SCHEMAS[table])

@@ -43,9 +43,11 @@ from pipelines.lake import (
     Tables,
     clear_partitions,
     overwrite_partitions,
+    parquet_rows,
     read_json,
     read_partition,
     read_partitions,
+    value_counts,
     write_json,
 )
 from pipelines.spark import spark_session
@@ -151,13 +153,10 @@ def ingest_to_bronze(settings: Settings, day: date, run_id: str) -> dict:
     finally:
         stored.unpersist()
 
-    # Counts are read back from what was written (Parquet footers and the small quarantine): the record
-    # states what is on disk, and every line read must be there once.
-    rows_bronze = read_partition(spark, tables.bronze, day).count() if bronze_partition.is_dir() else 0
-    by_reason: dict[str, int] = {}
-    if quarantine_partition.is_dir():
-        quarantined = spark.read.parquet(str(quarantine_partition)).groupBy("reason").count().collect()
-        by_reason = {r["reason"]: r["count"] for r in quarantined}
+    # Counts are read back from what was written (Parquet footers and the small quarantine's reasons, with
+    # Arrow: no Spark job): the record states what is on disk, and every line read must be there once.
+    rows_bronze = parquet_rows(bronze_partition)
+    by_reason = {str(reason): n for reason, n in value_counts(quarantine_partition, "reason").items()}
     rows_quarantined = sum(by_reason.values())
     rows_in = rows_bronze + rows_quarantined
     if rows_in != lines_in:
@@ -251,7 +250,6 @@ def _empty_arrival(settings: Settings, tables: Tables, arrival: Arrival, run_id:
     day, files = arrival.day, [f.name for f in arrival.files]
     roots = {"bronze": tables.bronze, "silver": tables.silver, "quarantine": tables.quarantine}
     cleared = refuse_to_clear(
-        spark_session(settings),
         arrival.folder,
         "transactions",
         {name: Tables.partition(root, day) for name, root in roots.items()},
@@ -319,7 +317,7 @@ def _read_rows(spark: SparkSession, root: Path, day: date, rows: int, schema: St
     arrival was quarantined), so an empty frame then, for the gates to judge."""
     if rows == 0 and not Tables.partition(root, day).is_dir():
         return spark.createDataFrame([], schema)
-    return read_partition(spark, root, day)
+    return read_partition(spark, root, day, schema)
 
 
 @lineage.emits("build_silver", _silver_lineage)
@@ -354,14 +352,33 @@ def _write_silver(settings: Settings, tables: Tables, day: date, run_id: str, re
     """Silver and silver-stage quarantine of `day`, deterministic from bronze; the counts written."""
     spark = spark_session(settings)
     lookback = settings.ingest.dedup_lookback_days
-    earlier = read_partitions(spark, tables.bronze, [day - timedelta(days=k) for k in range(1, lookback + 1)])
+    days = [day - timedelta(days=k) for k in range(1, lookback + 1)]
+    earlier = read_partitions(spark, tables.bronze, days, BRONZE_TRANSACTIONS)
+    kept: list[DataFrame] = []
+
+    def keep(ranked: DataFrame) -> DataFrame:
+        kept.append(ranked.persist(StorageLevel.DISK_ONLY))
+        return kept[-1]
+
     silver, duplicates = transforms.deduplicate(
         _read_rows(spark, tables.bronze, day, record["rows_bronze"], BRONZE_TRANSACTIONS),
         run_id,
         None
         if earlier is None
         else earlier.select("transaction_id", "arrival_date", "source_file", "line_number"),
+        # ranked once and kept on disk: the duplicates and silver are both written from it
+        keep=keep,
     )
+    try:
+        return _write_deduplicated(spark, tables, day, record, silver, duplicates)
+    finally:
+        for frame in kept:
+            frame.unpersist()
+
+
+def _write_deduplicated(
+    spark: SparkSession, tables: Tables, day: date, record: dict, silver: DataFrame, duplicates: DataFrame
+) -> dict:
     files = max(1, math.ceil(record["rows_bronze"] / ROWS_PER_SILVER_FILE))
     ordered = silver.repartitionByRange(files, "event_timestamp", "transaction_id").sortWithinPartitions(
         "event_timestamp", "transaction_id"
@@ -371,11 +388,11 @@ def _write_silver(settings: Settings, tables: Tables, day: date, run_id: str, re
     overwrite_partitions(
         duplicates, tables.quarantine, ["arrival_date", "stage"], now_empty=(duplicates_partition,)
     )
-    removed = spark.read.parquet(str(duplicates_partition)).count() if duplicates_partition.exists() else 0
+    removed = parquet_rows(duplicates_partition)
     silver_partition = Tables.partition(tables.silver, day)
     # Every row quarantined or a resend: the date's silver is emptied, not left as an earlier run wrote it.
     overwrite_partitions(ordered, tables.silver, ["arrival_date"], now_empty=(silver_partition,))
-    rows_silver = read_partition(spark, tables.silver, day).count() if silver_partition.is_dir() else 0
+    rows_silver = parquet_rows(silver_partition)
     if rows_silver + removed != record["rows_bronze"]:
         raise PipelineError(
             f"arrival {day}: silver has {rows_silver} rows and {removed} duplicates were removed, but bronze "
@@ -397,7 +414,7 @@ def _later_arrivals_to_rebuild(settings: Settings, tables: Tables, day: date) ->
         return []
     spark = spark_session(settings)
     ids = _read_rows(spark, tables.bronze, day, 0, BRONZE_TRANSACTIONS).select("transaction_id")
-    silver = read_partitions(spark, tables.silver, later)
+    silver = read_partitions(spark, tables.silver, later, SILVER_TRANSACTIONS)
     shadowed = (
         {
             r.arrival_date
@@ -455,7 +472,6 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     quarantine_partition = Tables.partition(tables.quarantine_labels, day)
     if not with_rows:
         cleared = refuse_to_clear(
-            spark,
             arrival.folder,
             "labels",
             {"silver": silver_partition, "quarantine": quarantine_partition},
@@ -475,17 +491,38 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
     classify = functools.partial(
         transforms.classify_labels, arrival=day, late_days=settings.ingest.late_event_days
     )
-    stored, classified, _ = _classified_lines(spark, arrival, with_rows, LABEL_COLUMNS, classify)
+    stored, classified, rows_in = _classified_lines(spark, arrival, with_rows, LABEL_COLUMNS, classify)
     # Only clean rows compete to be the first copy: a row quarantined for a bad value shadows no label.
     clean = F.col("reason").isNull()
     order = Window.partitionBy("transaction_id", clean).orderBy("source_file", "line_number")
     first_copy = F.first(F.concat_ws(":", "source_file", F.col("line_number").cast("string"))).over(order)
-    ranked = classified.withColumn("_copy", F.when(clean, F.row_number().over(order))).withColumn(
-        "detail",
-        F.when(F.col("_copy") > 1, F.concat(F.lit("transaction_id first seen at "), first_copy)).otherwise(
-            F.col("detail")
-        ),
+    # Ranked once, kept on disk: the quarantine and the silver labels are both written from it.
+    ranked = (
+        classified.withColumn("_copy", F.when(clean, F.row_number().over(order)))
+        .withColumn(
+            "detail",
+            F.when(
+                F.col("_copy") > 1, F.concat(F.lit("transaction_id first seen at "), first_copy)
+            ).otherwise(F.col("detail")),
+        )
+        .persist(StorageLevel.DISK_ONLY)
     )
+    try:
+        return _write_labels(settings, tables, day, run_id, record, ranked, rows_in)
+    finally:
+        ranked.unpersist()
+        stored.unpersist()
+
+
+def _write_labels(
+    settings: Settings, tables: Tables, day: date, run_id: str, record: dict, ranked: DataFrame, rows_in: int
+) -> dict:
+    """The quarantine of a labels arrival, its counts (read from what was written) and gate, then its silver
+    labels and their suite."""
+    spark = spark_session(settings)
+    silver_partition = Tables.partition(tables.silver_labels, day)
+    quarantine_partition = Tables.partition(tables.quarantine_labels, day)
+    clean = F.col("reason").isNull()
     rejected = ranked.where(~clean | (F.col("_copy") > 1)).select(
         F.coalesce("reason", F.lit("duplicate")).alias("reason"), *transforms.rejection_columns(run_id, day)
     )
@@ -497,22 +534,23 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
         "line_number",
         F.lit(day).alias("arrival_date"),
     )
-    by_reason = {r["reason"]: r["count"] for r in classified.groupBy("reason").count().collect()}
-    rows_in = sum(by_reason.values())
-    rows_quarantined = rows_in - by_reason.get(None, 0)
-    record.update(
-        rows_in=rows_in,
-        rows_quarantined=rows_quarantined,
-        quarantined_by_reason={r: n for r, n in by_reason.items() if r is not None},
-        quarantine_rate=rows_quarantined / rows_in,
-    )
-    # The rejected rows are kept either way, to be inspected; silver labels only when the gate passes.
+    # The rejected rows are kept either way, to be inspected; silver labels only when the gate passes. The
+    # counts come from the written quarantine: every row of it but a duplicate's copy failed a rule.
     overwrite_partitions(
         rejected, tables.quarantine_labels, ["arrival_date"], now_empty=(quarantine_partition,)
     )
+    by_reason = {
+        str(r): n for r, n in value_counts(quarantine_partition, "reason").items() if r != "duplicate"
+    }
+    rows_quarantined = sum(by_reason.values())
+    record.update(
+        rows_in=rows_in,
+        rows_quarantined=rows_quarantined,
+        quarantined_by_reason=by_reason,
+        quarantine_rate=rows_quarantined / rows_in,
+    )
     limit = settings.ingest.max_label_quarantine_rate
     if record["quarantine_rate"] > limit:
-        stored.unpersist()
         record["status"] = "failed"
         write_json(tables.labels_reconciliation(day), record)
         ranked_reasons = sorted(record["quarantined_by_reason"].items(), key=lambda kv: -kv[1])[:3]
@@ -524,22 +562,18 @@ def ingest_labels(settings: Settings, day: date, run_id: str) -> dict:
             f"and rerun the date, or raise MLOPS_INGEST__MAX_LABEL_QUARANTINE_RATE if this is expected."
         )
     overwrite_partitions(labels, tables.silver_labels, ["arrival_date"], now_empty=(silver_partition,))
-    stored.unpersist()
-    rows_silver = spark.read.parquet(str(silver_partition)).count() if silver_partition.exists() else 0
-    kept_in_quarantine = (
-        spark.read.parquet(str(quarantine_partition)).count() if quarantine_partition.exists() else 0
-    )
+    rows_silver = parquet_rows(silver_partition)
+    kept_in_quarantine = parquet_rows(quarantine_partition)
     if rows_silver + kept_in_quarantine != rows_in:
         raise PipelineError(
             f"labels arrival {day}: {rows_in} rows in, but silver labels hold {rows_silver} and quarantine "
             f"{kept_in_quarantine} (duplicates included); rows were lost or doubled. Rerun ingest_labels."
         )
-    record.update(
-        status="ok", rows_silver=rows_silver, duplicates_removed=by_reason.get(None, 0) - rows_silver
-    )
+    duplicates = rows_in - rows_quarantined - rows_silver
+    record.update(status="ok", rows_silver=rows_silver, duplicates_removed=duplicates)
     write_json(tables.labels_reconciliation(day), record)
     if rows_silver:
-        df = read_partition(spark, tables.silver_labels, day)
+        df = read_partition(spark, tables.silver_labels, day, labels.schema)
         record["validation"] = validate(df, "silver_labels", settings.home, {})
         write_json(tables.labels_reconciliation(day), record)
     log.info("labels reconciliation %s: %s", day, record)

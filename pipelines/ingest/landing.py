@@ -21,6 +21,7 @@ from pyspark.sql.types import LongType
 
 from core.errors import ArrivalNotFoundError, PipelineError
 from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS, TRANSACTION_COLUMNS
+from pipelines.lake import parquet_rows
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,6 @@ def _unexpected_entry(path: Path, feed: str | None, ignore: Sequence[str]) -> st
 
 
 def refuse_to_clear(
-    spark: SparkSession,
     folder: Path,
     feed: str,
     partitions: dict[str, Path],
@@ -174,7 +174,7 @@ def refuse_to_clear(
     producer retracted the day), which returns what is about to be cleared.
     """
     held = {
-        table: spark.read.parquet(str(partition)).count()
+        table: parquet_rows(partition)
         for table, partition in partitions.items()
         if partition.is_dir() and any(partition.rglob("*.parquet"))
     }

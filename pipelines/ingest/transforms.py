@@ -33,6 +33,7 @@ naming the first copy and their full record, so a resend with different content 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
@@ -489,13 +490,17 @@ def to_quarantine(classified: DataFrame, arrival: date, run_id: str) -> DataFram
 
 
 def deduplicate(
-    bronze: DataFrame, run_id: str, earlier: DataFrame | None = None
+    bronze: DataFrame,
+    run_id: str,
+    earlier: DataFrame | None = None,
+    keep: Callable[[DataFrame], DataFrame] | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """(silver rows, quarantine rows for the removed copies) of one arrival's bronze.
 
     The first copy by (arrival_date, source_file, line_number) wins. `earlier` holds the
     (transaction_id, arrival_date, source_file, line_number) of the bronze rows of earlier arrivals within
     the lookback: a row of `bronze` whose id is there is a resend, removed with the place of its first copy.
+    `keep`, if given, is applied to the ranked rows both results are selected from (to persist them once).
     """
     order = Window.partitionBy("transaction_id").orderBy("source_file", "line_number")
     ranked = bronze.select(
@@ -525,6 +530,8 @@ def deduplicate(
             ),
         )
     ranked = ranked.withColumn("_seen_before", seen_before)
+    if keep is not None:
+        ranked = keep(ranked)
     is_copy = (F.col("_copy") > 1) | F.col("_seen_before").isNotNull()
     silver = ranked.where(~is_copy).select(
         *(F.col(f.name) for f in SILVER_TRANSACTIONS.fields if f.name != "event_date"),
