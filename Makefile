@@ -13,8 +13,13 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 0
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 BENCH_ARGS ?=
+# Caches that outlive a clean clone, each in a folder named after its content key (docs/testing.md
+# "Caches"): mypy's here, the infra tools venv (scripts/infra_tools.sh), the images' uv cache
+# (tests/integration/podman.py). A missing or stale key builds afresh.
+MLOPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mlops-fraud
+export MLOPS_CACHE
 
-.PHONY: help install demo up down test test-costs test-fast lint format bench bench-e2e bench-e2e-quick lock lock-gpu doctor clean
+.PHONY: help install demo up down test test-costs test-fast lint format bench bench-e2e bench-e2e-quick lock lock-gpu doctor clean clean-cache
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -38,8 +43,9 @@ down: $(STAMP) ## stop what `make up` started
 test: $(STAMP) ## run every test tier (TEST_WORKERS=N: on N parallel workers)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
-test-costs: $(STAMP) ## run every tier and record each test group's seconds (tests/group_costs.json)
-	MLOPS_TEST_GROUP_COSTS=tests/group_costs.json $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+# Serial on purpose: a group's cost is its own seconds, not its share of a crowded machine. Run it on a quiet day.
+test-costs: $(STAMP) ## run every tier in one process and record each test group's seconds (tests/group_costs.json)
+	MLOPS_TEST_GROUP_COSTS=tests/group_costs.json $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the fast tier (unit, data, dags): seconds
 	$(BIN)/python -m pytest -m "unit or data or dags" $(PYTEST_ARGS)
@@ -47,7 +53,9 @@ test-fast: $(STAMP) ## the fast tier (unit, data, dags): seconds
 lint: $(STAMP) ## ruff (with Airflow 3 AIR rules), a format check, and mypy (config in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	@key=$$( { cat requirements.lock; $(BIN)/python --version; } | sha256sum | cut -c1-16); \
+	  echo "lint: mypy cache key $$key -> $(MLOPS_CACHE)/mypy-$$key"; \
+	  MYPY_CACHE_DIR=$(MLOPS_CACHE)/mypy-$$key $(BIN)/mypy
 
 format: $(STAMP) ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -74,3 +82,6 @@ lock-gpu: $(STAMP) ## pin the CUDA build of the locked torch and its wheels in r
 
 clean: ## remove .venv and local state (var/)
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .mypy_cache
+
+clean-cache: ## remove the caches kept outside the clone ($(MLOPS_CACHE))
+	rm -rf $(MLOPS_CACHE)

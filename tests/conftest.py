@@ -162,6 +162,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 _TIMES: dict[str, dict[str, list[float]]] = {"tier": {}, "group": {}}
+# (seconds, test) of each set-up phase of a second or more: a shared set-up shows on its first test.
+_SETUPS: list[tuple[float, str]] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -171,6 +173,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         for kind, key in (("tier", tier_of(report.nodeid)), ("group", group_of(report.nodeid))):
             total, first, last = _TIMES[kind].get(key, [0.0, report.start, report.stop])
             _TIMES[kind][key] = [total + report.duration, min(first, report.start), max(last, report.stop)]
+        if report.when == "setup" and report.duration >= 1.0:
+            _SETUPS.append((report.duration, report.nodeid))
     for name, value in report.user_properties:
         if name == "dag_parse_seconds":
             PARSE_TIMES[report.nodeid.split("[", 1)[-1].split("]", 1)[0]] = float(value)
@@ -208,6 +212,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("longest test groups (seconds summed over their tests)")
         for group, (total, _, _) in groups[:25]:
             terminalreporter.write_line(f"  {total:8.0f} s  {group}")
+        summary = os.environ.get("MLOPS_TEST_SUMMARY")
+        if summary:  # .ci/run prints it after every phase has ended, the last thing in the log
+            lines = ["slowest set-ups (the set-up phase of the test that paid for it):"]
+            slowest = sorted(_SETUPS, reverse=True)[:15]
+            lines += [f"  {seconds:8.0f} s  {nodeid}" for seconds, nodeid in slowest]
+            lines += ["slowest test groups (modules, or a shared set-up's tests; seconds summed):"]
+            lines += [f"  {total:8.0f} s  {group}" for group, (total, _, _) in groups[:15]]
+            Path(summary).write_text("\n".join(lines) + "\n")
         out = os.environ.get("MLOPS_TEST_GROUP_COSTS")
         if out:  # `make test-costs`: the figures the next run orders its groups by
             costs = {group: round(total, 1) for group, (total, _, _) in groups}

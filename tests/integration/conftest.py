@@ -77,7 +77,6 @@ class InfraTools:
 
 @pytest.fixture(scope="session")
 def infra_tools() -> InfraTools:
-    venv = REPO / os.environ.get("INFRA_VENV", ".venv-infra")
     done = subprocess.run(
         ["bash", str(REPO / "scripts" / "infra_tools.sh")],
         cwd=REPO,
@@ -87,6 +86,8 @@ def infra_tools() -> InfraTools:
     )
     if done.returncode != 0:
         pytest.fail(f"scripts/infra_tools.sh failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    # The script prints the venv it built or reused (a folder of the user's cache, keyed by content).
+    venv = Path(done.stdout.strip().splitlines()[-1])
     return InfraTools(python=venv / "bin" / "python", checkov=venv / "bin" / "checkov")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import date, datetime, timedelta
 
 import pytest
-from pyspark.sql import functions as F
 
 from core.errors import PipelineError
 from core.settings import Settings
@@ -88,18 +87,6 @@ def test_merchant_chargebacks_count_only_labels_reported_by_the_event_time(spark
     assert later  # chargebacks reported during the day exist, and each counts only from its report time on
 
 
-def test_rebuilding_a_date_gives_identical_gold(spark, lake):
-    settings, _ = lake
-
-    def checksum(table):
-        df = _gold(spark, settings, table)
-        return df.select(F.count("*"), F.sum(F.xxhash64(*df.columns).cast("decimal(38,0)"))).first()
-
-    before = [checksum(t) for t in (CUSTOMER_TABLE, MERCHANT_TABLE)]
-    gold.build_gold(settings, LAST)
-    assert [checksum(t) for t in (CUSTOMER_TABLE, MERCHANT_TABLE)] == before
-
-
 def test_a_date_without_silver_is_refused_with_the_command_to_run(lake):
     settings, _ = lake
     with pytest.raises(PipelineError, match=r"mlops ingest --date 2026-02-01"):
@@ -113,7 +100,9 @@ def test_gold_is_versioned_with_dvc_and_fetched_back_by_revision(spark, lake):
     first = gold.version_gold(settings, LAST)
     again = gold.version_gold(settings, LAST)
     assert first == again  # same content, same revision
-    gold.build_gold(settings, LAST)  # a reproduction from the same silver
+    # A reproduction from the same silver is byte for byte the same gold: DVC's content hash is unchanged
+    # (this is the rebuild-gives-identical-gold check; a separate row checksum of it was dropped as implied).
+    gold.build_gold(settings, LAST)
     assert gold.version_gold(settings, LAST)["dataset_rev"] == first["dataset_rev"]
     remote_files = list(settings.dvc_remote.rglob("*"))
     assert any(p.name.endswith(".dir") for p in remote_files)

@@ -2,8 +2,9 @@
 fit, network reachability, the MLflow password guard, the Feast config, and checkov over all of infra/.
 
 Tools: `kubectl kustomize` renders the overlays; kubernetes-validate (schemas of a pinned Kubernetes version,
-shipped in its package) and checkov come from .venv-infra, which the `infra_tools` fixture creates or reuses
-through scripts/infra_tools.sh, so a clean clone installs them itself. Nothing is fetched while testing.
+shipped in its package) and checkov come from the infra tools venv, which the `infra_tools` fixture creates
+or reuses through scripts/infra_tools.sh (in the user's cache, keyed by content), so a clean clone installs
+them itself or reuses them. Nothing is fetched while testing.
 """
 
 from __future__ import annotations

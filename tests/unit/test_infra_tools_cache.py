@@ -1,0 +1,49 @@
+"""scripts/infra_tools.sh keeps the infra tools' venv outside the clone, in a folder named after its key
+(the requirements file's hash and the interpreter): a clean clone reuses it, and a changed requirements file
+is a new key that builds a venv from nothing (docs/testing.md "Caches"). A requirements file of only a
+comment keeps the builds to a bare venv (a few seconds each)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tools(cache: Path, requirements: Path) -> tuple[Path, str]:
+    env = {**os.environ, "MLOPS_CACHE": str(cache), "INFRA_REQUIREMENTS": str(requirements)}
+    env.pop("INFRA_VENV", None)
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "infra_tools.sh")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_the_key_is_printed_a_kept_venv_is_reused_and_a_stale_key_rebuilds(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# no packages\n")
+    cache = tmp_path / "cache"
+
+    first, log = _tools(cache, requirements)
+    assert first.parent == cache and first.name.startswith("venv-infra-"), first
+    key = first.name.removeprefix("venv-infra-")
+    assert f"key {key}" in log and "creating" in log
+    assert (first / "bin" / "python").exists()
+
+    again, log = _tools(cache, requirements)
+    assert again == first and "reusing" in log and "creating" not in log
+
+    # A half-built venv (no stamp) is not taken for a finished one.
+    (first / f".installed-{key}").unlink()
+    again, log = _tools(cache, requirements)
+    assert again == first and "creating" in log
+
+    requirements.write_text("# no packages, but another file\n")
+    changed, log = _tools(cache, requirements)
+    assert changed != first and changed.parent == cache
+    assert "creating" in log and f"key {changed.name.removeprefix('venv-infra-')}" in log
+    assert (changed / "bin" / "python").exists() and (first / "bin" / "python").exists()
