@@ -78,7 +78,6 @@ def _env() -> dict[str, str]:
 
 def bench_spark_jobs(sizes: list[int], scratch: Path, baseline_commit: str | None = None) -> list[dict]:
     from benchmarks.end_to_end import checkout, remove_checkout
-
     from core.pseudonym import make_key
 
     key = scratch / "spark-jobs-pseudonym.key"

@@ -1,12 +1,13 @@
 """Validate Kubernetes objects against the official OpenAPI schema of one Kubernetes version.
 
-Runs inside the infra tools venv (scripts/infra_tools.sh prints its path), where kubernetes-validate and the schemas it ships live,
-so the project's own environment never imports it. Reads a JSON array of objects on stdin and writes a JSON
-array with one verdict per object, in order: {"kind", "name", "error"} with error null when the object is
-valid. Strict mode: a field the schema does not know (a typo such as `readOnlyRootFilesytem`) is an error,
-not silently ignored as the API server would.
+Runs inside the infra tools venv (scripts/infra_tools.sh prints its path), where kubernetes-validate and
+the schemas it ships live, so the project's own environment never imports it. Reads a JSON array of
+objects on stdin and writes a JSON array with one verdict per object, in order: {"kind", "name", "error"}
+with error null when the object is valid. Strict mode: a field the schema does not know (a typo such as
+`readOnlyRootFilesytem`) is an error, not silently ignored as the API server would.
 
-    "$(bash scripts/infra_tools.sh)"/bin/python infra/tools/k8s_schema_check.py --kubernetes-version 1.33 < objects.json
+    tools=$(bash scripts/infra_tools.sh)
+    "$tools/bin/python" infra/tools/k8s_schema_check.py --kubernetes-version 1.33 < objects.json
 """
 
 from __future__ import annotations
