@@ -265,3 +265,35 @@ def test_a_kill_between_the_renames_of_the_fallback_swap_is_undone_by_the_next_w
     clear_partitions(root, ())  # any write of the table starts by recovering what a killed one left
     assert [p.read_text() for p in live.iterdir()] == ["old"]
     assert not any((root / STAGING).iterdir())
+
+
+def test_the_footer_counts_and_arrow_value_counts_agree_with_sparks_own_read(spark, tmp_path):
+    """The steps record counts from the written files (`parquet_rows`, `value_counts`, `read_arrow`) instead
+    of a Spark action: held to Spark's own count and grouping of the same partition, with what a reader
+    must not see beside the data (a write's staging copy, a retired version, Spark's _SUCCESS and checksums)
+    and a null among the values. A missing partition counts nothing."""
+    from pyspark.sql import functions as F
+
+    from pipelines.lake import parquet_rows, read_arrow, read_partition, value_counts
+
+    root = tmp_path / "table"
+    rows = [(i, ["a", "b", None][i % 3], FIRST) for i in range(10)]
+    written = spark.createDataFrame(rows, "id long, version string, arrival_date date").repartition(3)
+    overwrite_partitions(written, root, ["arrival_date"], now_empty=(_partition(root, FIRST),))
+    partition = _partition(root, FIRST)
+    data = sorted(partition.rglob("*.parquet"))
+    for hidden in (partition / STAGING / "part-x.parquet", partition / "_temporary" / "part-y.parquet"):
+        hidden.parent.mkdir(parents=True, exist_ok=True)
+        hidden.write_bytes(data[0].read_bytes())
+    (partition / "_SUCCESS").touch()
+
+    read = read_partition(spark, root, FIRST, schema="id long, version string, arrival_date date")
+    assert parquet_rows(partition) == read.count() == 10
+    spark_counts = {r["version"]: r["count"] for r in read.groupBy("version").count().collect()}
+    assert value_counts(partition, "version") == spark_counts == {"a": 4, "b": 3, None: 3}
+    arrow = read_arrow(partition, ["id"])
+    ids = sorted(r["id"] for r in read.select(F.col("id")).collect())
+    assert sorted(arrow.column("id").to_pylist()) == ids == list(range(10))
+    missing = _partition(root, SECOND)
+    assert parquet_rows(missing) == 0 and value_counts(missing, "version") == {}
+    assert read_arrow(missing, ["id"]) is None
