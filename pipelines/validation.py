@@ -4,6 +4,7 @@ $MLOPS_HOME/gx."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from pathlib import Path
@@ -29,7 +30,9 @@ def _context(project_root: str):
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     import great_expectations as gx
+    from pipelines import gx_bundles
 
+    gx_bundles.install()  # column-pair counts inside the round's one aggregation (pipelines/gx_bundles.py)
     context = gx.get_context(mode="file", project_root_dir=project_root)
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     context.variables.save()
@@ -60,11 +63,12 @@ def validate(
         gx.ValidationDefinition(data=batch, suite=suite, name=suite_name)
     )
     data = {"dataframe": df}
-    result = definition.run(
-        batch_parameters=data, expectation_parameters=parameters, result_format=COUNTS_ONLY
-    )
-    if not result.success:
-        result = definition.run(batch_parameters=data, expectation_parameters=parameters)
+    with _without_adaptive_execution(df.sparkSession):
+        result = definition.run(
+            batch_parameters=data, expectation_parameters=parameters, result_format=COUNTS_ONLY
+        )
+        if not result.success:
+            result = definition.run(batch_parameters=data, expectation_parameters=parameters)
     docs = context.build_data_docs().get("local_site", "")
     log.info("GX %s: success=%s; data docs at %s", suite_name, result.success, docs)
     failures = [describe_failure(r) for r in result.results if not r.success]
@@ -92,6 +96,20 @@ def validate(
             f"{listing}\nData docs: {docs}"
         )
     return summary
+
+
+@contextlib.contextmanager
+def _without_adaptive_execution(spark):
+    """Adaptive execution off while GX runs: its queries are global aggregations and filtered counts over one
+    scan, where adaptive execution has nothing to re-plan but submits the shuffle stage of each as a Spark job
+    of its own (two jobs per query instead of one). The session's setting is restored after."""
+    key = "spark.sql.adaptive.enabled"
+    before = spark.conf.get(key, "true")
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
 
 
 def describe_failure(result) -> str:

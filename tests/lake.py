@@ -49,8 +49,10 @@ SPEC = {
     "redelivered": REDELIVERED.isoformat(),
     "withdrawn": WITHDRAWN,
 }
-# The code that builds the lake: a change to any file here builds a new one.
-CODE = ("core", "pipelines", "features", "mlops", "great_expectations", "params.yaml", "requirements.lock")
+# Always part of the key beside the files the build read: the installed packages and this module.
+ALWAYS = ("requirements.lock", "tests/lake.py")
+# Files the build opens that are not inputs: the version control's own and compiled bytecode.
+NOT_INPUTS = (".git", "__pycache__", ".venv", "var")
 # Files a copy hard-links: written once and only ever replaced whole (a folder or file swapped in).
 LINKED_SUFFIXES = (".parquet",)
 # Copied files that may name the home's path (configuration and JSON records).
@@ -69,19 +71,35 @@ class ReferenceLake:
     events: dict
 
 
-def code_key() -> str:
-    """A hash of the parameters and of every file of the code that builds the lake."""
+def code_key(files: list[str]) -> str:
+    """A hash of the parameters, the Python version and the content of `files` (paths relative to the
+    repository); a file that is gone keys differently from any content."""
+    import sys
+
     digest = hashlib.sha256(json.dumps(SPEC, sort_keys=True).encode())
-    digest.update(Path(__file__).read_bytes())
-    for name in CODE:
-        root = REPO / name
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in files:
-            if "__pycache__" in path.parts or path.suffix == ".pyc":
-                continue
-            digest.update(str(path.relative_to(REPO)).encode())
-            digest.update(path.read_bytes())
+    digest.update(sys.version.encode())
+    for name in sorted(set(files) | set(ALWAYS)):
+        path = REPO / name
+        digest.update(name.encode() + b"\0")
+        digest.update(path.read_bytes() if path.is_file() else b"\0missing\0")
     return digest.hexdigest()[:16]
+
+
+def _inputs_of(done: Path) -> Path:
+    return done.with_name(f"{done.name}.inputs.json")
+
+
+def find_cached(root: Path) -> Path | None:
+    """The cached lake whose recorded inputs still hash to its key (each lake records the files its build
+    read, `_inputs_of`), or None: a lake whose inputs changed is stale and never read again."""
+    for inputs in sorted(root.glob("lake-*.inputs.json")):
+        done = root / inputs.name.removesuffix(".inputs.json")
+        files = json.loads(inputs.read_text())["files"]
+        key = code_key(files)
+        print(f"reference lake: {done.name} recorded {len(files)} input files, which key {key} now")
+        if done.name == f"lake-{key}" and (done / EVENTS_FILE).is_file():
+            return done
+    return None
 
 
 def cache_root() -> Path:
@@ -167,25 +185,66 @@ def _build(home: Path, phases: Path) -> dict:
 
 
 def cached_lake() -> tuple[Path, dict]:
-    """The reference lake's home in the cache, built first where it is missing; one builder at a time
-    across processes (parallel test workers wait for the first one's build)."""
+    """The reference lake's home in the cache, built first where none is current; one builder at a time
+    across processes (parallel test workers wait for the first one's build).
+
+    The key covers what the build read, not folders of the repository: the build runs in a process of its
+    own (`python -m tests.lake`), which records every file of the repository it imported or opened; a lake
+    is current while those files, the lock file, this module and SPEC hash to its key (`find_cached`). A
+    change elsewhere (training, serving, DAGs, the other tests, docs) keeps the lake; a change to anything
+    it read builds a new one."""
+    import subprocess
+    import sys
+
     from tests.conftest import machine_lock
 
-    key = code_key()
     root = cache_root()
-    done = root / f"lake-{key}"
-    with machine_lock(f"reference-lake-{key}"):
-        if not (done / EVENTS_FILE).is_file():
-            root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    with machine_lock("reference-lake"):
+        done = find_cached(root)
+        if done is None:
             for stale in root.glob("lake-*"):  # an older code's lake: never read again
-                shutil.rmtree(stale, ignore_errors=True)
+                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
             staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-            events = _build(staging / "home", staging / "phases")
-            (staging / "home" / EVENTS_FILE).write_text(json.dumps(events, indent=1, default=str))
+            subprocess.run([sys.executable, "-m", "tests.lake", str(staging)], cwd=REPO, check=True)
+            files = json.loads((staging / "inputs.json").read_text())["files"]
+            done = root / f"lake-{code_key(files)}"
+            print(f"reference lake: built {done.name} from {len(files)} input files")
             os.rename(staging / "phases", phases_of(done))
+            os.rename(staging / "inputs.json", _inputs_of(done))
             os.rename(staging / "home", done)  # last: the events file inside says the build is whole
             staging.rmdir()
     return done, json.loads((done / EVENTS_FILE).read_text())
+
+
+def _build_in_this_process(staging: Path) -> None:
+    """`python -m tests.lake STAGING`: the build into STAGING/home and STAGING/phases, and the repository's
+    files it read (imported or opened) in STAGING/inputs.json."""
+    import sys
+
+    opened: set[str] = set()
+
+    def audit(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], str):
+            opened.add(args[0])
+
+    sys.addaudithook(audit)
+    events = _build(staging / "home", staging / "phases")
+    (staging / "home" / EVENTS_FILE).write_text(json.dumps(events, indent=1, default=str))
+    read = opened | {getattr(m, "__file__", None) or "" for m in list(sys.modules.values())}
+    files = sorted({relative for path in read if (relative := _repository_file(path)) is not None})
+    (staging / "inputs.json").write_text(json.dumps({"files": files}, indent=1))
+
+
+def _repository_file(path: str) -> str | None:
+    """`path` relative to the repository when it is one of its files and an input of the build."""
+    try:
+        relative = Path(os.path.abspath(path)).relative_to(REPO)
+    except ValueError:
+        return None
+    if not relative.parts or relative.parts[0] in NOT_INPUTS or "__pycache__" in relative.parts:
+        return None
+    return str(relative) if (REPO / relative).is_file() else None
 
 
 def phases_of(done: Path) -> Path:
@@ -247,3 +306,9 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }
+
+
+if __name__ == "__main__":
+    import sys
+
+    _build_in_this_process(Path(sys.argv[1]))

@@ -6,6 +6,7 @@ it was. The lake holds what it promises: every fault kind, reconciled, with gold
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import date, timedelta
 
 from core.settings import Settings
@@ -63,20 +64,50 @@ def test_writers_on_a_copy_leave_the_cached_lake_unchanged(spark, tmp_path, monk
     assert still_linked, "the untouched dates' files stay shared"
 
 
-def test_a_changed_parameter_or_code_file_keys_a_new_lake(monkeypatch, tmp_path):
-    key = reference.code_key()
-    monkeypatch.setitem(reference.SPEC, "rows_per_day", reference.SPEC["rows_per_day"] + 1)
-    assert reference.code_key() != key
-    monkeypatch.setitem(reference.SPEC, "rows_per_day", reference.SPEC["rows_per_day"] - 1)
-    assert reference.code_key() == key
-    code = tmp_path / "repo"
-    (code / "core").mkdir(parents=True)
-    (code / "core" / "module.py").write_text("A = 1\n")
+def test_a_lake_is_current_while_the_files_its_build_read_are_unchanged(monkeypatch, tmp_path):
+    """find_cached against a lake recorded as built from two files: kept while they and the parameters
+    hold, stale (None: rebuilt) when a file it read changes or goes, or a parameter changes; a file it did
+    not read changes nothing."""
+    code, root = tmp_path / "repo", tmp_path / "cache"
+    (code / "pipelines").mkdir(parents=True)
+    root.mkdir()
+    for name in ("read.py", "other.py"):
+        (code / "pipelines" / name).write_text("A = 1\n")
     monkeypatch.setattr(reference, "REPO", code)
-    monkeypatch.setattr(reference, "CODE", ("core",))
-    first = reference.code_key()
-    (code / "core" / "module.py").write_text("A = 2\n")
-    assert reference.code_key() != first
+    files = ["pipelines/read.py", "params.yaml"]
+    (code / "params.yaml").write_text("seed: 5\n")
+    done = root / f"lake-{reference.code_key(files)}"
+    done.mkdir()
+    (done / reference.EVENTS_FILE).write_text("{}")
+    (root / f"{done.name}.inputs.json").write_text(json.dumps({"files": files}))
+
+    assert reference.find_cached(root) == done
+    (code / "pipelines" / "other.py").write_text("A = 2\n")
+    assert reference.find_cached(root) == done, "a file the build did not read keeps the lake"
+    (code / "pipelines" / "read.py").write_text("A = 2\n")
+    assert reference.find_cached(root) is None
+    (code / "pipelines" / "read.py").write_text("A = 1\n")
+    assert reference.find_cached(root) == done
+    monkeypatch.setitem(reference.SPEC, "rows_per_day", reference.SPEC["rows_per_day"] + 1)
+    assert reference.find_cached(root) is None
+    monkeypatch.setitem(reference.SPEC, "rows_per_day", reference.SPEC["rows_per_day"] - 1)
+    (code / "params.yaml").unlink()
+    assert reference.find_cached(root) is None
+
+
+def test_the_build_records_the_product_code_it_read_and_not_the_rest(tmp_path):
+    """The cached lake's recorded inputs: the ingestion, gold and suite files it ran, never the scoring
+    service, the DAGs or another test module."""
+    done, _ = reference.cached_lake()
+    files = json.loads((done.with_name(f"{done.name}.inputs.json")).read_text())["files"]
+    for needed in (
+        "pipelines/ingest/job.py",
+        "pipelines/gold/transforms.py",
+        "pipelines/expectations/silver_transactions.json",
+        "core/settings.py",
+    ):
+        assert needed in files
+    assert not [f for f in files if f.startswith(("serving/", "dags/", "docs/", "tests/integration/"))], files
 
 
 def test_the_reference_lake_holds_every_fault_kind_reconciled(spark, tmp_path):
