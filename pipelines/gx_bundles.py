@@ -37,7 +37,7 @@ PAIR_ONLY_KEYS = ("ignore_row_if",)
 _saved: dict[str, Any] = {}
 
 
-def _pair_metric_classes() -> list[type]:
+def _pair_metric_classes() -> list[Any]:
     from great_expectations.expectations.metrics.map_metric_provider.column_pair_map_metric_provider import (
         ColumnPairMapMetricProvider,
     )

@@ -51,10 +51,14 @@ COPY --chown=50000:0 pyproject.toml requirements.lock scripts/uv_install.py ./
 # uv installs them (its version the lock's, removed after): it downloads and unpacks on every core, where pip
 # goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
 # find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
-RUN mkdir core pipelines features model_contract training serving monitoring orchestration mlops && touch README.md \
+# Its cache is a build cache mount, outside the image's layers: when the lock changes, this layer is built
+# again but only the packages not in the cache are downloaded and unpacked (copied out: --link-mode copy).
+RUN --mount=type=cache,id=mlops-fraud-uv-50000,target=/var/cache/uv,uid=50000,gid=0 \
+    mkdir core pipelines features model_contract training serving monitoring orchestration mlops \
+ && touch README.md \
  && pip install "$(grep -m1 '^uv==' requirements.lock)" \
- && python uv_install.py /opt/venv/bin/uv --no-cache --compile-bytecode --python /opt/venv/bin/python \
-      --constraint requirements.lock ".[airflow,data,cluster]" \
+ && python uv_install.py /opt/venv/bin/uv --cache-dir /var/cache/uv --link-mode copy --compile-bytecode \
+      --python /opt/venv/bin/python --constraint requirements.lock ".[airflow,data,cluster]" \
  && pip uninstall --yes mlops-fraud uv \
  && rm uv_install.py
 COPY --chown=50000:0 README.md ./

@@ -30,9 +30,13 @@ COPY pyproject.toml requirements.lock scripts/uv_install.py ./
 # uv installs them (its version the lock's, removed after): it downloads and unpacks on every core, where pip
 # goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
 # find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
-RUN mkdir core pipelines features model_contract training serving monitoring orchestration mlops && touch README.md \
+# Its cache is a build cache mount, outside the image's layers: when the lock changes, this layer is built
+# again but only the packages not in the cache are downloaded and unpacked (copied out: --link-mode copy).
+RUN --mount=type=cache,id=mlops-fraud-uv,target=/var/cache/uv \
+    mkdir core pipelines features model_contract training serving monitoring orchestration mlops \
+ && touch README.md \
  && /opt/venv/bin/pip install "$(grep -m1 '^uv==' requirements.lock)" \
- && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv --no-cache --compile-bytecode \
+ && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv --cache-dir /var/cache/uv --link-mode copy --compile-bytecode \
       --python /opt/venv/bin/python --constraint requirements.lock ".[serving,cluster]" \
  && /opt/venv/bin/pip uninstall --yes mlops-fraud uv \
  && /opt/venv/bin/python -c "import importlib.util as u, sys; \

@@ -51,7 +51,11 @@ COPY pyproject.toml requirements.lock requirements-gpu.lock scripts/uv_install.p
 # uv installs them (its version the lock's, removed after): it downloads and unpacks on every core, where pip
 # goes one package after another. uv reads no pip configuration, so scripts/uv_install.py hands it pip's (the
 # find-links with a CPU torch build, index mirrors, constraints, a proxy's CA bundle), as in the bootstrap.
-RUN mkdir core pipelines features model_contract training serving monitoring orchestration mlops && touch README.md \
+# Its cache is a build cache mount, outside the image's layers: when the lock changes, this layer is built
+# again but only the packages not in the cache are downloaded and unpacked (copied out: --link-mode copy).
+RUN --mount=type=cache,id=mlops-fraud-uv,target=/var/cache/uv \
+    mkdir core pipelines features model_contract training serving monitoring orchestration mlops \
+ && touch README.md \
  && case "$TORCH_BUILD" in \
       cuda) torch_build="--without-find-links --requirement requirements-gpu.lock" \
             cuda=$(sed -n 's/^# torch.version.cuda = //p' requirements-gpu.lock) ;; \
@@ -59,7 +63,7 @@ RUN mkdir core pipelines features model_contract training serving monitoring orc
       *) echo "TORCH_BUILD must be cuda or cpu, not '$TORCH_BUILD'" >&2; exit 1 ;; \
     esac \
  && /opt/venv/bin/pip install "$(grep -m1 '^uv==' requirements.lock)" \
- && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv $torch_build --no-cache --compile-bytecode \
+ && /opt/venv/bin/python uv_install.py /opt/venv/bin/uv $torch_build --cache-dir /var/cache/uv --link-mode copy --compile-bytecode \
       --python /opt/venv/bin/python --constraint requirements.lock ".[training,cluster]" \
  && /opt/venv/bin/python -c 'import sys, torch; built = str(torch.version.cuda); \
 assert built == sys.argv[1], f"torch {torch.__version__} is built for CUDA {built}, not {sys.argv[1]}"' "$cuda" \

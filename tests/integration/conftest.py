@@ -44,14 +44,51 @@ def postgres_database():
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
-    """A migrated Airflow metadata database (SQLite) in this test session's AIRFLOW_HOME."""
+    """A migrated Airflow metadata database (SQLite) in this test session's AIRFLOW_HOME: a copy of the one
+    migrated for this lock file and Python (`cached_file`), migrated here first where there is none."""
     home = Path(os.environ["AIRFLOW_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    airflow = Path(sys.executable).with_name("airflow")
-    subprocess.run(
-        [str(airflow), "db", "migrate"], check=True, capture_output=True, env=os.environ.copy(), timeout=600
-    )
+    database = home / "airflow.db"
+    assert os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith(f"/{database}")
+    key_parts = [(REPO / "requirements.lock").read_bytes(), sys.version.encode(), b"airflow db migrate"]
+    shutil.copy(cached_file("airflow-db", key_parts, _migrate_airflow_db), database)
     return home
+
+
+def _migrate_airflow_db(target: Path) -> None:
+    """`airflow db migrate` into an empty SQLite file `target` (the session's Airflow settings otherwise)."""
+    airflow = Path(sys.executable).with_name("airflow")
+    env = os.environ | {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{target}"}
+    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, env=env, timeout=600)
+
+
+def cached_file(name: str, key_parts: list[bytes], build) -> Path:
+    """A file that `build(path)` writes, kept in the tests' cache (tests/lake.py `cache_root`) under a hash
+    of `key_parts`: built where that key's file is missing (an older key's is removed), printed either way.
+    One builder at a time across processes; a file is only ever renamed in whole."""
+    import hashlib
+
+    from tests.conftest import machine_lock
+    from tests.lake import cache_root
+
+    digest = hashlib.sha256()
+    for part in key_parts:
+        digest.update(hashlib.sha256(part).digest())
+    key = digest.hexdigest()[:16]
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    cached = root / f"{name}-{key}"
+    with machine_lock(f"cache-{name}"):
+        if cached.is_file():
+            print(f"test cache: {cached.name} kept")
+            return cached
+        for stale in root.glob(f"{name}-*"):
+            stale.unlink()
+        staging = root / f".{name}-{key}.{os.getpid()}"
+        build(staging)
+        os.rename(staging, cached)
+        print(f"test cache: {cached.name} built")
+    return cached
 
 
 def dag_run_states(run) -> dict[str, str]:

@@ -47,3 +47,23 @@ def test_the_key_is_printed_a_kept_venv_is_reused_and_a_stale_key_rebuilds(tmp_p
     assert changed != first and changed.parent == cache
     assert "creating" in log and f"key {changed.name.removeprefix('venv-infra-')}" in log
     assert (changed / "bin" / "python").exists() and (first / "bin" / "python").exists()
+
+
+def test_a_cached_test_file_is_kept_for_its_key_and_rebuilt_for_another(tmp_path, monkeypatch, capsys):
+    """tests/integration/conftest.py `cached_file` (the migrated Airflow database): the same key reads the
+    kept file without building; a changed key part (the lock file, say) builds anew and drops the old one."""
+    from tests.integration.conftest import cached_file
+
+    monkeypatch.setenv("MLOPS_TEST_CACHE", str(tmp_path / "cache"))
+    builds: list[Path] = []
+
+    def build(target: Path) -> None:
+        builds.append(target)
+        target.write_text(f"build {len(builds)}")
+
+    first = cached_file("thing", [b"lock 1", b"python"], build)
+    assert first.read_text() == "build 1" and "thing-" in capsys.readouterr().out
+    assert cached_file("thing", [b"lock 1", b"python"], build) == first and len(builds) == 1
+    second = cached_file("thing", [b"lock 2", b"python"], build)
+    assert second != first and second.read_text() == "build 2"
+    assert not first.exists(), "the stale key's file is removed"
