@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from datetime import date, timedelta
 
 import pytest
 
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 from pipelines.ingest import job as ingest
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
 from tests.integration.conftest import dag_run_states
+from tests.lake import _link_tree
 
 FIRST = date(2026, 1, 5)
 LAST = FIRST + timedelta(days=2)
 
 
-@pytest.fixture
-def silver_days(spark):
-    settings = get_settings()
+@pytest.fixture(scope="module")
+def silver_built(spark, tmp_path_factory):
+    """Three days through bronze, silver and labels, once for the module (about a minute of Spark)."""
+    settings = Settings(home=tmp_path_factory.mktemp("features-dag") / "home")
+    settings.ensure_dirs()
     generate_landing(
         GenerateRequest(
             start=FIRST,
@@ -37,6 +41,16 @@ def silver_days(spark):
         ingest.ingest_to_bronze(settings, day, "t")
         ingest.build_silver(settings, day, "t")
         ingest.ingest_labels(settings, day, "t")
+    return settings.home
+
+
+@pytest.fixture
+def silver_days(silver_built):
+    """The module's three silver days as this test's own installation: a copy (tests/lake.py `_link_tree`:
+    Parquet hard-linked, the rest copied with the built home's path replaced)."""
+    settings = get_settings()
+    shutil.rmtree(settings.home, ignore_errors=True)
+    _link_tree(silver_built, settings.home, str(silver_built))
     return settings
 
 
