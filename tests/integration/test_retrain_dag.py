@@ -6,55 +6,30 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from core.settings import get_settings
-from pipelines.ingest import job as ingest
-from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests import lake as reference
 from tests.gate_rule import decision_by_auc_pr
 from tests.integration.conftest import dag_run_states
 from training.registry import GatePolicy
 
-FIRST = date(2026, 1, 1)
-DAYS = 3
-LAST = FIRST + timedelta(days=DAYS - 1)
+DAYS = reference.DAYS
+LAST = DAYS[-1]
 
 
 @pytest.fixture(scope="module")
 def features_home(tmp_path_factory, spark):
-    """An installation with DAYS days ingested and featurized (module-scoped: built once)."""
-    from mlops import chain
-
-    home = tmp_path_factory.mktemp("retrain-home")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("MLOPS_HOME", str(home))
-    get_settings.cache_clear()
-    settings = get_settings()
-    settings.ensure_dirs()
-    generate_landing(
-        GenerateRequest(
-            start=FIRST, days=DAYS, rows_per_day=2500, seed=13, landing=settings.landing, customers=300,
-            merchants=60,
-        )
-    )  # fmt: skip
-    for offset in range(DAYS):
-        day = FIRST + timedelta(days=offset)
-        ingest.ingest_to_bronze(settings, day, "t")
-        ingest.build_silver(settings, day, "t")
-        ingest.ingest_labels(settings, day, "t")
-        chain.features(settings, day)
-    patch.undo()
-    get_settings.cache_clear()
-    return home
+    """A copy of the reference lake (tests/lake.py: four featurized days of a feed with every fault kind),
+    once for the module; each test takes its own copy of it (`_copy`)."""
+    return reference.reference_lake(tmp_path_factory.mktemp("retrain-home") / "home").home
 
 
 def _point_at(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,8 +41,9 @@ def _point_at(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _copy(features_home: Path, to: Path) -> Path:
     """An installation of its own, featurized as `features_home` is: what one test registers, promotes or
-    tunes there no other test sees, so each passes alone and in any order."""
-    shutil.copytree(features_home, to, symlinks=True)
+    tunes there no other test sees, so each passes alone and in any order (Parquet hard-linked, the rest
+    copied, Feast's registry applied to the copy: tests/lake.py `copy_home`)."""
+    reference.copy_home(features_home, to, str(features_home))
     return to
 
 
