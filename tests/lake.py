@@ -196,7 +196,7 @@ def cached_lake() -> tuple[Path, dict]:
     import subprocess
     import sys
 
-    from tests.conftest import machine_lock
+    from tests.conftest import child_env, machine_lock
 
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,9 @@ def cached_lake() -> tuple[Path, dict]:
             for stale in root.glob("lake-*"):  # an older code's lake: never read again
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
             staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-            subprocess.run([sys.executable, "-m", "tests.lake", str(staging)], cwd=REPO, check=True)
+            subprocess.run(
+                [sys.executable, "-m", "tests.lake", str(staging)], cwd=REPO, env=child_env(), check=True
+            )
             files = json.loads((staging / "inputs.json").read_text())["files"]
             done = root / f"lake-{code_key(files)}"
             print(f"reference lake: built {done.name} from {len(files)} input files")

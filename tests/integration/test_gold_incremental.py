@@ -10,7 +10,6 @@ reads only the silver arrivals it needs, and that rewriting an old arrival's sil
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pipelines.gold import job as gold
 from pipelines.gold import state
 from pipelines.gold.contract import CUSTOMER_TABLE, MERCHANT_TABLE, table_path
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
+from tests.conftest import child_env
 
 FIRST = date(2026, 3, 1)
 DAYS = 33
@@ -295,7 +295,7 @@ def test_a_rebuild_in_another_jvm_writes_byte_identical_files(history):
     mlops = str(Path(sys.executable).with_name("mlops"))
     subprocess.run(
         [mlops, "features", "--date", LAST.isoformat(), "--step", "build_gold", "--json"],
-        env={**os.environ, "MLOPS_HOME": str(settings.home), "MLOPS_SPARK_SHUFFLE_PARTITIONS": "2"},
+        env=child_env(MLOPS_HOME=str(settings.home), MLOPS_SPARK_SHUFFLE_PARTITIONS="2"),
         check=True,
         capture_output=True,
     )

@@ -5,7 +5,6 @@ the `mlops` commands on the same installation: retrain, history and rollback."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 
 from core.settings import get_settings
 from tests import lake as reference
+from tests.conftest import child_env
 from tests.gate_rule import decision_by_auc_pr
 from tests.integration.conftest import dag_run_states
 from training.registry import GatePolicy
@@ -81,7 +81,7 @@ def dag_retrain(features_home, airflow_db, tmp_path_factory) -> Iterator[DagRetr
 def _mlops(*args: str) -> tuple[int, dict]:
     done = subprocess.run(
         [str(Path(sys.executable).with_name("mlops")), *args, "--json"],
-        capture_output=True, text=True, env=os.environ.copy(), timeout=900,
+        capture_output=True, text=True, env=child_env(), timeout=900,
     )  # fmt: skip
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
