@@ -21,6 +21,7 @@ from pipelines.gold.contract import (
     CUSTOMER_FEATURES,
     CUSTOMER_TABLE,
     EVENT_TIMESTAMP,
+    FEATURES,
     MERCHANT_FEATURES,
     MERCHANT_TABLE,
     table_path,
@@ -44,12 +45,9 @@ FEATURE_SERVICE = "fraud_model_v1"
 CUSTOMER_TTL = timedelta(days=30)
 MERCHANT_TTL = timedelta(days=7)
 
-# Counts are int64 in the contract; every other feature (sums, means, std, shares, rates, seconds) float64.
-INTEGER_FEATURES: frozenset[str] = frozenset(
-    name
-    for name in (*CUSTOMER_FEATURES, *MERCHANT_FEATURES)
-    if "_count_" in name or name.endswith(("_distinct_merchants_24h", "_chargebacks_30d"))
-)
+# Each feature's type is its declaration's (pipelines/gold/contract.py FEATURES): counts int64, every other
+# feature (sums, means, std, shares, rates, seconds) float64.
+INTEGER_FEATURES: frozenset[str] = frozenset(f.name for f in FEATURES if f.dtype == "int64")
 
 
 @dataclass(frozen=True)

@@ -75,11 +75,10 @@ from typing import TYPE_CHECKING, Any
 from features.definitions import CUSTOMER_JOIN_KEY, CUSTOMER_TTL, MERCHANT_JOIN_KEY, MERCHANT_TTL
 from pipelines.contracts import CURRENCY_PER_USD, HOME_COUNTRIES
 from pipelines.gold.contract import (
-    CUSTOMER_FEATURES,
     EVENT_TIMESTAMP,
     LOOKBACK_DAYS,
-    MERCHANT_FEATURES,
     WINDOWS,
+    features_of,
 )
 from pipelines.lake import Tables
 
@@ -548,23 +547,18 @@ class _Customer:
             _stddev_from_sums(usd_[week:hi]),
             _stddev_from_sums(usd_[month:hi]),
         )
+        computed: dict[_Key, Any] = {
+            ("merchant_id", "distinct_count", "24h"): len(set(merchants[day:hi])),
+            ("transaction", "time_since_previous", None): self._seconds_since_previous(i, times, arrival),
+            ("is_foreign", "share", "30d"): sum(foreign[month:hi]) / (hi - month),
+        }
+        for window, (n, total, mean, std) in zip(WINDOWS, windows, strict=True):
+            computed["transaction", "count", window] = n
+            computed["amount_usd", "sum", window] = total
+            computed["amount_usd", "mean", window] = mean
+            computed["amount_usd", "std", window] = std
         row: Row = {CUSTOMER_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(times[i])}
-        row.update(
-            zip(
-                CUSTOMER_FEATURES,
-                (
-                    *(n for n, _, _, _ in windows),
-                    *(total for _, total, _, _ in windows),
-                    *(mean for _, _, mean, _ in windows),
-                    *(std for _, _, _, std in windows),
-                    len(set(merchants[day:hi])),
-                    self._seconds_since_previous(i, times, arrival),
-                    sum(foreign[month:hi]) / (hi - month),
-                ),
-                strict=True,
-            )
-        )
-        return row
+        return _fill(row, _CUSTOMER_DECLARED, computed)
 
     def _seconds_since_previous(self, i: int, times: Sequence[int], arrival: Sequence[int]) -> float | None:
         t = times[i] // US_PER_MS
@@ -661,22 +655,38 @@ class _Merchant:
         week = bisect_left(times, (t - _WEEK_MS + 1) * US_PER_MS, 0, day)
         month = bisect_left(times, (t - _MONTH_MS + 1) * US_PER_MS, 0, week)
         reported = bisect_right(chargebacks, t) - bisect_right(chargebacks, t - _MONTH_MS)
+        computed: dict[_Key, Any] = {
+            ("transaction", "count", "24h"): hi - day,
+            ("transaction", "count", "7d"): hi - week,
+            ("amount_usd", "sum", "24h"): cum[hi] - cum[day],
+            ("amount_usd", "sum", "7d"): cum[hi] - cum[week],
+            ("chargeback", "count", "30d"): reported,
+            ("chargeback", "per_transaction", "30d"): reported / (hi - month),
+        }
         row: Row = {MERCHANT_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(times[i])}
-        row.update(
-            zip(
-                MERCHANT_FEATURES,
-                (
-                    hi - day,
-                    hi - week,
-                    cum[hi] - cum[day],
-                    cum[hi] - cum[week],
-                    reported,
-                    reported / (hi - month),
-                ),
-                strict=True,
-            )
-        )
-        return row
+        return _fill(row, _MERCHANT_DECLARED, computed)
+
+
+# What a feature computes, by its declaration (pipelines/gold/contract.py Feature.key): (input, aggregation,
+# window). A row is filled by these keys, never by the position of a name.
+_Key = tuple[str, str, str | None]
+_CUSTOMER_DECLARED: tuple[tuple[str, _Key], ...] = tuple((f.name, f.key) for f in features_of("customer"))
+_MERCHANT_DECLARED: tuple[tuple[str, _Key], ...] = tuple((f.name, f.key) for f in features_of("merchant"))
+
+
+def _fill(row: Row, declared: tuple[tuple[str, _Key], ...], computed: dict[_Key, Any]) -> Row:
+    """`row` with each declared feature's value, looked up by what the feature computes. A declared feature
+    that the live state does not compute is a ValueError naming it (every scored request would fail)."""
+    try:
+        for name, key in declared:
+            row[name] = computed[key]
+    except KeyError as missing:
+        raise ValueError(
+            f"feature {name!r} ({key[1]} of {key[0]} over {key[2]}) is declared in "
+            f"pipelines/gold/contract.py but the live state (features/live.py) does not compute "
+            f"{missing.args[0]}: it computes {sorted(computed, key=str)}"
+        ) from None
+    return row
 
 
 def _stddev_samp(values: Sequence[float]) -> tuple[int, float, float, float | None]:

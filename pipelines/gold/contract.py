@@ -10,6 +10,7 @@ Amounts are aggregated in US dollars (CURRENCY_PER_USD), so cardholders of diffe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -22,23 +23,140 @@ PARTITION_COLUMN = "event_date"
 EVENT_TIMESTAMP = "event_timestamp"
 CREATED_TIMESTAMP = "created_timestamp"
 
-CUSTOMER_FEATURES: tuple[str, ...] = (
-    *(f"customer_txn_count_{w}" for w in WINDOWS),
-    *(f"customer_amount_sum_{w}" for w in WINDOWS),
-    *(f"customer_amount_mean_{w}" for w in WINDOWS),
-    *(f"customer_amount_std_{w}" for w in WINDOWS),
-    "customer_distinct_merchants_24h",
-    "customer_seconds_since_previous",
-    "customer_foreign_share_30d",
-)
-MERCHANT_FEATURES: tuple[str, ...] = (
-    "merchant_txn_count_24h",
-    "merchant_txn_count_7d",
-    "merchant_amount_sum_24h",
-    "merchant_amount_sum_7d",
-    "merchant_chargebacks_30d",  # chargebacks reported by the event time, for transactions in (t - 30d, t]
-    "merchant_fraud_rate_30d",  # merchant_chargebacks_30d / merchant transactions in (t - 30d, t]
-)
+# Inputs a feature aggregates: a column of the transaction or an expression over it (pipelines/gold/
+# transforms.py computes them once per transaction; features/live.py from the same transaction online).
+INPUTS = {
+    "transaction": "the transaction itself (counted)",
+    "amount_usd": "the amount in US dollars (amount / CURRENCY_PER_USD[currency])",
+    "merchant_id": "the merchant's pseudonym",
+    "is_foreign": "1 when the country is not the currency's home country (HOME_COUNTRIES), else 0",
+    "chargeback": "a fraud chargeback attributed to the merchant, at the time it was reported",
+}
+# Aggregations over a window (t - w, t]; "time_since_previous" has no window.
+AGGREGATIONS = {
+    "count": "how many",
+    "sum": "their sum",
+    "mean": "their mean",
+    "std": "their sample standard deviation (null below two)",
+    "distinct_count": "how many distinct values",
+    "share": "the share of the entity's transactions for which the input is 1",
+    "per_transaction": "how many of the input per transaction of the entity in the window",
+    "time_since_previous": "seconds since the entity's previous transaction (null: none in the lookback)",
+}
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One gold feature, declared once: its entity, the input it aggregates, how, over which window, its
+    type and what it means. The gold tables' columns, the Feast views' types, the scoring service's live
+    rows and the model's inputs all follow from FEATURES (docs/data-engineers.md, "Add a feature")."""
+
+    name: str
+    entity: str  # "customer" or "merchant"
+    input: str  # a key of INPUTS
+    aggregation: str  # a key of AGGREGATIONS
+    window: str | None  # a key of WINDOWS; None for time_since_previous
+    dtype: str  # "int64" or "float64"
+    description: str
+
+    def __post_init__(self) -> None:
+        where = f"feature {self.name!r} (pipelines/gold/contract.py FEATURES)"
+        if self.entity not in ENTITIES:
+            raise ValueError(f"{where}: entity {self.entity!r} is not one of {sorted(ENTITIES)}")
+        if self.input not in INPUTS:
+            raise ValueError(f"{where}: input {self.input!r} is not one of {sorted(INPUTS)}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"{where}: aggregation {self.aggregation!r} is not one of {sorted(AGGREGATIONS)}"
+            )
+        if (self.window is None) != (self.aggregation == "time_since_previous"):
+            raise ValueError(
+                f"{where}: window {self.window!r}: every aggregation but time_since_previous has one"
+            )
+        if self.window is not None and self.window not in WINDOWS:
+            raise ValueError(f"{where}: window {self.window!r} is not one of {sorted(WINDOWS)}")
+        if self.dtype not in ("int64", "float64"):
+            raise ValueError(f"{where}: dtype {self.dtype!r} is not int64 or float64")
+        if not self.name.startswith(f"{self.entity}_"):
+            raise ValueError(f"{where}: a feature's name starts with its entity ({self.entity}_)")
+
+    @property
+    def key(self) -> tuple[str, str, str | None]:
+        """What the feature computes, independent of its name: (input, aggregation, window)."""
+        return (self.input, self.aggregation, self.window)
+
+
+ENTITIES = ("customer", "merchant")
+
+
+def _windowed(entity: str, stem: str, input_: str, aggregation: str, dtype: str, what: str) -> list[Feature]:
+    return [
+        Feature(f"{entity}_{stem}_{w}", entity, input_, aggregation, w, dtype, f"{what} in the last {w}")
+        for w in WINDOWS
+    ]
+
+
+# Every gold feature, in the order of the gold tables' columns (the order is the tables' bytes: keep it and
+# add a new feature at the end of its entity's).
+FEATURES: tuple[Feature, ...] = (
+    *_windowed("customer", "txn_count", "transaction", "count", "int64", "the customer's transactions"),
+    *_windowed("customer", "amount_sum", "amount_usd", "sum", "float64", "USD the customer spent"),
+    *_windowed("customer", "amount_mean", "amount_usd", "mean", "float64", "mean USD amount"),
+    *_windowed("customer", "amount_std", "amount_usd", "std", "float64", "sample std of the USD amounts"),
+    Feature(
+        "customer_distinct_merchants_24h", "customer", "merchant_id", "distinct_count", "24h", "int64",
+        "distinct merchants the customer paid in the last 24h",
+    ),
+    Feature(
+        "customer_seconds_since_previous", "customer", "transaction", "time_since_previous", None, "float64",
+        "seconds since the customer's previous transaction within the lookback",
+    ),
+    Feature(
+        "customer_foreign_share_30d", "customer", "is_foreign", "share", "30d", "float64",
+        "share of the customer's transactions in the last 30d made abroad",
+    ),
+    Feature(
+        "merchant_txn_count_24h", "merchant", "transaction", "count", "24h", "int64",
+        "the merchant's transactions in the last 24h",
+    ),
+    Feature(
+        "merchant_txn_count_7d", "merchant", "transaction", "count", "7d", "int64",
+        "the merchant's transactions in the last 7d",
+    ),
+    Feature(
+        "merchant_amount_sum_24h", "merchant", "amount_usd", "sum", "24h", "float64",
+        "USD the merchant took in the last 24h",
+    ),
+    Feature(
+        "merchant_amount_sum_7d", "merchant", "amount_usd", "sum", "7d", "float64",
+        "USD the merchant took in the last 7d",
+    ),
+    Feature(
+        "merchant_chargebacks_30d", "merchant", "chargeback", "count", "30d", "int64",
+        "chargebacks reported by the event time, for the merchant's transactions in (t - 30d, t]",
+    ),
+    Feature(
+        "merchant_fraud_rate_30d", "merchant", "chargeback", "per_transaction", "30d", "float64",
+        "merchant_chargebacks_30d / the merchant's transactions in (t - 30d, t]",
+    ),
+)  # fmt: skip
+
+
+def features_of(entity: str) -> tuple[Feature, ...]:
+    return tuple(f for f in FEATURES if f.entity == entity)
+
+
+def _unique(features: tuple[Feature, ...]) -> tuple[Feature, ...]:
+    names = [f.name for f in features]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"pipelines/gold/contract.py FEATURES declares {twice} more than once")
+    return features
+
+
+CUSTOMER_FEATURES: tuple[str, ...] = tuple(f.name for f in _unique(features_of("customer")))
+MERCHANT_FEATURES: tuple[str, ...] = tuple(f.name for f in _unique(features_of("merchant")))
+FEATURE_BY_NAME: dict[str, Feature] = {f.name: f for f in FEATURES}
 
 
 def gold_root(lake: Path) -> Path:
