@@ -11,10 +11,11 @@ test, the quarantine rules derive from the same contracts, and a model's lineage
 gold passed beside the commit of the code; suites swapped in by a deployment would make both claims false.
 Changing a suite is a change to this package, reviewed and released like any other.
 
-The files stay files (reviewed in a diff, dependencies of the DVC stages, shown in data docs), but the three
-landing suites are written by this module, never by hand: `python -m pipelines.suites` rewrites them in
-the package's folder, and tests/unit/test_contract_suites.py fails when a file and the contract disagree.
-The two gold suites (`gold_<table>.json`) are edited by hand.
+The files stay files (reviewed in a diff, dependencies of the DVC stages, shown in data docs), but every
+suite is written by this module, never by hand: `python -m pipelines.suites` rewrites them in the package's
+folder, and tests/unit/test_contract_suites.py fails when a file and its source disagree. The three landing
+suites come from the data contracts (pipelines/contracts.py), the two gold suites (`gold_<table>.json`)
+from the feature declarations (pipelines/gold/contract.py FEATURES).
 
 A suite has two parts. The row-level expectations mirror the row rules of ingestion, so they are a
 cross-check that must pass (every row that fails one was quarantined before the table was written). The
@@ -52,14 +53,21 @@ GENERATED_SUITES: dict[str, tuple[TableContract, str]] = {
 
 
 def gold_suite_name(table: str) -> str:
-    """The suite that validates the gold table `table` (written by hand, not generated)."""
+    """The suite that validates the gold table `table` (generated from the feature declarations)."""
     return f"gold_{table}"
+
+
+# Gold suite name -> the entity whose declared features (pipelines/gold/contract.py FEATURES) it checks.
+GOLD_SUITES: dict[str, str] = {
+    gold_suite_name(CUSTOMER_TABLE): "customer",
+    gold_suite_name(MERCHANT_TABLE): "merchant",
+}
 
 
 # Every suite the pipeline validates with: the generated landing suites, then the gold ones.
 SUITE_NAMES: tuple[str, ...] = (
     *GENERATED_SUITES,
-    *(gold_suite_name(table) for table in (CUSTOMER_TABLE, MERCHANT_TABLE)),
+    *GOLD_SUITES,
 )
 _SPARK_TYPES = {"decimal": "DecimalType", "timestamp": "TimestampType", "integer": "IntegerType"}
 _NOTES = {
@@ -76,8 +84,91 @@ def _expectation(kind: str, **kwargs: Any) -> dict[str, Any]:
     return {"type": kind, "kwargs": kwargs, "meta": {}}
 
 
+# What a gold value of each aggregation may be (pipelines/gold/contract.py AGGREGATIONS), as GX bounds: a
+# window includes the row's own transaction, so a count of transactions and a distinct count are at least 1;
+# USD amounts are positive, so sums, means and deviations are not negative; a share is in [0, 1].
+_GOLD_BOUNDS: dict[str, dict[str, Any]] = {
+    "count": {"min_value": 0},
+    "sum": {"min_value": 0},
+    "mean": {"min_value": 0},
+    "std": {"min_value": 0},
+    "distinct_count": {"min_value": 1},
+    "share": {"min_value": 0, "max_value": 1},
+    "per_transaction": {"min_value": 0},
+    "time_since_previous": {"min_value": 0},
+}
+# Aggregations that may be null: a deviation of fewer than two values, no previous transaction in reach.
+_GOLD_NULLABLE = ("std", "time_since_previous")
+# Aggregations that grow with the window over the same rows, exactly (integers: no rounding between the
+# range windows and the incremental ones): checked nested, each window against the next shorter one.
+_GOLD_NESTED = ("count", "distinct_count")
+
+
+def build_gold_suite(name: str) -> dict[str, Any]:
+    """The gold suite `name` from the entity's declared features: the key (present, a pseudonym), the
+    timestamps present, each feature's bounds and nulls by its aggregation, windows of one measure nested."""
+    from core import pseudonym
+    from pipelines.gold.contract import CREATED_TIMESTAMP, EVENT_TIMESTAMP, WINDOWS, features_of
+
+    entity = GOLD_SUITES[name]
+    key = f"{entity}_id"
+    out = [
+        _expectation("expect_column_values_to_not_be_null", column=key),
+        {
+            **_expectation(
+                "expect_column_values_to_match_regex", column=key, regex=pseudonym.PATTERNS[entity]
+            ),
+            "meta": {"notes": "a pseudonym (core/pseudonym.py): gold never holds a raw id"},
+        },
+        _expectation("expect_column_values_to_not_be_null", column=EVENT_TIMESTAMP),
+        _expectation("expect_column_values_to_not_be_null", column=CREATED_TIMESTAMP),
+    ]
+    features = features_of(entity)
+    for f in features:
+        if f.aggregation not in _GOLD_NULLABLE:
+            out.append(_expectation("expect_column_values_to_not_be_null", column=f.name))
+        bounds = dict(_GOLD_BOUNDS[f.aggregation])
+        if f.aggregation == "count" and f.input == "transaction":
+            bounds["min_value"] = 1  # the row counts its own transaction
+        out.append(_expectation("expect_column_values_to_be_between", column=f.name, **bounds))
+    order = list(WINDOWS)
+    for f in features:
+        if f.aggregation not in _GOLD_NESTED or f.window is None:
+            continue
+        shorter = [
+            g
+            for g in features
+            if (g.input, g.aggregation) == (f.input, f.aggregation)
+            and g.window is not None
+            and order.index(g.window) < order.index(f.window)
+        ]
+        if shorter:
+            inner = max(shorter, key=lambda g: order.index(g.window))
+            out.append(
+                _expectation(
+                    "expect_column_pair_values_a_to_be_greater_than_b",
+                    column_A=f.name,
+                    column_B=inner.name,
+                    or_equal=True,
+                )
+            )
+    notes = (
+        f"{entity.title()} aggregates as of each transaction, one expectation set per declared feature: "
+        "present unless its aggregation may be null (a deviation, the time since the previous), bounded by "
+        "its aggregation, windows of one count nested."
+    )
+    return {
+        "name": name,
+        "meta": {"notes": notes, "generated_from": "pipelines/gold/contract.py"},
+        "expectations": out,
+    }
+
+
 def build_suite(name: str) -> dict[str, Any]:
-    """The suite `name` as GX's ExpectationSuite(**suite) takes it, derived from its contract."""
+    """The suite `name` as GX's ExpectationSuite(**suite) takes it, derived from its contract (a landing
+    table's) or from the feature declarations (a gold table's)."""
+    if name in GOLD_SUITES:
+        return build_gold_suite(name)
     contract, layer = GENERATED_SUITES[name]
     columns = [*contract.columns, *LAYER_COLUMNS[layer]]
     if layer == "silver" and contract is TRANSACTIONS_CONTRACT:
@@ -170,7 +261,7 @@ def write_suites(suites_dir: Path) -> list[Path]:
     """(Re)write every generated suite file in `suites_dir`."""
     suites_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in GENERATED_SUITES:
+    for name in SUITE_NAMES:
         path = suites_dir / f"{name}.json"
         path.write_text(suite_text(name))
         written.append(path)

@@ -86,3 +86,29 @@ def test_a_declared_feature_the_live_state_cannot_compute_fails_naming_it(monkey
         ValueError, match="'customer_amount_sum_never' \\(distinct_count of amount_usd over 7d\\)"
     ):
         _rows()
+
+
+def test_the_gold_suites_check_every_declared_feature_by_its_aggregation():
+    from pipelines.suites import build_suite
+
+    for entity in ("customer", "merchant"):
+        checks = {
+            (e["type"], e["kwargs"].get("column"))
+            for e in build_suite(f"gold_{entity}_features")["expectations"]
+        }
+        for f in FEATURES:
+            if f.entity != entity:
+                continue
+            assert ("expect_column_values_to_be_between", f.name) in checks, f.name
+            nullable = f.aggregation in ("std", "time_since_previous")
+            assert (("expect_column_values_to_not_be_null", f.name) in checks) is not nullable, f.name
+    pairs = [
+        e["kwargs"]
+        for e in build_suite("gold_customer_features")["expectations"]
+        if e["type"] == "expect_column_pair_values_a_to_be_greater_than_b"
+    ]
+    assert [(p["column_A"], p["column_B"]) for p in pairs] == [
+        ("customer_txn_count_24h", "customer_txn_count_1h"),
+        ("customer_txn_count_7d", "customer_txn_count_24h"),
+        ("customer_txn_count_30d", "customer_txn_count_7d"),
+    ]
