@@ -116,7 +116,9 @@ def build_gold_suite(name: str) -> dict[str, Any]:
         _expectation("expect_column_values_to_not_be_null", column=key),
         {
             **_expectation(
-                "expect_column_values_to_match_regex", column=key, regex=pseudonym.PATTERNS[entity]
+                "expect_column_values_to_match_regex",
+                column=key,
+                regex=pseudonym.PATTERNS[pseudonym.COLUMNS[key]],
             ),
             "meta": {"notes": "a pseudonym (core/pseudonym.py): gold never holds a raw id"},
         },
@@ -131,7 +133,8 @@ def build_gold_suite(name: str) -> dict[str, Any]:
         if f.aggregation == "count" and f.input == "transaction":
             bounds["min_value"] = 1  # the row counts its own transaction
         out.append(_expectation("expect_column_values_to_be_between", column=f.name, **bounds))
-    order = list(WINDOWS)
+    order: dict[str | None, int] = {window: n for n, window in enumerate(WINDOWS)}
+    order[None] = -1  # no window: never nested
     for f in features:
         if f.aggregation not in _GOLD_NESTED or f.window is None:
             continue
@@ -140,10 +143,10 @@ def build_gold_suite(name: str) -> dict[str, Any]:
             for g in features
             if (g.input, g.aggregation) == (f.input, f.aggregation)
             and g.window is not None
-            and order.index(g.window) < order.index(f.window)
+            and order[g.window] < order[f.window]
         ]
         if shorter:
-            inner = max(shorter, key=lambda g: order.index(g.window))
+            inner = max(shorter, key=lambda g: order[g.window])
             out.append(
                 _expectation(
                     "expect_column_pair_values_a_to_be_greater_than_b",
