@@ -16,9 +16,9 @@ condition that is NULL counts as not failing, as GX's `filter(condition == True)
 the expectations, their results, the failing rows' examples (fetched by GX's own providers when a suite is
 run again to describe a failure) and the data docs.
 
-tests/unit/test_gx_bundles.py holds every count against GX's own providers (`uninstall()` restores them) on
-frames with failing, NULL and ignored rows, for each `ignore_row_if`; the registration reaches into GX's
-metric registry, so great-expectations is pinned below its next minor (pyproject.toml).
+tests/integration/test_gx_bundles.py holds every count against GX's own providers (`uninstall()` restores
+them) on frames with failing, NULL and ignored rows, for each `ignore_row_if`; the registration reaches into
+GX's metric registry, so great-expectations is pinned below its next minor (pyproject.toml).
 """
 
 from __future__ import annotations
