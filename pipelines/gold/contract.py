@@ -89,10 +89,12 @@ class Feature:
 ENTITIES = ("customer", "merchant")
 
 
-def _windowed(entity: str, stem: str, input_: str, aggregation: str, dtype: str, what: str) -> list[Feature]:
+def _windowed(
+    entity: str, stem: str, input_: str, aggregation: str, dtype: str, what: str, windows=tuple(WINDOWS)
+) -> list[Feature]:
     return [
         Feature(f"{entity}_{stem}_{w}", entity, input_, aggregation, w, dtype, f"{what} in the last {w}")
-        for w in WINDOWS
+        for w in windows
     ]
 
 
@@ -115,21 +117,11 @@ FEATURES: tuple[Feature, ...] = (
         "customer_foreign_share_30d", "customer", "is_foreign", "share", "30d", "float64",
         "share of the customer's transactions in the last 30d made abroad",
     ),
-    Feature(
-        "merchant_txn_count_24h", "merchant", "transaction", "count", "24h", "int64",
-        "the merchant's transactions in the last 24h",
+    *_windowed(
+        "merchant", "txn_count", "transaction", "count", "int64", "the merchant's transactions", ("24h", "7d")
     ),
-    Feature(
-        "merchant_txn_count_7d", "merchant", "transaction", "count", "7d", "int64",
-        "the merchant's transactions in the last 7d",
-    ),
-    Feature(
-        "merchant_amount_sum_24h", "merchant", "amount_usd", "sum", "24h", "float64",
-        "USD the merchant took in the last 24h",
-    ),
-    Feature(
-        "merchant_amount_sum_7d", "merchant", "amount_usd", "sum", "7d", "float64",
-        "USD the merchant took in the last 7d",
+    *_windowed(
+        "merchant", "amount_sum", "amount_usd", "sum", "float64", "USD the merchant took", ("24h", "7d")
     ),
     Feature(
         "merchant_chargebacks_30d", "merchant", "chargeback", "count", "30d", "int64",
