@@ -56,6 +56,44 @@ CATEGORICAL_FEATURES: tuple[str, ...] = tuple(CATEGORICAL_VOCAB)
 MODEL_INPUTS: tuple[str, ...] = (*NUMERIC_FEATURES, *(f"{c}_code" for c in CATEGORICAL_FEATURES))
 
 
+class MissingInputsError(ModelInputError):
+    """A version takes inputs that are not built today (a feature removed from the declarations, or one
+    declared after this code); `missing` names them."""
+
+    def __init__(self, message: str, missing: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+def input_positions(
+    inputs: Sequence[str], available: Sequence[str] = MODEL_INPUTS, who: str = "the model"
+) -> list[int]:
+    """Where each of a version's recorded inputs sits among `available` (the columns built today, in
+    MODEL_INPUTS order), in the version's own order: a version is addressed by the names it was trained on,
+    never by position. Raises MissingInputsError naming the inputs `available` lacks."""
+    slot = {name: j for j, name in enumerate(available)}
+    missing = [name for name in inputs if name not in slot]
+    if missing:
+        raise MissingInputsError(
+            f"{who} takes {len(missing)} input(s) that are not built from today's declarations: "
+            f"{', '.join(missing)} (declared features: pipelines/gold/contract.py FEATURES). Serve or "
+            "compare a version trained on today's declarations, or declare the feature again and backfill "
+            "gold",
+            missing,
+        )
+    if len(set(inputs)) != len(inputs):
+        raise ModelInputError(f"{who} records an input twice: {', '.join(inputs)}")
+    return [slot[name] for name in inputs]
+
+
+def inputs_difference(before: Sequence[str], after: Sequence[str]) -> dict[str, list[str]]:
+    """What `after` adds to and removes from `before`, by name (each in its own order)."""
+    return {
+        "added": [name for name in after if name not in set(before)],
+        "removed": [name for name in before if name not in set(after)],
+    }
+
+
 def cutoff(day: date) -> datetime:
     """The end of `day` (UTC): what the training set as of `day` may know."""
     return datetime.combine(day + timedelta(days=1), time.min, tzinfo=UTC)

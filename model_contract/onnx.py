@@ -1,14 +1,19 @@
 """The names a model is registered and exported under, which training writes and serving reads: the
 registered model and its champion alias (MLflow), the ONNX export's artifact folder, its input tensor and
-the tag that names the file to serve, and the ONNX Runtime session every reader scores with."""
+the tag that names the file to serve, the metadata naming the inputs of the graph, and the ONNX Runtime
+session every reader scores with."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 MODEL_NAME = "fraud-detector"
 CHAMPION_ALIAS = "champion"
-INPUT_NAME = "features"  # the ONNX graph's input: float32 rows in model_contract.inputs.MODEL_INPUTS order
+INPUT_NAME = "features"  # the ONNX graph's input: float32 rows, one column per name of INPUTS_METADATA
+# The ONNX model's metadata entry listing its input columns by name (JSON), in the matrix's order: the
+# names the version was trained on (ModelConfig.inputs), which every reader selects its columns by.
+INPUTS_METADATA = "mlops.model_inputs"
 ONNX_DIR = "onnx"  # the run's artifact folder of the export
 SERVING_FILE_TAG = f"{ONNX_DIR}.serving_file"  # which file of ONNX_DIR the export chose to serve
 
@@ -21,3 +26,21 @@ def session(path: Path, threads: int = 1):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def recorded_inputs(sess) -> tuple[str, ...] | None:
+    """The input names an export recorded in its ONNX metadata (INPUTS_METADATA); None for a file without
+    them (exported before the names were recorded)."""
+    raw = sess.get_modelmeta().custom_metadata_map.get(INPUTS_METADATA)
+    if raw is None:
+        return None
+    names = json.loads(raw)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"ONNX metadata {INPUTS_METADATA} is not a list of names: {raw[:200]!r}")
+    return tuple(names)
+
+
+def input_width(sess) -> int | None:
+    """The number of columns of the graph's input (None when the graph leaves it symbolic)."""
+    shape = sess.get_inputs()[0].shape
+    return shape[-1] if len(shape) == 2 and isinstance(shape[-1], int) else None

@@ -185,7 +185,9 @@ def lake_inputs(settings: Settings, day: date, scorer: Scorer | None) -> Current
     frame = inputs[list(DRIFT_NUMERIC)].join(
         categories_as_the_model_sees_them(transactions).reset_index(drop=True)
     )
-    scores = scorer.score(model_matrix(inputs)).astype("float64") if scorer is not None else None
+    scores = (
+        scorer.score(model_matrix(inputs, scorer.inputs)).astype("float64") if scorer is not None else None
+    )
     ids = None if scores is None else transactions["transaction_id"].to_numpy()
     return CurrentInputs(frame, scores, "lake", first, last, ids)
 
@@ -220,8 +222,10 @@ def compare_with_reference(
     policy = settings.monitoring
     if reference is None:
         return drift_report([], len(current.frame), 0, policy)
+    # The champion's own inputs: one trained before a feature was declared has no reference of it.
+    numeric = [name for name in DRIFT_NUMERIC if name in reference.frame]
     inputs: list[InputDrift] = compare_inputs(
-        reference.frame, current.frame, policy, DRIFT_NUMERIC, CATEGORICAL_FEATURES
+        reference.frame, current.frame, policy, numeric, CATEGORICAL_FEATURES
     )
     if current.scores is not None:
         inputs.append(
@@ -294,7 +298,9 @@ def previous_scores(settings: Settings, rows: pd.DataFrame, previous: str) -> tu
     for name, values in codes.items():
         inputs[name] = values
     scorer = version_scorer(settings, previous)
-    return scorer.score(model_matrix(inputs)).astype("float64"), f"scored offline ({scorer.kind})"
+    return scorer.score(model_matrix(inputs, scorer.inputs)).astype(
+        "float64"
+    ), f"scored offline ({scorer.kind})"
 
 
 def compare_versions(

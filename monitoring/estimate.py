@@ -169,8 +169,9 @@ def calibration(settings: Settings, version: str) -> Calibration:
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
     assert run_id is not None, "versions are registered from training runs"
-    holdout = read_holdout(settings, training_set_rev(settings, run_id))
-    scores = version_scorer(settings, version).score(holdout.x).astype("float64")
+    scorer = version_scorer(settings, version)
+    holdout = read_holdout(settings, training_set_rev(settings, run_id), scorer.inputs)
+    scores = scorer.score(holdout.x).astype("float64")
     fitted = fit_calibration(
         version, scores, holdout.y, holdout.weights, settings.monitoring.max_calibration_error
     )

@@ -26,7 +26,7 @@ import errno
 import json
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import PipelineError
-from model_contract.inputs import CATEGORICAL_VOCAB, MODEL_INPUTS, NUMERIC_FEATURES
+from model_contract.inputs import CATEGORICAL_VOCAB, MODEL_INPUTS, NUMERIC_FEATURES, MissingInputsError
 from training.dataset import LABEL, WEIGHT, read_training_set
 
 if TYPE_CHECKING:
@@ -59,11 +59,13 @@ class ReferenceUnavailableError(PipelineError):
 
 @dataclass(frozen=True)
 class Scorer:
-    """A registered version as a function of the model-input matrix (float32, MODEL_INPUTS order)."""
+    """A registered version as a function of its own input matrix (float32, `inputs` order: the names it
+    was trained on; `model_matrix(frame, scorer.inputs)` builds it)."""
 
     version: str
     kind: str  # "onnx" | "torch"
     score: Callable[[np.ndarray], np.ndarray]
+    inputs: tuple[str, ...] = MODEL_INPUTS
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,20 @@ def categories_as_the_model_sees_them(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def model_matrix(frame: pd.DataFrame) -> np.ndarray:
-    """MODEL_INPUTS of a frame that has them (numeric features and `<column>_code`), float32, NaN missing."""
-    return frame[list(MODEL_INPUTS)].to_numpy(dtype="float32", na_value=float("nan"))
+def model_matrix(frame: pd.DataFrame, inputs: Sequence[str] = MODEL_INPUTS) -> np.ndarray:
+    """`inputs` (a version's, by name) of a frame that has them (numeric features and `<column>_code`),
+    float32, NaN missing; raises MissingInputsError naming the ones the frame lacks."""
+    lacking = [name for name in inputs if name not in frame]
+    if lacking:
+        raise MissingInputsError(
+            f"the rows to score lack the version's input(s) {', '.join(lacking)}", lacking
+        )
+    return frame[list(inputs)].to_numpy(dtype="float32", na_value=float("nan"))
 
 
 def version_scorer(settings: Settings, version: str) -> Scorer:
     """The registered version as a scorer: its ONNX export where it has one, else its torch weights."""
-    from training.registry import ModelRegistry
+    from training.registry import ModelRegistry, model_inputs_of
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
@@ -128,7 +136,7 @@ def version_scorer(settings: Settings, version: str) -> Scorer:
         # reference scores and the live scores come from the same model.
         with tempfile.TemporaryDirectory() as scratch:
             served = ModelSource(settings.mlflow_tracking_uri, cache_dir=Path(scratch)).load(version)
-        return Scorer(version, "onnx", lambda x: served.score(x))
+        return Scorer(version, "onnx", served.score_own, served.inputs)
     log.warning("v%s has no %s in run %s: scoring it with its torch weights", version, ONNX_ARTIFACT, run_id)
     model = registry.load(version)
 
@@ -139,7 +147,7 @@ def version_scorer(settings: Settings, version: str) -> Scorer:
 
         return predict(model, torch.from_numpy(x)).numpy().reshape(-1)
 
-    return Scorer(version, "torch", torch_scores)
+    return Scorer(version, "torch", torch_scores, model_inputs_of(model))
 
 
 def population_sample(frame: pd.DataFrame, negative_sample_rate: float, max_rows: int) -> pd.DataFrame:
@@ -159,12 +167,14 @@ def population_sample(frame: pd.DataFrame, negative_sample_rate: float, max_rows
 
 def build_reference(settings: Settings, version: str, training_set_rev: str) -> Reference:
     """The reference of `version`, built from its training set (no cache)."""
-    frame = read_training_set(settings, training_set_rev, "train", [*MODEL_INPUTS, LABEL, WEIGHT])
-    sample = population_sample(frame, float(frame.attrs.get("negative_sample_rate", 1.0)), MAX_REFERENCE_ROWS)
     scorer = version_scorer(settings, version)
-    reference = sample[list(NUMERIC_FEATURES)].astype("float64")
+    # The version's own inputs (a champion trained before a feature was declared has no column of it): drift
+    # compares what the version takes.
+    frame = read_training_set(settings, training_set_rev, "train", [*scorer.inputs, LABEL, WEIGHT])
+    sample = population_sample(frame, float(frame.attrs.get("negative_sample_rate", 1.0)), MAX_REFERENCE_ROWS)
+    reference = sample[[name for name in NUMERIC_FEATURES if name in scorer.inputs]].astype("float64")
     reference = reference.join(decode_categories(sample))
-    reference[SCORE] = scorer.score(model_matrix(sample)).astype("float64")
+    reference[SCORE] = scorer.score(model_matrix(sample, scorer.inputs)).astype("float64")
     return Reference(version, training_set_rev, reference, scorer.kind, cached=False)
 
 

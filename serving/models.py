@@ -7,10 +7,18 @@ version beside the old one and swaps the reference (one assignment). A request t
 is scored by one consistent champion whatever moves meanwhile, and no request waits on or fails because of
 a load. A version that cannot be loaded leaves the previous one serving and says why (`Models.problem`);
 with no champion loaded at all the service answers 503 with that reason and never scores.
+
+A version is addressed by the input names it was trained on, which its ONNX file records
+(model_contract.onnx INPUTS_METADATA): the service builds every declared input (MODEL_INPUTS) once per
+request, and each loaded version takes its own columns of it, by name, so a champion and a shadow trained
+on different features are each given their own vector. A version that takes an input the service does not
+build (a feature removed from the declarations), or whose file records no names, is refused at load with
+the names: it is never scored on a guess.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import threading
@@ -20,7 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model_contract.onnx import CHAMPION_ALIAS, INPUT_NAME, MODEL_NAME, SERVING_FILE_TAG
+from model_contract.inputs import MODEL_INPUTS, ModelInputError, input_positions
+from model_contract.onnx import (
+    CHAMPION_ALIAS,
+    INPUT_NAME,
+    MODEL_NAME,
+    SERVING_FILE_TAG,
+    input_width,
+    recorded_inputs,
+    session,
+)
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -43,9 +60,21 @@ class LoadedModel:
     run_id: str
     file: str  # which ONNX file of the run: the one the export chose (onnx.serving_file), model.onnx, ...
     session: Any  # onnxruntime.InferenceSession
+    inputs: tuple[str, ...] = MODEL_INPUTS  # the names it was trained on, in its matrix's order
+
+    @functools.cached_property
+    def columns(self) -> list[int] | None:
+        """Its inputs' positions among MODEL_INPUTS (None: all of them, in that order)."""
+        return None if self.inputs == MODEL_INPUTS else input_positions(self.inputs)
 
     def score(self, x: np.ndarray) -> np.ndarray:
-        """Fraud probabilities of the float32 rows of `x` (MODEL_INPUTS order)."""
+        """Fraud probabilities of the float32 rows of `x`, a matrix of every declared input (MODEL_INPUTS
+        order, as the service builds it): the version is given its own inputs of it, by name."""
+        columns = self.columns
+        return self.score_own(x if columns is None else np.ascontiguousarray(x[:, columns]))
+
+    def score_own(self, x: np.ndarray) -> np.ndarray:
+        """Fraud probabilities of the float32 rows of `x`, which holds this version's inputs in its order."""
         return np.asarray(self.session.run(None, {INPUT_NAME: x})[0], dtype="float64").reshape(-1)
 
 
@@ -95,8 +124,6 @@ class ModelSource:
         and what is missing."""
         from mlflow.exceptions import MlflowException
 
-        from model_contract.onnx import session
-
         try:
             model_version = self.client.get_model_version(self.name, version)
             run_id = model_version.run_id
@@ -131,11 +158,40 @@ class ModelSource:
         target.mkdir(parents=True, exist_ok=True)
         try:
             local = self.client.download_artifacts(run_id, f"{ONNX_DIR}/{file}", str(target))
-            return LoadedModel(self.name, version, run_id, file, session(Path(local), threads=threads))
+            sess = session(Path(local), threads=threads)
+            inputs = recorded_inputs(sess)
         except Exception as exc:  # a corrupt file, an artifact store that cannot be reached
             raise ModelUnavailableError(
                 f"{self.name} v{version}: {ONNX_DIR}/{file} cannot be loaded: {exc}"
             ) from exc
+        return LoadedModel(
+            self.name, version, run_id, file, sess, servable_inputs(self.name, version, file, sess, inputs)
+        )
+
+
+def servable_inputs(
+    name: str, version: str, file: str, sess: Any, inputs: tuple[str, ...] | None
+) -> tuple[str, ...]:
+    """The inputs a loaded file takes, checked against what the service builds; raises
+    ModelUnavailableError naming what it lacks (the version is then not served: never scored on a guess)."""
+    who = f"{name} v{version}"
+    if inputs is None:
+        raise ModelUnavailableError(
+            f"{who}: {ONNX_DIR}/{file} records no input names (exported before they were recorded), so "
+            f"the service cannot tell which columns it takes; run `mlops export --version {version}` to "
+            "export it again"
+        )
+    width = input_width(sess)
+    if width is not None and width != len(inputs):
+        raise ModelUnavailableError(
+            f"{who}: {ONNX_DIR}/{file} takes {width} columns but records {len(inputs)} input names; export "
+            f"it again (`mlops export --version {version}`)"
+        )
+    try:
+        input_positions(inputs, MODEL_INPUTS, who)
+    except ModelInputError as exc:
+        raise ModelUnavailableError(f"not ready to serve: {exc}") from exc
+    return inputs
 
 
 @dataclass(frozen=True)

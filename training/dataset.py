@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,7 +42,9 @@ from model_contract.inputs import (
     MODEL_INPUTS,
     SERVICE_FEATURES,
     TRANSACTION_NUMERIC,
+    MissingInputsError,
     cutoff,
+    input_positions,
     transaction_inputs,
     unit_hash,
     utc,
@@ -726,36 +728,84 @@ def _nan_as_null(table: pa.Table) -> pa.Table:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    for index, field in enumerate(table.schema):
-        if pa.types.is_floating(field.type):
+    for index, column_type in enumerate(table.schema):
+        if pa.types.is_floating(column_type.type):
             values = table.column(index)
             nan = pc.is_nan(values)
             if pc.any(nan).as_py():
-                table = table.set_column(index, field, pc.if_else(nan, pa.scalar(None, field.type), values))
+                table = table.set_column(
+                    index, column_type, pc.if_else(nan, pa.scalar(None, column_type.type), values)
+                )
     return table
 
 
-def model_arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The model inputs (float32 in MODEL_INPUTS order, missing values as NaN) and labels (float32 0/1)."""
-    x = frame[list(MODEL_INPUTS)].to_numpy(dtype="float32", na_value=float("nan"))
+def model_arrays(
+    frame: pd.DataFrame, inputs: Sequence[str] = MODEL_INPUTS, what: str = "the training set"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The model inputs (float32 in `inputs` order, missing values as NaN) and labels (float32 0/1).
+    Raises MissingInputsError naming the inputs `frame` lacks."""
+    lacking = [name for name in inputs if name not in frame]
+    if lacking:
+        raise MissingInputsError(
+            f"{what} lacks the model input(s) {', '.join(lacking)}: a set made before they were declared "
+            "(compute gold again for the window's dates, `mlops features --date ...`, then retrain)",
+            lacking,
+        )
+    x = frame[list(inputs)].to_numpy(dtype="float32", na_value=float("nan"))
     return x, frame[LABEL].to_numpy(dtype="float32")
 
 
 @dataclass(frozen=True)
 class Holdout:
-    """The holdout of a training set, as the evaluation, the gate and the export score it."""
+    """The holdout of a training set, as the evaluation, the gate and the export score it: `x` holds
+    `inputs` (by default today's MODEL_INPUTS); `matrix` gives any version its own inputs of the same rows."""
 
     rev: str
     x: np.ndarray
     y: np.ndarray
     weights: np.ndarray | None  # transactions each row stands for; None: one each (sets before sampling)
+    inputs: tuple[str, ...] = MODEL_INPUTS
+    # Reads further input columns of the same rows, in the same order (the set's file, read again).
+    read_more: Callable[[list[str]], pd.DataFrame] | None = field(default=None, compare=False, repr=False)
+
+    def matrix(self, inputs: Sequence[str], who: str = "the model") -> np.ndarray:
+        """The rows' values of `inputs`, in that order (a version addressed by the names it was trained on).
+        Raises MissingInputsError naming what the training set does not carry."""
+        import numpy as np
+
+        inputs = tuple(inputs)
+        if inputs == self.inputs:
+            return self.x
+        extra = [name for name in inputs if name not in self.inputs]
+        if not extra:
+            return self.x[:, input_positions(inputs, self.inputs, who)]
+        more = self.read_more(extra) if self.read_more else None
+        lacking = [name for name in extra if more is None or name not in more]
+        if lacking:
+            raise MissingInputsError(
+                f"{who} takes input(s) that training set {self.rev} does not carry: {', '.join(lacking)} "
+                "(removed from the declarations before the set was made)",
+                lacking,
+            )
+        assert more is not None
+        columns = {name: self.x[:, j] for j, name in enumerate(self.inputs)}
+        columns.update({name: more[name].to_numpy(dtype="float32", na_value=float("nan")) for name in extra})
+        return np.column_stack([columns[name] for name in inputs]).astype("float32")
 
 
-def read_holdout(settings: Settings, rev: str) -> Holdout:
-    """The holdout rows of training set `rev`: model inputs, labels and weights only."""
-    frame = read_training_set(settings, rev, "holdout", [*MODEL_INPUTS, LABEL, SPLIT, WEIGHT])
-    x, y = model_arrays(frame)
-    return Holdout(rev, x, y, frame[WEIGHT].to_numpy() if WEIGHT in frame else None)
+def read_holdout(settings: Settings, rev: str, inputs: Sequence[str] = MODEL_INPUTS) -> Holdout:
+    """The holdout rows of training set `rev`: the model `inputs` (today's by default: a version's own for
+    its export), labels and weights only."""
+    frame = read_training_set(settings, rev, "holdout", [*inputs, LABEL, SPLIT, WEIGHT])
+    x, y = model_arrays(frame, inputs, f"training set {rev}")
+    return Holdout(
+        rev,
+        x,
+        y,
+        frame[WEIGHT].to_numpy() if WEIGHT in frame else None,
+        tuple(inputs),
+        lambda names: read_training_set(settings, rev, "holdout", list(names)),
+    )
 
 
 def read_training_set(

@@ -23,6 +23,7 @@ import numpy as np
 
 # The names training writes and serving reads (model_contract.onnx), also this module's.
 from model_contract.onnx import INPUT_NAME as INPUT_NAME
+from model_contract.onnx import INPUTS_METADATA as INPUTS_METADATA
 from model_contract.onnx import ONNX_DIR as ONNX_DIR
 from model_contract.onnx import SERVING_FILE_TAG as SERVING_FILE_TAG
 from model_contract.onnx import session as session
@@ -81,6 +82,26 @@ def to_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path) -> Path:
         opset_version=17,
         dynamo=False,
     )
+    return record_inputs(path, model_inputs(model))
+
+
+def model_inputs(model: torch.nn.Module) -> tuple[str, ...]:
+    """The input names a model was trained on (its config's), which its ONNX file records."""
+    inputs = getattr(getattr(model, "config", None), "inputs", None)
+    if not inputs:
+        raise ExportError(f"{type(model).__name__} records no input names (config.inputs): cannot export it")
+    return tuple(inputs)
+
+
+def record_inputs(path: Path, inputs: tuple[str, ...]) -> Path:
+    """Write the input names into the ONNX file's metadata (INPUTS_METADATA), so whoever loads the file
+    selects its columns by name (serving/models.py, monitoring/reference.py)."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    kept = {p.key: p.value for p in proto.metadata_props if p.key != INPUTS_METADATA}
+    onnx.helper.set_model_props(proto, {**kept, INPUTS_METADATA: json.dumps(list(inputs))})
+    onnx.save(proto, str(path))
     return path
 
 
@@ -106,7 +127,10 @@ def quantize(source: Path, target: Path) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
-    return target
+    import onnx
+
+    names = {p.key: p.value for p in onnx.load(str(source)).metadata_props}.get(INPUTS_METADATA)
+    return record_inputs(target, tuple(json.loads(names))) if names else target
 
 
 def export_checked(model: torch.nn.Module, x: np.ndarray, path: Path) -> float:
@@ -291,13 +315,14 @@ def _compressed(settings: Settings, model: FraudMLP, rev: str) -> dict[str, Frau
     if not settings.compression.enabled:
         return {}
     from training.compress import compressed_variants
-    from training.dataset import LABEL, MODEL_INPUTS, SPLIT, read_training_set
+    from training.dataset import LABEL, SPLIT, read_training_set
     from training.loop import TrainConfig
     from training.steps import split_tensors
 
-    columns = [*MODEL_INPUTS, LABEL, SPLIT]
+    inputs = model_inputs(model)  # the version's own inputs: the variants take what it takes
+    columns = [*inputs, LABEL, SPLIT]
     train_data, validation = (
-        split_tensors(read_training_set(settings, rev, split, columns), split)
+        split_tensors(read_training_set(settings, rev, split, columns), split, inputs)
         for split in ("train", "validation")
     )
     # On the export's CPU: fp32, deterministic, the training run's seed, batch size and learning rate.
@@ -321,8 +346,8 @@ def export_version(settings: Settings, version: str, variants: bool = True) -> d
     run_id = registry.client.get_model_version(registry.name, version).run_id
     assert run_id is not None, "versions are registered from training runs"
     rev = training_set_rev(settings, run_id)
-    holdout = read_holdout(settings, rev)
     model = cast("FraudMLP", registry.load(version))
+    holdout = read_holdout(settings, rev, model_inputs(model))
     compressed = _compressed(settings, model, rev) if variants else {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)

@@ -48,10 +48,13 @@ history_table = sa.Table(
     sa.Column("triggered_by", sa.String(250)),
     sa.Column("decided_by", sa.String(250)),
     sa.Column("comment", sa.Text),
+    # A gate decision across a change of inputs: the input names the candidate adds to and removes from the
+    # champion's (JSON {"added": [...], "removed": [...]}); NULL when both take the same inputs.
+    sa.Column("inputs_change", sa.Text),
 )
 # Columns added since the table was first created: `create` adds them to an older table (an ADD COLUMN,
 # which the append-only triggers do not forbid: no row changes).
-_ADDED_COLUMNS = ("triggered_by", "decided_by", "comment")
+_ADDED_COLUMNS = ("triggered_by", "decided_by", "comment", "inputs_change")
 
 _SQLITE_TRIGGERS = [
     f"CREATE TRIGGER IF NOT EXISTS {TABLE}_no_update BEFORE UPDATE ON {TABLE} "
@@ -87,6 +90,7 @@ class Decision:
     triggered_by: str | None = None
     decided_by: str | None = None
     comment: str | None = None
+    inputs_change: dict | None = None  # {"added": [...], "removed": [...]} when the inputs differ
     recorded_at: str = ""
     id: int | None = None
 
@@ -158,6 +162,7 @@ class Ledger:
         row["recorded_at"] = datetime.now(UTC).isoformat(timespec="milliseconds")
         row["candidate_metrics"] = json.dumps(decision.candidate_metrics, sort_keys=True)
         row["champion_metrics"] = json.dumps(decision.champion_metrics, sort_keys=True)
+        row["inputs_change"] = json.dumps(decision.inputs_change) if decision.inputs_change else None
         primary_key = conn.execute(history_table.insert().values(**row)).inserted_primary_key
         assert primary_key is not None, "a single-row INSERT reports its primary key"
         new_id = primary_key[0]
@@ -181,6 +186,7 @@ class Ledger:
                     **row,
                     "candidate_metrics": json.loads(row["candidate_metrics"]),
                     "champion_metrics": json.loads(row["champion_metrics"]),
+                    "inputs_change": json.loads(row["inputs_change"]) if row["inputs_change"] else None,
                 }
             )
             for row in rows

@@ -18,11 +18,12 @@ import os
 import signal
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.errors import PipelineError
+from model_contract.inputs import MODEL_INPUTS, MissingInputsError, input_positions, inputs_difference
 
 # The names training writes and serving reads (model_contract.onnx), also this module's.
 from model_contract.onnx import CHAMPION_ALIAS as CHAMPION_ALIAS
@@ -31,9 +32,9 @@ from training.ledger import Decision, Ledger, champion_stack, pending_approval
 from training.metrics import PRIMARY_METRIC, evaluate
 
 if TYPE_CHECKING:
-    import torch
+    from collections.abc import Callable
 
-    from training.model import ModelConfig
+    import torch
 
 
 class PromotionError(PipelineError):
@@ -223,11 +224,17 @@ def _score(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
     return predict(model.to("cpu"), x).numpy()
 
 
+def model_inputs_of(model: torch.nn.Module) -> tuple[str, ...]:
+    """The input names a registered model was trained on (its config's; MODEL_INPUTS for a model that
+    records none)."""
+    return tuple(getattr(getattr(model, "config", None), "inputs", None) or MODEL_INPUTS)
+
+
 def promote_with_gate(
     registry: ModelRegistry,
     ledger: Ledger,
     candidate_version: str,
-    holdout_x: torch.Tensor,
+    holdout_x: torch.Tensor | None,
     holdout_y: np.ndarray,
     policy: GatePolicy,
     training_set_rev: str | None = None,
@@ -236,41 +243,69 @@ def promote_with_gate(
     holdout_weights: np.ndarray | None = None,
     require_approval: bool = False,
     triggered_by: str | None = None,
+    holdout_matrix: Callable[[tuple[str, ...], str], np.ndarray] | None = None,
 ) -> Decision:
     """Decide candidate vs champion on the same holdout (rows weighted by `holdout_weights`, if given),
-    record the decision, move the alias if it wins. Refuses (AliasMovedOutsideError) while the alias
-    points where the history never put it: the gate would compare against a champion nobody recorded.
-    With `require_approval`, a win is recorded as `awaiting_approval` and moves nothing: a person decides
-    (decide_approval); `triggered_by`, the person who started the run, may not be that person."""
+    record the decision, move the alias if it wins. Each is scored with its own inputs, by name: the
+    holdout's values of the names it was trained on (`holdout_matrix(inputs, who)`, e.g. Holdout.matrix;
+    without it, `holdout_x` holds MODEL_INPUTS and each takes its columns of it). When their inputs differ
+    the decision records what the candidate added and removed (`inputs_change`); a champion that takes an
+    input the holdout does not carry cannot be compared, and the candidate is not promoted by the gate.
+    Refuses (AliasMovedOutsideError) while the alias points where the history never put it: the gate would
+    compare against a champion nobody recorded. With `require_approval`, a win is recorded as
+    `awaiting_approval` and moves nothing: a person decides (decide_approval); `triggered_by`, the person
+    who started the run, may not be that person."""
+    import torch
+
+    def matrix(inputs: tuple[str, ...], who: str) -> torch.Tensor:
+        if holdout_matrix is not None:
+            return torch.from_numpy(holdout_matrix(inputs, who))
+        assert holdout_x is not None, "the holdout as a MODEL_INPUTS tensor or as holdout_matrix"
+        return (
+            holdout_x if inputs == MODEL_INPUTS else holdout_x[:, input_positions(inputs, MODEL_INPUTS, who)]
+        )
+
     with ledger.exclusive(registry.name) as conn:
         champion = sync_champion(registry, ledger, conn)
         candidate_model = registry.load(candidate_version)
-        candidate_metrics = evaluate(holdout_y, _score(candidate_model, holdout_x), weights=holdout_weights)
-        latency = scoring_latency_ms(candidate_model, holdout_x[:1])
+        candidate_inputs = model_inputs_of(candidate_model)
+        candidate_x = matrix(candidate_inputs, f"candidate v{candidate_version}")
+        candidate_metrics = evaluate(holdout_y, _score(candidate_model, candidate_x), weights=holdout_weights)
+        latency = scoring_latency_ms(candidate_model, candidate_x[:1])
         candidate_metrics["latency_ms_p50"] = latency
         champion_metrics: dict[str, float] | None = None
+        inputs_change: dict | None = None
         if champion == candidate_version:
             promoted, reason = False, f"version {candidate_version} is already the champion"
             champion_metrics = candidate_metrics
         elif champion is not None:
             champion_model = registry.load(champion)
-            champion_inputs = tuple(getattr(champion_model.config, "inputs", ()))
-            candidate_inputs = cast("ModelConfig", candidate_model.config).inputs  # a FraudMLP's config
-            if champion_inputs != tuple(candidate_inputs):
-                changed = sorted(set(champion_inputs) ^ set(candidate_inputs)) or ["(order)"]
+            champion_inputs = model_inputs_of(champion_model)
+            change = inputs_difference(champion_inputs, candidate_inputs)
+            inputs_change = change if change["added"] or change["removed"] else None
+            try:
+                champion_x = matrix(champion_inputs, f"champion v{champion}")
+            except MissingInputsError as exc:
                 promoted, reason = (
                     False,
                     (
-                        f"champion v{champion} takes other input columns than the candidate (differing: "
-                        f"{', '.join(changed[:8])}): the gate cannot compare them; promote by hand with "
-                        f"`mlops promote --version {candidate_version} --reason ...`"
+                        f"champion v{champion} takes input(s) the candidate's holdout does not carry "
+                        f"({', '.join(exc.missing[:8])}): the gate cannot score both on the same "
+                        f"transactions; promote by hand with `mlops promote --version {candidate_version} "
+                        "--reason ...`"
                     ),
                 )
             else:
                 champion_metrics = evaluate(
-                    holdout_y, _score(champion_model, holdout_x), weights=holdout_weights
+                    holdout_y, _score(champion_model, champion_x), weights=holdout_weights
                 )
                 promoted, reason = gate_decision(candidate_metrics, champion_metrics, latency, policy)
+            if inputs_change:
+                added, removed = (", ".join(change[k]) or "none" for k in ("added", "removed"))
+                reason = (
+                    f"{reason}; inputs differ from champion v{champion}'s (added: {added}; removed: "
+                    f"{removed}), each scored with its own on the same holdout transactions"
+                )
         else:
             promoted, reason = gate_decision(candidate_metrics, None, latency, policy)
         waits = promoted and require_approval
@@ -292,6 +327,7 @@ def promote_with_gate(
                 dag_id=dag_id,
                 run_id=run_id,
                 triggered_by=triggered_by,
+                inputs_change=inputs_change,
             ),
         )
         return decision

@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
@@ -23,6 +23,7 @@ from core.clock import StageClock
 from core.settings import Settings
 from model_contract.onnx import CHAMPION_ALIAS, MODEL_NAME
 from training.dataset import (
+    MODEL_INPUTS,
     NUMERIC_FEATURES,
     SPLIT,
     TRAINING_SET_MEMBER,
@@ -82,12 +83,12 @@ def _run_of_version(settings: Settings, result: dict) -> str:
     return run_id
 
 
-def split_tensors(frame: pd.DataFrame, split: str) -> Tensors:
+def split_tensors(frame: pd.DataFrame, split: str, inputs: Sequence[str] = MODEL_INPUTS) -> Tensors:
     import torch
 
     from training.loop import Tensors
 
-    x, y = model_arrays(frame[frame[SPLIT] == split])
+    x, y = model_arrays(frame[frame[SPLIT] == split], inputs)
     return Tensors(torch.from_numpy(x), torch.from_numpy(y))
 
 
@@ -314,8 +315,8 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     from training.metrics import evaluate as metrics_of
     from training.metrics import plot_evaluation
 
-    holdout = read_holdout(settings, training_set_rev(settings, run_id))
     model = load_model(f"runs:/{run_id}/{MODEL_ARTIFACT}")
+    holdout = read_holdout(settings, training_set_rev(settings, run_id), model.config.inputs)
     scores = predict(model, torch.from_numpy(holdout.x)).numpy()
     labels, weights = holdout.y, holdout.weights
     values = metrics_of(labels, scores, weights=weights)
@@ -393,8 +394,6 @@ def promote(
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     run_id = registry.client.get_model_version(registry.name, version).run_id
     assert run_id is not None, "versions are registered from training runs"
-    import torch
-
     holdout = read_holdout(settings, training_set_rev(settings, run_id))
     policy = GatePolicy(**settings.gate.model_dump())
     ledger = _ledger(settings)
@@ -403,7 +402,7 @@ def promote(
             registry,
             ledger,
             version,
-            torch.from_numpy(holdout.x),
+            None,
             holdout.y,
             policy,
             holdout_weights=holdout.weights,
@@ -412,6 +411,7 @@ def promote(
             run_id=dag_run_id or None,
             require_approval=settings.approval.enabled or require_approval,
             triggered_by=triggered_by or None,
+            holdout_matrix=holdout.matrix,  # each version its own inputs of the same rows
         )
     finally:
         ledger.dispose()

@@ -224,14 +224,47 @@ def test_the_service_follows_its_champions_serving_file_when_the_variants_come(i
 # --- the scoring service's loader ---------------------------------------------------------------------------
 
 
+# A model trained before a feature was declared, or on another order: its numeric inputs are today's but one,
+# reversed (the categorical codes stay last: the network embeds its trailing columns).
+OWN_NUMERIC = tuple(reversed(NUMERIC_FEATURES[:-1]))
+OWN_INPUTS = (*OWN_NUMERIC, *MODEL_INPUTS[len(NUMERIC_FEATURES) :])
+UNDECLARED = "customer_max_amount_24h"  # a feature no declaration has (yet)
+
+
+def _small(inputs: tuple[str, ...], seed: int) -> FraudMLP:
+    torch.manual_seed(seed)
+    numeric = len(inputs) - (len(MODEL_INPUTS) - len(NUMERIC_FEATURES))
+    model = FraudMLP(ModelConfig(numeric=numeric, hidden=(8,), inputs=inputs)).eval()
+    with torch.no_grad():  # away from the defaults (0, 1), so that a column taken for another one shows
+        model.mean.copy_(torch.linspace(-1.0, 1.0, numeric))
+        model.std.copy_(torch.linspace(0.5, 2.0, numeric))
+    return model
+
+
 @pytest.fixture(scope="module")
 def onnx_files(tmp_path_factory) -> dict[str, Path]:
-    """An fp32 file, its int8 quantization, and a file that is not ONNX."""
+    """An fp32 file, its int8 quantization, a file that is not ONNX, a model on other inputs (OWN_INPUTS),
+    one taking an input nothing declares, and an fp32 file whose metadata lost its input names."""
+    import onnx
+
     folder = tmp_path_factory.mktemp("onnx")
-    fp32 = to_onnx(FraudMLP(ModelConfig(hidden=(8,))).eval(), torch.zeros(2, len(MODEL_INPUTS)), folder / "a")
+    example = torch.zeros(2, len(MODEL_INPUTS))
+    fp32 = to_onnx(_small(MODEL_INPUTS, 1), example, folder / "a")
     garbage = folder / "garbage"
     garbage.write_bytes(b"not an onnx model")
-    return {"fp32": fp32, "int8": quantize(fp32, folder / "b"), "garbage": garbage}
+    own = to_onnx(_small(OWN_INPUTS, 2), example[:, : len(OWN_INPUTS)], folder / "own")
+    undeclared = to_onnx(_small((UNDECLARED, *MODEL_INPUTS[1:]), 3), example, folder / "undeclared")
+    unnamed = onnx.load(str(fp32))
+    del unnamed.metadata_props[:]
+    onnx.save(unnamed, str(folder / "unnamed"))
+    return {
+        "fp32": fp32,
+        "int8": quantize(fp32, folder / "b"),
+        "garbage": garbage,
+        "own": own,
+        "undeclared": undeclared,
+        "unnamed": folder / "unnamed",
+    }
 
 
 def _version_with(tracking_uri: str, files: dict[str, str], tag: str | None, folder: Path) -> str:
@@ -314,3 +347,57 @@ def test_a_tagged_file_that_is_missing_or_broken_is_named(tmp_path, onnx_files, 
     with pytest.raises(ModelUnavailableError, match=f"v{version}") as error:
         ModelSource(tracking_uri, cache_dir=tmp_path / "cache").load(version)
     assert message in str(error.value)
+
+
+def test_champion_and_shadow_on_other_inputs_each_take_their_own_columns_by_name(tmp_path, onnx_files):
+    """The service builds every declared input once; the champion (today's inputs) and the shadow (trained on
+    other inputs, in another order) are each scored on their own columns of it, picked by the names their
+    files record: the same scores as each model's torch weights on its own inputs."""
+    from serving.models import Models
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    champion = _version_with(tracking_uri, {"model.onnx": str(onnx_files["fp32"])}, "model.onnx", tmp_path)
+    shadow = _version_with(tracking_uri, {"model.onnx": str(onnx_files["own"])}, "model.onnx", tmp_path)
+    ModelRegistry(tracking_uri).set_champion(champion)
+    loaded = Models(ModelSource(tracking_uri, cache_dir=tmp_path / "cache"), shadow=True).refresh()
+    assert loaded.champion is not None and loaded.shadow is not None, "both load"
+    assert (loaded.champion.version, loaded.shadow.version) == (champion, shadow)
+    assert loaded.champion.inputs == MODEL_INPUTS and loaded.shadow.inputs == OWN_INPUTS
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, len(MODEL_INPUTS))).astype("float32")
+    x[:, len(NUMERIC_FEATURES) :] = rng.integers(0, 3, size=(64, len(MODEL_INPUTS) - len(NUMERIC_FEATURES)))
+    own = x[:, [MODEL_INPUTS.index(name) for name in OWN_INPUTS]]
+    with torch.no_grad():
+        expected_champion = _small(MODEL_INPUTS, 1)(torch.from_numpy(x)).numpy().reshape(-1)
+        expected_shadow = _small(OWN_INPUTS, 2)(torch.from_numpy(own)).numpy().reshape(-1)
+    np.testing.assert_allclose(loaded.champion.score(x), expected_champion, atol=1e-5)
+    np.testing.assert_allclose(loaded.shadow.score(x), expected_shadow, atol=1e-5)
+    # by position (the first columns) the shadow would score other values: the names are what pick
+    positional = loaded.shadow.score_own(np.ascontiguousarray(x[:, : len(OWN_INPUTS)]))
+    assert np.abs(positional - expected_shadow).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        pytest.param("undeclared", f"not ready to serve: fraud-detector v1 takes 1 input(s) that are not "
+                     f"built from today's declarations: {UNDECLARED}", id="an input nothing declares"),
+        pytest.param("unnamed", "records no input names", id="a file without the names"),
+    ],
+)  # fmt: skip
+def test_a_champion_whose_inputs_the_service_cannot_build_is_refused_with_the_names(
+    tmp_path, onnx_files, kind, message
+):
+    """Refused at load, never scored on a guess: the service is not ready, and says which names it lacks."""
+    from serving.models import Models
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    version = _version_with(tracking_uri, {"model.onnx": str(onnx_files[kind])}, "model.onnx", tmp_path)
+    ModelRegistry(tracking_uri).set_champion(version)
+    with pytest.raises(ModelUnavailableError) as error:
+        ModelSource(tracking_uri, cache_dir=tmp_path / "cache").load(version)
+    assert message in str(error.value)
+    models = Models(ModelSource(tracking_uri, cache_dir=tmp_path / "cache2"), shadow=False)
+    assert models.refresh().champion is None
+    assert models.problem is not None and message in models.problem

@@ -240,5 +240,53 @@ def test_gate_refuses_to_compare_with_a_champion_on_other_input_columns(local_re
     new = _log_and_register(registry.tracking_uri, artifacts, models["good"])
     decision = _gate(registry, ledger, new, holdout)
     assert not decision.promoted
-    assert "other input columns" in decision.reason and "a_feature_that_was_replaced" in decision.reason
+    assert "does not carry (a_feature_that_was_replaced)" in decision.reason, decision.reason
+    assert decision.inputs_change == {
+        "added": [models["good"].config.inputs[0]],
+        "removed": ["a_feature_that_was_replaced"],
+    }
     assert registry.champion() == old
+
+
+def test_the_gate_judges_a_candidate_with_a_new_input_against_a_champion_without_it(
+    local_registry, models, holdout
+):
+    """A feature was declared after the champion was trained: the candidate takes it, the champion does not.
+    Both are scored on the same holdout rows, each with its own inputs by name (the champion's figures are
+    its own model's on its own columns), and the decision records what the candidate added."""
+    from training.metrics import evaluate
+    from training.model import FraudMLP, ModelConfig
+
+    registry, ledger, artifacts = local_registry
+    new_feature = NUMERIC_FEATURES[5]
+    own = [name for name in models["good"].config.inputs if name != new_feature]
+    positions = [models["good"].config.inputs.index(name) for name in own]
+    torch.manual_seed(11)
+    older = FraudMLP(ModelConfig(numeric=len(NUMERIC_FEATURES) - 1, inputs=tuple(own)))
+    data = make_split(8_000, seed=1)
+    older.fit_normalization(data.x[:, positions][:, : len(NUMERIC_FEATURES) - 1])
+    config = TrainConfig(epochs=3, batch_size=256, seed=11, stop_after_steps=12)
+    without = make_split(2_000, seed=2)
+    train(
+        older,
+        type(data)(data.x[:, positions], data.y),
+        type(without)(without.x[:, positions], without.y),
+        config,
+        artifacts.parent / "ck-older",
+        "promotion-test",
+    )
+    champion = _log_and_register(registry.tracking_uri, artifacts, older.eval())
+    promote_manually(registry, ledger, champion, "trained before the feature was declared")
+    candidate = _log_and_register(registry.tracking_uri, artifacts, models["good"])
+
+    decision = _gate(registry, ledger, candidate, holdout)
+    assert decision.inputs_change == {"added": [new_feature], "removed": []}
+    assert f"added: {new_feature}; removed: none" in decision.reason
+    with torch.no_grad():
+        own_scores = older.eval()(holdout[0][:, positions]).numpy().reshape(-1)
+    expected = evaluate(holdout[1], own_scores)["auc_pr"]
+    assert decision.champion_metrics["auc_pr"] == pytest.approx(expected, abs=1e-6)
+    assert decision.promoted, decision.reason  # 3 epochs against 12 steps: the gate's ordinary verdict
+    assert registry.champion() == candidate
+    recorded = ledger.history(registry.name)[-1]
+    assert (recorded.id, recorded.inputs_change) == (decision.id, {"added": [new_feature], "removed": []})
