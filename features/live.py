@@ -78,6 +78,7 @@ from pipelines.gold.contract import (
     EVENT_TIMESTAMP,
     LOOKBACK_DAYS,
     WINDOWS,
+    Feature,
     features_of,
 )
 from pipelines.lake import Tables
@@ -96,7 +97,7 @@ US_PER_MS = 1_000
 # process does not load. tests/integration/test_live_features.py checks that the two agree.
 CHARGEBACK_REACH_DAYS = 32
 FEATURE_LAG_US = 1_000  # the training set joins at event time - 1 ms (training.dataset.FEATURE_LAG)
-_HOUR_MS, _DAY_MS, _WEEK_MS, _MONTH_MS = (WINDOWS[w] * 1_000 for w in ("1h", "24h", "7d", "30d"))
+_MONTH_MS = WINDOWS["30d"] * 1_000
 _CUSTOMER_TTL_US = CUSTOMER_TTL // timedelta(microseconds=1)
 _MERCHANT_TTL_US = MERCHANT_TTL // timedelta(microseconds=1)
 # Bootstrap reach: the row of an entity's last transaction before the start may be served up to its TTL
@@ -537,28 +538,19 @@ class _Customer:
         times, usd_, foreign, merchants, arrival = columns or self.columns()
         t = times[i] // US_PER_MS
         hi = bisect_left(times, (t + 1) * US_PER_MS)  # every transaction of the same millisecond is inside
-        hour = bisect_left(times, (t - _HOUR_MS + 1) * US_PER_MS, 0, hi)
-        day = bisect_left(times, (t - _DAY_MS + 1) * US_PER_MS, 0, hour)
-        week = bisect_left(times, (t - _WEEK_MS + 1) * US_PER_MS, 0, day)
-        month = bisect_left(times, (t - _MONTH_MS + 1) * US_PER_MS, 0, week)
-        windows = (
-            _stddev_samp(usd_[hour:hi]),
-            _stddev_samp(usd_[day:hi]),
-            _stddev_from_sums(usd_[week:hi]),
-            _stddev_from_sums(usd_[month:hi]),
-        )
-        computed: dict[_Key, Any] = {
-            ("merchant_id", "distinct_count", "24h"): len(set(merchants[day:hi])),
-            ("transaction", "time_since_previous", None): self._seconds_since_previous(i, times, arrival),
-            ("is_foreign", "share", "30d"): sum(foreign[month:hi]) / (hi - month),
-        }
-        for window, (n, total, mean, std) in zip(WINDOWS, windows, strict=True):
-            computed["transaction", "count", window] = n
-            computed["amount_usd", "sum", window] = total
-            computed["amount_usd", "mean", window] = mean
-            computed["amount_usd", "std", window] = std
+        inputs = {"amount_usd": usd_, "is_foreign": foreign, "merchant_id": merchants}
         row: Row = {CUSTOMER_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(times[i])}
-        return _fill(row, _CUSTOMER_DECLARED, computed)
+        starts = _starts(times, t, hi, _CUSTOMER_PLAN.windows)
+        memo: dict[tuple[str, str], Any] = {}
+        for name, feature in _CUSTOMER_PLAN.features:
+            if feature.aggregation == "time_since_previous":
+                row[name] = self._seconds_since_previous(i, times, arrival)
+            else:
+                window = feature.window or ""
+                lo = starts[window]
+                values = inputs[feature.input][lo:hi] if feature.input in inputs else ()
+                row[name] = _aggregate(feature, values, hi - lo, memo, window)
+        return row
 
     def _seconds_since_previous(self, i: int, times: Sequence[int], arrival: Sequence[int]) -> float | None:
         t = times[i] // US_PER_MS
@@ -651,42 +643,95 @@ class _Merchant:
         times, cum, chargebacks = self.us, self.cum, self.chargebacks
         t = times[i] // US_PER_MS
         hi = bisect_left(times, (t + 1) * US_PER_MS)
-        day = bisect_left(times, (t - _DAY_MS + 1) * US_PER_MS, 0, hi)
-        week = bisect_left(times, (t - _WEEK_MS + 1) * US_PER_MS, 0, day)
-        month = bisect_left(times, (t - _MONTH_MS + 1) * US_PER_MS, 0, week)
-        reported = bisect_right(chargebacks, t) - bisect_right(chargebacks, t - _MONTH_MS)
-        computed: dict[_Key, Any] = {
-            ("transaction", "count", "24h"): hi - day,
-            ("transaction", "count", "7d"): hi - week,
-            ("amount_usd", "sum", "24h"): cum[hi] - cum[day],
-            ("amount_usd", "sum", "7d"): cum[hi] - cum[week],
-            ("chargeback", "count", "30d"): reported,
-            ("chargeback", "per_transaction", "30d"): reported / (hi - month),
-        }
+        starts = _starts(times, t, hi, _MERCHANT_PLAN.windows)
         row: Row = {MERCHANT_JOIN_KEY: self.key, EVENT_TIMESTAMP: _datetime(times[i])}
-        return _fill(row, _MERCHANT_DECLARED, computed)
+        for name, feature in _MERCHANT_PLAN.features:
+            window = feature.window or ""
+            lo, width = starts[window], WINDOWS[window] * 1_000
+            n = hi - lo
+            if feature.input == "chargeback":
+                reported = bisect_right(chargebacks, t) - bisect_right(chargebacks, t - width)
+                row[name] = reported if feature.aggregation == "count" else reported / n
+            elif feature.aggregation == "count":
+                row[name] = n
+            else:  # the USD amount: sum or mean, from the running totals
+                total = cum[hi] - cum[lo]
+                row[name] = total if feature.aggregation == "sum" else total / n
+        return row
 
 
-# What a feature computes, by its declaration (pipelines/gold/contract.py Feature.key): (input, aggregation,
-# window). A row is filled by these keys, never by the position of a name.
-_Key = tuple[str, str, str | None]
-_CUSTOMER_DECLARED: tuple[tuple[str, _Key], ...] = tuple((f.name, f.key) for f in features_of("customer"))
-_MERCHANT_DECLARED: tuple[tuple[str, _Key], ...] = tuple((f.name, f.key) for f in features_of("merchant"))
+class _Plan:
+    """What an entity's rows compute, from its declarations (pipelines/gold/contract.py FEATURES): each
+    feature by its input, aggregation and window, in declared order, and the windows to find. The live state
+    holds no code per feature: a declared feature is computed by its aggregation over its input's values in
+    its window, as gold computes it (sliding windows exactly per frame, whole-day windows from sums)."""
+
+    def __init__(self, entity: str, declared: Sequence[Feature], supported: Mapping[str, set[str]]) -> None:
+        self.entity = entity
+        self.features = tuple((f.name, f) for f in declared)
+        self.windows = tuple(sorted({f.window for f in declared if f.window}, key=WINDOWS.__getitem__))
+        lacking = [
+            f"{f.name} ({f.aggregation} of {f.input} over {f.window})"
+            for f in declared
+            if f.aggregation not in supported.get(f.input, set())
+        ]
+        computes = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(supported.items()))
+        self.problem = (
+            f"the live state of the {entity} (features/live.py) keeps no values to compute "
+            f"{', '.join(lacking)}; it computes {computes}"
+            if lacking
+            else None
+        )
 
 
-def _fill(row: Row, declared: tuple[tuple[str, _Key], ...], computed: dict[_Key, Any]) -> Row:
-    """`row` with each declared feature's value, looked up by what the feature computes. A declared feature
-    that the live state does not compute is a ValueError naming it (every scored request would fail)."""
-    try:
-        for name, key in declared:
-            row[name] = computed[key]
-    except KeyError as missing:
-        raise ValueError(
-            f"feature {name!r} ({key[1]} of {key[0]} over {key[2]}) is declared in "
-            f"pipelines/gold/contract.py but the live state (features/live.py) does not compute "
-            f"{missing.args[0]}: it computes {sorted(computed, key=str)}"
-        ) from None
-    return row
+# What each entity's live columns can aggregate. A customer keeps every transaction's values (USD amount,
+# abroad flag, merchant) for 30 days: any aggregation of them. A merchant keeps its transactions' times and
+# running USD totals (16 bytes each: the busiest entities) and its chargebacks' report times.
+_ANY = {"count", "sum", "mean", "std", "share", "per_transaction", "distinct_count", "max"}
+_CUSTOMER_SUPPORTED = {
+    "transaction": {"count", "time_since_previous"},
+    "amount_usd": _ANY,
+    "is_foreign": _ANY,
+    "merchant_id": {"distinct_count"},
+}
+_MERCHANT_SUPPORTED = {
+    "transaction": {"count"},
+    "amount_usd": {"sum", "mean"},
+    "chargeback": {"count", "per_transaction"},
+}
+_CUSTOMER_PLAN = _Plan("customer", features_of("customer"), _CUSTOMER_SUPPORTED)
+_MERCHANT_PLAN = _Plan("merchant", features_of("merchant"), _MERCHANT_SUPPORTED)
+
+
+def _starts(times: Sequence[int], t: int, hi: int, windows: Sequence[str]) -> dict[str, int]:
+    """Index of the first transaction inside each window (t - w, t] (whole milliseconds), shortest first,
+    each search bounded by the previous one's."""
+    starts: dict[str, int] = {}
+    bound = hi
+    for window in windows:
+        bound = starts[window] = bisect_left(times, (t - WINDOWS[window] * 1_000 + 1) * US_PER_MS, 0, bound)
+    return starts
+
+
+def _aggregate(feature: Feature, values: Sequence[Any], n: int, memo: dict, window: str) -> Any:
+    """A customer feature's value from its input's values in its window (n transactions), as gold computes
+    it. `memo` keeps the sums a row's features share."""
+    aggregation = feature.aggregation
+    if aggregation == "count":
+        return n
+    if aggregation == "distinct_count":
+        return len(set(values))
+    if aggregation == "max":
+        return max(values)
+    key = (feature.input, window)
+    if key not in memo:
+        memo[key] = (_stddev_samp if feature.sliding else _stddev_from_sums)(values)
+    _n, total, mean, std = memo[key]
+    if aggregation == "sum":
+        return total
+    if aggregation in ("mean", "share", "per_transaction"):
+        return mean
+    return std
 
 
 def _stddev_samp(values: Sequence[float]) -> tuple[int, float, float, float | None]:
@@ -726,6 +771,9 @@ class LiveState:
     """
 
     def __init__(self, late_event_days: int = 1, dedup_lookback_days: int = 30) -> None:
+        for plan in (_CUSTOMER_PLAN, _MERCHANT_PLAN):
+            if plan.problem:  # refused at start, not on every scored request
+                raise ValueError(plan.problem)
         self.late_event_days = late_event_days
         self.dedup_lookback_days = dedup_lookback_days
         self.retain_days = LOOKBACK_DAYS + 2 * late_event_days + 2

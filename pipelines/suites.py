@@ -86,7 +86,7 @@ def _expectation(kind: str, **kwargs: Any) -> dict[str, Any]:
 
 # What a gold value of each aggregation may be (pipelines/gold/contract.py AGGREGATIONS), as GX bounds: a
 # window includes the row's own transaction, so a count of transactions and a distinct count are at least 1;
-# USD amounts are positive, so sums, means and deviations are not negative; a share is in [0, 1].
+# USD amounts are positive, so sums, means, deviations and maxima are not negative; a share is in [0, 1].
 _GOLD_BOUNDS: dict[str, dict[str, Any]] = {
     "count": {"min_value": 0},
     "sum": {"min_value": 0},
@@ -96,6 +96,7 @@ _GOLD_BOUNDS: dict[str, dict[str, Any]] = {
     "share": {"min_value": 0, "max_value": 1},
     "per_transaction": {"min_value": 0},
     "time_since_previous": {"min_value": 0},
+    "max": {"min_value": 0},
 }
 # Aggregations that may be null: a deviation of fewer than two values, no previous transaction in reach.
 _GOLD_NULLABLE = ("std", "time_since_previous")

@@ -42,7 +42,17 @@ AGGREGATIONS = {
     "share": "the share of the entity's transactions for which the input is 1",
     "per_transaction": "how many of the input per transaction of the entity in the window",
     "time_since_previous": "seconds since the entity's previous transaction (null: none in the lookback)",
+    "max": "the largest",
 }
+# How a window is computed (pipelines/gold/transforms.py). A sliding window keeps its frame's rows, so any
+# aggregation works, but its cost grows with the rows in the frame: only the customer's short windows
+# (a cardholder's day is a few transactions) slide. Every other window is whole days and runs on per-day
+# intermediate states (counts, sums, sums of squares; state.py) plus a running sum over the date's rows,
+# which merges only the aggregations below; a busy merchant costs O(rows) either way.
+SLIDING_WINDOWS = {"customer": ("1h", "24h"), "merchant": ()}
+MERGEABLE = ("count", "sum", "mean", "std", "share", "per_transaction")
+# Inputs counted at another time than the transaction's: a chargeback at the time it was reported.
+REPORTED_INPUTS = ("chargeback",)
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,50 @@ class Feature:
             raise ValueError(f"{where}: dtype {self.dtype!r} is not int64 or float64")
         if not self.name.startswith(f"{self.entity}_"):
             raise ValueError(f"{where}: a feature's name starts with its entity ({self.entity}_)")
+        if self.window is not None and not self.sliding:
+            if WINDOWS[self.window] % 86_400:
+                raise ValueError(
+                    f"{where}: the {self.entity}'s window {self.window!r} is not whole days, and only the "
+                    f"windows {SLIDING_WINDOWS[self.entity]} of the {self.entity} slide"
+                )
+            if self.aggregation not in MERGEABLE:
+                raise ValueError(
+                    f"{where}: {self.aggregation!r} over {self.window} cannot be merged from per-day states; "
+                    f"declare it over a sliding window of the {self.entity} ({SLIDING_WINDOWS[self.entity]}) "
+                    f"or use one of {MERGEABLE}"
+                )
+        if self.input in REPORTED_INPUTS and (
+            self.sliding or self.aggregation not in {"count", "per_transaction"}
+        ):
+            raise ValueError(
+                f"{where}: {self.input!r} is counted when reported: count or per_transaction over whole days"
+            )
+        if self.aggregation in {"share", "per_transaction"} and self.input == "transaction":
+            raise ValueError(
+                f"{where}: {self.aggregation!r} of the transaction itself is 1: use another input"
+            )
+        if self.aggregation in {"sum", "mean", "std", "max", "share"} and self.input in {
+            "transaction",
+            "merchant_id",
+        }:
+            raise ValueError(f"{where}: {self.aggregation!r} needs a numeric input, not {self.input!r}")
+        if self.aggregation == "distinct_count" and self.input in {"transaction", *REPORTED_INPUTS}:
+            raise ValueError(f"{where}: distinct_count needs a column of the transaction, not {self.input!r}")
+        if self.input in REPORTED_INPUTS and self.entity != "merchant":
+            raise ValueError(f"{where}: {self.input!r} is attributed to the merchant of its transaction")
+        if self.input == "merchant_id" and self.entity == "merchant":
+            raise ValueError(f"{where}: merchant_id is the merchant's own key")
+        if self.aggregation == "count" and self.input not in {"transaction", *REPORTED_INPUTS}:
+            raise ValueError(f"{where}: count is of transactions or of reports, not of {self.input!r}")
+        if self.aggregation == "time_since_previous" and self.input != "transaction":
+            raise ValueError(f"{where}: time_since_previous is of the transaction itself")
+        if self.input == "merchant_id" and self.aggregation != "distinct_count":
+            raise ValueError(f"{where}: merchant_id is a pseudonym: only distinct_count of it")
+
+    @property
+    def sliding(self) -> bool:
+        """Computed over a sliding frame of rows (else from per-day states; see SLIDING_WINDOWS)."""
+        return self.window in SLIDING_WINDOWS[self.entity]
 
     @property
     def key(self) -> tuple[str, str, str | None]:
@@ -98,13 +152,27 @@ def _windowed(
     ]
 
 
+def _per_window(entity: str, *families: tuple[str, str, str, str, str]) -> list[Feature]:
+    """Each window's features of several families, window by window: (stem, input, aggregation, dtype,
+    what) per family."""
+    return [
+        feature
+        for window in WINDOWS
+        for family in families
+        for feature in _windowed(entity, *family, windows=(window,))
+    ]
+
+
 # Every gold feature, in the order of the gold tables' columns (the order is the tables' bytes: keep it and
 # add a new feature at the end of its entity's).
 FEATURES: tuple[Feature, ...] = (
-    *_windowed("customer", "txn_count", "transaction", "count", "int64", "the customer's transactions"),
-    *_windowed("customer", "amount_sum", "amount_usd", "sum", "float64", "USD the customer spent"),
-    *_windowed("customer", "amount_mean", "amount_usd", "mean", "float64", "mean USD amount"),
-    *_windowed("customer", "amount_std", "amount_usd", "std", "float64", "sample std of the USD amounts"),
+    *_per_window(
+        "customer",
+        ("txn_count", "transaction", "count", "int64", "the customer's transactions"),
+        ("amount_sum", "amount_usd", "sum", "float64", "USD the customer spent"),
+        ("amount_mean", "amount_usd", "mean", "float64", "mean USD amount"),
+        ("amount_std", "amount_usd", "std", "float64", "sample std of the USD amounts"),
+    ),
     Feature(
         "customer_distinct_merchants_24h", "customer", "merchant_id", "distinct_count", "24h", "int64",
         "distinct merchants the customer paid in the last 24h",

@@ -2,8 +2,9 @@
 
 Per silver arrival date X, three small tables under $MLOPS_HOME/lake/state/features:
 
-- customer_daily: per customer and event date, count, USD sum and sum of squares, abroad count, last event ms;
-- merchant_daily: per merchant and event date, count and USD sum;
+- customer_daily, merchant_daily: per entity and event date, the intermediate states its declared features
+  merge from (transforms.daily_parts: today the customer's count, USD sum and sum of squares, abroad
+  count and last event ms; the merchant's count and USD sum);
 - merchant_chargebacks: the fraud chargebacks that arrived on X, with the merchant of their transaction
   (looked up once, in silver of the arrivals X-32 .. X, instead of on every date of the next 30).
 
@@ -46,11 +47,13 @@ log = logging.getLogger(__name__)
 
 # Each table's columns, besides arrival_date (the schema of an empty read).
 SCHEMAS = {
-    "customer_daily": "customer_id string, event_date date, n long, usd_sum double, usd_sumsq double, "
-    "foreign_n double, last_ms long",
-    "merchant_daily": "merchant_id string, event_date date, n long, usd_sum double",
+    "customer_daily": transforms.daily_schema("customer"),
+    "merchant_daily": transforms.daily_schema("merchant"),
     "merchant_chargebacks": "merchant_id string, label_date date, label_ms long",
 }
+# What the states hold: a declaration that needs another state changes it, and every arrival whose record
+# was derived for another format is derived again (the backfill of a new feature's states).
+FORMAT = hashlib.sha256(repr(sorted(SCHEMAS.items())).encode()).hexdigest()[:16]
 TABLES = tuple(SCHEMAS)
 # Each table's rows in its files, in this order (every column but the totals).
 ORDER = {
@@ -145,7 +148,7 @@ def ensure(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, 
         record = read_json(_signature_path(lake, arrival))
         # before any read: a later rewrite is seen next time
         signature = _inputs_signature(tables, arrival, with_silver, own)
-        if record and record.get("signature") == signature:
+        if record and record.get("signature") == signature and record.get("format") == FORMAT:
             records[arrival] = record
         else:
             stale[arrival] = signature
@@ -167,8 +170,8 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
     evts = transforms.events(silver)
     root = state_root(lake)
     written = {
-        "customer_daily": transforms.customer_daily(evts),
-        "merchant_daily": transforms.merchant_daily(evts),
+        "customer_daily": transforms.daily(evts, "customer"),
+        "merchant_daily": transforms.daily(evts, "merchant"),
     }
     labels = read_partitions(spark, tables.silver_labels, arrivals)
     if labels is not None:
@@ -202,6 +205,7 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
         record = {
             "arrival_date": arrival.isoformat(),
             "signature": signatures[arrival],
+            "format": FORMAT,
             "event_dates": {
                 day.isoformat(): int(n)
                 for day, n in sorted(

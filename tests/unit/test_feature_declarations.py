@@ -1,7 +1,8 @@
 """One declaration per gold feature (pipelines/gold/contract.py FEATURES): a declaration that names an unknown
-input, aggregation, window or type is refused naming the feature; the live state (features/live.py) fills
-each row by what a feature computes, so a reordered declaration moves no value to another name and a
-declared feature the live state cannot compute fails naming it instead of serving a guess."""
+input, aggregation, window or type, or one gold cannot compute, is refused naming the feature; the live
+state (features/live.py) computes each row from the declarations, so a reordered declaration moves no value
+to another name, a new declaration is served with no other change, and a declared feature the live state
+keeps no values for is refused when it starts instead of serving a guess."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from features import live
 from features.definitions import INTEGER_FEATURES
 from features.live import LiveState
+from pipelines.contracts import CURRENCY_PER_USD
 from pipelines.gold.contract import CUSTOMER_FEATURES, FEATURES, MERCHANT_FEATURES, Feature
 
 pytestmark = pytest.mark.unit
@@ -68,24 +70,73 @@ def test_the_contract_feast_types_and_live_rows_follow_the_declarations():
     assert merchant["merchant_txn_count_24h"] == 3
 
 
+def _declare(monkeypatch, entity: str, declared) -> None:
+    supported = live._CUSTOMER_SUPPORTED if entity == "customer" else live._MERCHANT_SUPPORTED
+    monkeypatch.setattr(live, f"_{entity.upper()}_PLAN", live._Plan(entity, tuple(declared), supported))
+
+
 def test_a_reordered_declaration_moves_no_value_to_another_name(monkeypatch):
     before_customer, before_merchant = _rows()
-    monkeypatch.setattr(live, "_CUSTOMER_DECLARED", tuple(reversed(live._CUSTOMER_DECLARED)))
-    monkeypatch.setattr(live, "_MERCHANT_DECLARED", tuple(reversed(live._MERCHANT_DECLARED)))
+    for entity in ("customer", "merchant"):
+        _declare(monkeypatch, entity, reversed([f for f in FEATURES if f.entity == entity]))
     after_customer, after_merchant = _rows()
     assert after_customer == before_customer and after_merchant == before_merchant
     assert list(after_customer) != list(before_customer)  # the order did change
 
 
-def test_a_declared_feature_the_live_state_cannot_compute_fails_naming_it(monkeypatch):
-    new = Feature(
-        "customer_amount_sum_never", "customer", "amount_usd", "distinct_count", "7d", "int64", "new"
-    )
-    monkeypatch.setattr(live, "_CUSTOMER_DECLARED", (*live._CUSTOMER_DECLARED, (new.name, new.key)))
-    with pytest.raises(
-        ValueError, match="'customer_amount_sum_never' \\(distinct_count of amount_usd over 7d\\)"
-    ):
-        _rows()
+@pytest.mark.parametrize(
+    ("feature", "expected"),
+    [
+        pytest.param(
+            Feature("customer_max_amount_24h", "customer", "amount_usd", "max", "24h", "float64", "new"),
+            25.5 / CURRENCY_PER_USD["EUR"],
+            id="the customer's largest amount in 24h",
+        ),
+        pytest.param(
+            Feature("customer_foreign_share_1h", "customer", "is_foreign", "share", "1h", "float64", "new"),
+            0.0,
+            id="a share over a sliding window",
+        ),
+        pytest.param(
+            Feature("merchant_amount_mean_7d", "merchant", "amount_usd", "mean", "7d", "float64", "new"),
+            (10.0 + 25.5 + 7.25) / 3 / CURRENCY_PER_USD["EUR"],
+            id="the merchant's mean amount in 7d",
+        ),
+    ],
+)
+def test_a_new_declaration_is_served_without_another_change(monkeypatch, feature, expected):
+    """The live state computes a declared feature by its aggregation: declaring it is the whole change."""
+    _declare(monkeypatch, feature.entity, (*(f for f in FEATURES if f.entity == feature.entity), feature))
+    customer, merchant = _rows()
+    row = customer if feature.entity == "customer" else merchant
+    assert row[feature.name] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_declared_feature_the_live_state_cannot_compute_is_refused_at_start_naming_it(monkeypatch):
+    new = Feature("merchant_amount_std_7d", "merchant", "amount_usd", "std", "7d", "float64", "new")
+    _declare(monkeypatch, "merchant", (*(f for f in FEATURES if f.entity == "merchant"), new))
+    with pytest.raises(ValueError, match="merchant_amount_std_7d \\(std of amount_usd over 7d\\)"):
+        LiveState(late_event_days=1)
+
+
+@pytest.mark.parametrize(
+    ("declared", "named"),
+    [
+        pytest.param(("customer_amount_max_7d", "customer", "amount_usd", "max", "7d"), "cannot be merged",
+                     id="max over a running window"),
+        pytest.param(("customer_distinct_x_24h", "customer", "transaction", "distinct_count", "24h"),
+                     "needs a column", id="distinct count of the transaction"),
+        pytest.param(("customer_chargebacks_30d", "customer", "chargeback", "count", "30d"),
+                     "attributed to the merchant", id="a reported input of the customer"),
+        pytest.param(("merchant_count_1h", "merchant", "transaction", "count", "1h"), "not whole days",
+                     id="a merchant window that is not whole days"),
+    ],
+)  # fmt: skip
+def test_a_declaration_gold_cannot_compute_is_refused_saying_why(declared, named):
+    name, entity, input_, aggregation, window = declared
+    with pytest.raises(ValueError, match=named) as refused:
+        Feature(name, entity, input_, aggregation, window, "float64", "d")
+    assert repr(name) in str(refused.value)
 
 
 def test_the_gold_suites_check_every_declared_feature_by_its_aggregation():
@@ -112,3 +163,10 @@ def test_the_gold_suites_check_every_declared_feature_by_its_aggregation():
         ("customer_txn_count_7d", "customer_txn_count_24h"),
         ("customer_txn_count_30d", "customer_txn_count_7d"),
     ]
+
+
+def test_every_aggregation_has_its_gold_bounds():
+    from pipelines.gold.contract import AGGREGATIONS
+    from pipelines.suites import _GOLD_BOUNDS
+
+    assert set(_GOLD_BOUNDS) == set(AGGREGATIONS)
