@@ -241,11 +241,21 @@ def ingest(
     )
 
 
-@app.command()
+features_app = typer.Typer(
+    help="Silver -> gold features -> GX -> DVC version -> Feast online store, for event dates (`--date`); "
+    "`list` and `check`: the declared features and the versions that take them.",
+    add_completion=False,
+)
+app.add_typer(features_app, name="features")
+
+
+@features_app.callback(invoke_without_command=True)
 def features(
+    ctx: typer.Context,
     days: Annotated[
-        list[datetime], typer.Option("--date", formats=["%Y-%m-%d"], help=f"event date to compute{_REPEAT}")
-    ],
+        list[datetime] | None,
+        typer.Option("--date", formats=["%Y-%m-%d"], help=f"event date to compute{_REPEAT}"),
+    ] = None,
     steps: Annotated[
         list[str] | None,
         typer.Option(
@@ -256,7 +266,12 @@ def features(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Silver -> gold features -> GX -> DVC version -> Feast online store, for event dates."""
+    """Silver -> gold features -> GX -> DVC version -> Feast online store, for event dates. A date built
+    for other declarations is built again (the backfill of an added feature, oldest first)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not days:
+        raise typer.BadParameter("give the event dates to compute with --date (or run `mlops features list`)")
     from mlops.chain import FEATURES_STEPS
 
     chosen = [(name, _step(FEATURES_STEPS, name, "features")) for name in steps or ["features"]]
@@ -265,6 +280,43 @@ def features(
     _run_steps(
         "features", "event_date", days, chosen, lambda run, day: run(settings, day), _features_table, as_json
     )
+
+
+@features_app.command("list")
+def features_list(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Each declared feature: its declaration, the registered versions that take it (champion, shadow) and
+    how far its Feast view's online rows reach."""
+    from features.catalog import catalog
+
+    entries = catalog(get_settings())
+    table = Table("feature", "declared as", "type", "used by", "online until", title="declared features")
+    for entry in entries:
+        f = entry.feature
+        used = ", ".join(f"v{v.number}{f' ({v.role})' if v.role else ''}" for v in entry.used_by) or "-"
+        table.add_row(
+            f.name, f"{f.aggregation} of {f.input} over {f.window or 'the lookback'}", f.dtype, used,
+            entry.online_until.isoformat() if entry.online_until else "never materialized",
+        )  # fmt: skip
+    err.print(table)
+    _emit({"status": "ok", "features": [e.to_dict() for e in entries]}, as_json)
+
+
+@features_app.command("check")
+def features_check(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Refuse (exit 1) while the champion or the shadow takes an input that the declarations no longer
+    have: run it before deploying a change that removes a feature."""
+    from features.catalog import registered_versions, removal_problems
+
+    problems = removal_problems(registered_versions(get_settings().mlflow_tracking_uri))
+    for problem in problems:
+        err.print(f"[red]{problem}[/red]")
+    _emit({"status": "failed" if problems else "ok", "problems": problems}, as_json)
+    if problems:
+        raise typer.Exit(1)
 
 
 def _run_training(command: str, run, as_json: bool) -> dict:

@@ -9,6 +9,7 @@ run in a GPU pod while the others run on an Airflow worker.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import time
@@ -202,6 +203,7 @@ def train(
     train_data, validation = split_tensors(frame, "train"), split_tensors(frame, "validation")
     as_of = frame.attrs.get("as_of") or frame["event_timestamp"].max().date().isoformat()
     suites, gx_success = _gold_validation(settings, as_of)
+    model_config = ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout)
     lineage = Lineage(
         training_set_rev=training_set_rev,
         as_of=as_of,
@@ -213,9 +215,9 @@ def train(
         dag_id=dag_id,
         dag_run_id=dag_run_id,
         retrain_key=retrain_key(retrain_identity(settings, training_set_rev, config)) or "",
+        model_inputs=json.dumps(list(model_config.inputs)),
     )
     torch.manual_seed(config.seed)
-    model_config = ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout)
     model = FraudMLP(model_config)
     model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
     checkpoint_dir = checkpoint_dir or settings.checkpoints_dir / training_set_rev
@@ -431,6 +433,8 @@ def _decision_record(decision) -> dict:
         PRIMARY_METRIC: decision.candidate_metrics.get(PRIMARY_METRIC),
         "champion_" + PRIMARY_METRIC: decision.champion_metrics.get(PRIMARY_METRIC),
         "history_id": decision.id,
+        # what the candidate's inputs add to and remove from the champion's (None: the same inputs)
+        "inputs_change": decision.inputs_change,
     }
 
 

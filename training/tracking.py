@@ -37,6 +37,9 @@ class Lineage:
     # The retrain's identity (training/steps.py retrain_identity): equal keys, equal inputs; "" when the
     # code's commit is unknown (no identity, never skipped).
     retrain_key: str = ""
+    # The model's input names, in its matrix's order (JSON; ModelConfig.inputs): the version's tag that
+    # `mlops features list` and a removal's check read without loading the model.
+    model_inputs: str = ""
 
     def tags(self) -> dict[str, str]:
         return {f"lineage.{key}": str(value) for key, value in self.__dict__.items()}

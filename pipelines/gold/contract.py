@@ -10,6 +10,7 @@ Amounts are aggregated in US dollars (CURRENCY_PER_USD), so cardholders of diffe
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -214,6 +215,10 @@ def _unique(features: tuple[Feature, ...]) -> tuple[Feature, ...]:
     return features
 
 
+# What gold's columns are computed as: a date built for another format is built again (job.plan_gold).
+FEATURES_FORMAT = hashlib.sha256(
+    repr([(f.name, f.entity, f.input, f.aggregation, f.window, f.dtype) for f in FEATURES]).encode()
+).hexdigest()[:16]
 CUSTOMER_FEATURES: tuple[str, ...] = tuple(f.name for f in _unique(features_of("customer")))
 MERCHANT_FEATURES: tuple[str, ...] = tuple(f.name for f in _unique(features_of("merchant")))
 FEATURE_BY_NAME: dict[str, Feature] = {f.name: f for f in FEATURES}

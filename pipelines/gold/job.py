@@ -16,6 +16,7 @@ from core.errors import PipelineError
 from pipelines.gold import state, transforms
 from pipelines.gold.contract import (
     CUSTOMER_TABLE,
+    FEATURES_FORMAT,
     LOOKBACK_DAYS,
     MERCHANT_TABLE,
     PARTITION_COLUMN,
@@ -86,6 +87,14 @@ def plan_gold(settings: Settings, arrivals: list[date]) -> dict:
         if day not in reasons and built.get("inputs") != inputs_of(records, day):
             changed = sorted(set(built.get("inputs", {}).items()) ^ set(inputs_of(records, day).items()))
             reasons[day] = "inputs changed: arrivals " + ", ".join(sorted({a for a, _ in changed}))
+        # A date built for other declarations (a feature added or changed) is built again: the backfill of
+        # a new feature, oldest first. A record from before the format was kept counts as today's.
+        elif (
+            day not in reasons
+            and not built.get("removed")
+            and built.get("features", FEATURES_FORMAT) != FEATURES_FORMAT
+        ):
+            reasons[day] = "declared features changed (pipelines/gold/contract.py FEATURES)"
     plan = {
         "arrivals": [a.isoformat() for a in arrivals],
         "event_dates": [d.isoformat() for d in sorted(reasons)],
@@ -193,7 +202,8 @@ def build_gold(settings: Settings, day: date) -> dict:
             f"{', '.join(record['silver_arrivals_read'])}); each transaction needs one row in each"
         )
     write_json(
-        build_path(settings.lake, day), {"event_date": day.isoformat(), "inputs": inputs_of(records, day)}
+        build_path(settings.lake, day),
+        {"event_date": day.isoformat(), "inputs": inputs_of(records, day), "features": FEATURES_FORMAT},
     )
     log.info("gold %s: %s", day, record)
     return record

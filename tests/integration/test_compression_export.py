@@ -401,3 +401,30 @@ def test_a_champion_whose_inputs_the_service_cannot_build_is_refused_with_the_na
     models = Models(ModelSource(tracking_uri, cache_dir=tmp_path / "cache2"), shadow=False)
     assert models.refresh().champion is None
     assert models.problem is not None and message in models.problem
+
+
+def test_the_feature_catalog_reads_each_versions_inputs_and_role_from_the_registry(tmp_path, onnx_files):
+    """`mlops features list`: the versions taking each feature come from their `lineage.model_inputs` tags,
+    the champion and the shadow (the newest above it) named; a version without the tag takes none."""
+    from features.catalog import INPUTS_TAG, catalog, registered_versions
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    name = ModelRegistry(tracking_uri).name
+    numbers = [
+        _version_with(tracking_uri, {"model.onnx": str(onnx_files["fp32"])}, None, tmp_path) for _ in range(3)
+    ]
+    client.set_model_version_tag(name, numbers[1], INPUTS_TAG, json.dumps(list(OWN_INPUTS)))
+    client.set_model_version_tag(name, numbers[2], INPUTS_TAG, json.dumps(list(MODEL_INPUTS)))
+    ModelRegistry(tracking_uri).set_champion(numbers[1])
+    versions = registered_versions(tracking_uri)
+    assert [(v.number, v.role, v.inputs) for v in versions] == [
+        (numbers[2], "shadow", MODEL_INPUTS),
+        (numbers[1], "champion", OWN_INPUTS),
+        (numbers[0], "", None),
+    ]
+    dropped = NUMERIC_FEATURES[-1]  # OWN_INPUTS lacks it
+    entries = {e.feature.name: e for e in catalog(Settings(home=tmp_path / "home"), versions)}
+    assert [v.number for v in entries[dropped].used_by] == [numbers[2]]
+    assert [v.number for v in entries[OWN_NUMERIC[0]].used_by] == [numbers[2], numbers[1]]
+    assert entries[dropped].online_until is None  # nothing materialized in this home

@@ -170,3 +170,20 @@ def test_every_aggregation_has_its_gold_bounds():
     from pipelines.suites import _GOLD_BOUNDS
 
     assert set(_GOLD_BOUNDS) == set(AGGREGATIONS)
+
+
+def test_removing_a_feature_a_served_version_takes_is_refused_naming_the_versions():
+    from features.catalog import Version, removal_problems
+    from model_contract.inputs import MODEL_INPUTS
+
+    gone = CUSTOMER_FEATURES[2]
+    built = tuple(n for n in MODEL_INPUTS if n != gone)
+    versions = [
+        Version("4", built, "shadow"),  # trained without it: fine
+        Version("3", MODEL_INPUTS, "champion"),
+        Version("2", MODEL_INPUTS, ""),  # neither served nor shadowed: may lose it
+        Version("1", None, ""),
+    ]
+    problems = removal_problems(versions, built)
+    assert len(problems) == 1 and problems[0].startswith(f"v3 (champion) takes {gone}, which"), problems
+    assert removal_problems(versions, MODEL_INPUTS) == []
