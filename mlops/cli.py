@@ -288,7 +288,7 @@ def features_list(
 ) -> None:
     """Each declared feature: its declaration, the registered versions that take it (champion, shadow) and
     how far its Feast view's online rows reach."""
-    from features.catalog import catalog
+    from mlops.feature_catalog import catalog
 
     entries = catalog(get_settings())
     table = Table("feature", "declared as", "type", "used by", "online until", title="declared features")
@@ -309,7 +309,7 @@ def features_check(
 ) -> None:
     """Refuse (exit 1) while the champion or the shadow takes an input that the declarations no longer
     have: run it before deploying a change that removes a feature."""
-    from features.catalog import registered_versions, removal_problems
+    from mlops.feature_catalog import registered_versions, removal_problems
 
     problems = removal_problems(registered_versions(get_settings().mlflow_tracking_uri))
     for problem in problems:

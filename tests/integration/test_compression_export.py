@@ -406,7 +406,7 @@ def test_a_champion_whose_inputs_the_service_cannot_build_is_refused_with_the_na
 def test_the_feature_catalog_reads_each_versions_inputs_and_role_from_the_registry(tmp_path, onnx_files):
     """`mlops features list`: the versions taking each feature come from their `lineage.model_inputs` tags,
     the champion and the shadow (the newest above it) named; a version without the tag takes none."""
-    from features.catalog import INPUTS_TAG, catalog, registered_versions
+    from mlops.feature_catalog import INPUTS_TAG, catalog, registered_versions
 
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)

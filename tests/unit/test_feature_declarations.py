@@ -173,7 +173,7 @@ def test_every_aggregation_has_its_gold_bounds():
 
 
 def test_removing_a_feature_a_served_version_takes_is_refused_naming_the_versions():
-    from features.catalog import Version, removal_problems
+    from mlops.feature_catalog import Version, removal_problems
     from model_contract.inputs import MODEL_INPUTS
 
     gone = CUSTOMER_FEATURES[2]
@@ -187,3 +187,43 @@ def test_removing_a_feature_a_served_version_takes_is_refused_naming_the_version
     problems = removal_problems(versions, built)
     assert len(problems) == 1 and problems[0].startswith(f"v3 (champion) takes {gone}, which"), problems
     assert removal_problems(versions, MODEL_INPUTS) == []
+
+
+def test_a_declaration_that_needs_another_per_day_state_changes_the_states_format(monkeypatch):
+    """Gold's per-day states follow the declarations: the merchant's share abroad over 7 days needs the
+    sum of the abroad flag per merchant and day, a state the merchant did not keep; its table gains the
+    column and the states' format changes, so every arrival's states are derived again."""
+    from pipelines.gold import transforms
+
+    before = transforms.daily_schema("merchant")
+    assert before == "merchant_id string, event_date date, n long, usd_sum double"
+    share = Feature("merchant_foreign_share_7d", "merchant", "is_foreign", "share", "7d", "float64", "new")
+    declared = {e: tuple(f for f in FEATURES if f.entity == e) for e in ("customer", "merchant")}
+    declared["merchant"] += (share,)
+    monkeypatch.setattr(transforms, "features_of", declared.__getitem__)
+    assert transforms.daily_parts("merchant")[-1] == ("is_foreign", "sum")
+    assert transforms.daily_schema("merchant") == f"{before}, foreign_n double"
+    assert transforms.daily_schema("customer") == (
+        "customer_id string, event_date date, n long, usd_sum double, usd_sumsq double, foreign_n double, "
+        "last_ms long"
+    )  # the tables' columns before the states were generated: their bytes
+
+
+def test_the_holdout_gives_each_version_its_own_inputs_by_name():
+    import numpy as np
+    import pandas as pd
+
+    from model_contract.inputs import MissingInputsError
+    from training.dataset import Holdout
+
+    x = np.arange(12, dtype="float32").reshape(4, 3)
+    extra = pd.DataFrame({"d": [10.0, 11.0, 12.0, 13.0]})
+    holdout = Holdout(
+        "rev", x, np.zeros(4), None, ("a", "b", "c"), lambda names: extra[[n for n in names if n in extra]]
+    )
+    assert holdout.matrix(("a", "b", "c")) is x
+    np.testing.assert_array_equal(holdout.matrix(("c", "a")), x[:, [2, 0]])
+    np.testing.assert_array_equal(holdout.matrix(("b", "d")), np.column_stack([x[:, 1], extra["d"]]))
+    with pytest.raises(MissingInputsError, match="does not carry: e") as refused:
+        holdout.matrix(("a", "e"), who="champion v1")
+    assert refused.value.missing == ("e",) and str(refused.value).startswith("champion v1 takes")
