@@ -51,9 +51,27 @@ SCHEMAS = {
     "merchant_daily": transforms.daily_schema("merchant"),
     "merchant_chargebacks": "merchant_id string, label_date date, label_ms long",
 }
+
+
 # What the states hold: a declaration that needs another state changes it, and every arrival whose record
 # was derived for another format is derived again (the backfill of a new feature's states).
-FORMAT = hashlib.sha256(repr(sorted(SCHEMAS.items())).encode()).hexdigest()[:16]
+def _format(schemas: dict[str, str]) -> str:
+    return hashlib.sha256(repr(sorted(schemas.items())).encode()).hexdigest()[:16]
+
+
+FORMAT = _format(SCHEMAS)
+# The tables an arrival derived before its record kept the format holds (the states before they were
+# generated from the declarations): such a record is current while the declarations need no other state,
+# so an upgrade derives nothing again (which would also move gold's last bits: the days' totals are summed
+# in another order after a derivation of all arrivals in one job).
+_UNRECORDED_FORMAT = _format(
+    {
+        "customer_daily": "customer_id string, event_date date, n long, usd_sum double, usd_sumsq double, "
+        "foreign_n double, last_ms long",
+        "merchant_daily": "merchant_id string, event_date date, n long, usd_sum double",
+        "merchant_chargebacks": "merchant_id string, label_date date, label_ms long",
+    }
+)
 TABLES = tuple(SCHEMAS)
 # Each table's rows in its files, in this order (every column but the totals).
 ORDER = {
@@ -148,7 +166,11 @@ def ensure(spark: SparkSession, lake: Path, arrivals: list[date]) -> dict[date, 
         record = read_json(_signature_path(lake, arrival))
         # before any read: a later rewrite is seen next time
         signature = _inputs_signature(tables, arrival, with_silver, own)
-        if record and record.get("signature") == signature and record.get("format") == FORMAT:
+        if (
+            record
+            and record.get("signature") == signature
+            and record.get("format", _UNRECORDED_FORMAT) == FORMAT
+        ):
             records[arrival] = record
         else:
             stale[arrival] = signature
