@@ -64,12 +64,12 @@ def registered_versions(tracking_uri: str) -> list[Version]:
 
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     missing = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}
+    found: list = []
     try:
-        found = client.search_model_versions(f"name='{MODEL_NAME}'", max_results=1000)
+        found = list(client.search_model_versions(f"name='{MODEL_NAME}'", max_results=1000))
     except MlflowException as exc:
         if exc.error_code not in missing:
             raise
-        found = []
     champion: str | None = None
     try:
         champion = str(client.get_model_version_by_alias(MODEL_NAME, CHAMPION_ALIAS).version)

@@ -434,7 +434,7 @@ def features(
         *(v.alias(k) for k, v in run_values.items()),
         (is_day if yesterday else F.lit(True)).alias("_is_day"),
         *(v.alias(k) for k, v in raw_columns.items()),
-        *([F.col("_ms").alias("_txn_ms"), "transaction_id"] if previous else []),
+        *([F.col("_ms").alias("_txn_ms"), F.col("transaction_id")] if previous else []),
         EVENT_TIMESTAMP,
     )
     stream = rows
