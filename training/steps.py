@@ -317,8 +317,9 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     from training.metrics import evaluate as metrics_of
     from training.metrics import plot_evaluation
 
+    rev = training_set_rev(settings, run_id)  # first: it points this process's MLflow at the settings' server
     model = load_model(f"runs:/{run_id}/{MODEL_ARTIFACT}")
-    holdout = read_holdout(settings, training_set_rev(settings, run_id), model.config.inputs)
+    holdout = read_holdout(settings, rev, model.config.inputs)
     scores = predict(model, torch.from_numpy(holdout.x)).numpy()
     labels, weights = holdout.y, holdout.weights
     values = metrics_of(labels, scores, weights=weights)

@@ -160,6 +160,7 @@ def added(tmp_path_factory, spark) -> Added:
     parity = _run(
         source,
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+         f"--basetemp={work / 'replay'}",  # its own: pytest prunes the older base folders of the user's runs
          "tests/integration/test_live_features.py", "-k", "observe_returns or state_before"],
         MLOPS_TEST_CACHE=os.environ.get("MLOPS_TEST_CACHE", str(reference.cache_root())),
     )  # fmt: skip
