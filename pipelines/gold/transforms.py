@@ -215,14 +215,6 @@ def daily(evts: DataFrame, entity: str) -> DataFrame:
     return evts.groupBy("arrival_date", key_of(entity), "event_date").agg(*aggregates)
 
 
-def customer_daily(evts: DataFrame) -> DataFrame:
-    return daily(evts, "customer")
-
-
-def merchant_daily(evts: DataFrame) -> DataFrame:
-    return daily(evts, "merchant")
-
-
 def attributed_chargebacks(labels: DataFrame, merchants: DataFrame, reach_days: int) -> DataFrame:
     """Fraud chargebacks with the merchant of their transaction: arrival_date (of the label), merchant_id,
     label date and ms. `merchants`: transaction_id, merchant_id and transaction_arrival (the arrival date
