@@ -291,13 +291,16 @@ def features_list(
     from mlops.feature_catalog import catalog
 
     entries = catalog(get_settings())
-    table = Table("feature", "declared as", "type", "used by", "online until", title="declared features")
+    table = Table(
+        "feature", "declared as", "type", "used by", "online until", "deprecated", title="declared features"
+    )
     for entry in entries:
         f = entry.feature
         used = ", ".join(f"v{v.number}{f' ({v.role})' if v.role else ''}" for v in entry.used_by) or "-"
         table.add_row(
             f.name, f"{f.aggregation} of {f.input} over {f.window or 'the lookback'}", f.dtype, used,
             entry.online_until.isoformat() if entry.online_until else "never materialized",
+            f.deprecated or "-",
         )  # fmt: skip
     err.print(table)
     _emit({"status": "ok", "features": [e.to_dict() for e in entries]}, as_json)
@@ -308,13 +311,19 @@ def features_check(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Refuse (exit 1) while the champion or the shadow takes an input that the declarations no longer
-    have: run it before deploying a change that removes a feature."""
-    from mlops.feature_catalog import registered_versions, removal_problems
+    have: run it before deploying a change that removes a feature. Says, for each deprecated feature,
+    whether a version in use still takes it (keep it) or none does (remove it)."""
+    from mlops.feature_catalog import catalog, deprecation_status, registered_versions, removal_problems
 
-    problems = removal_problems(registered_versions(get_settings().mlflow_tracking_uri))
+    settings = get_settings()
+    versions = registered_versions(settings.mlflow_tracking_uri)
+    problems = removal_problems(versions)
+    deprecated = deprecation_status(catalog(settings, versions))
+    for line in deprecated:
+        err.print(line)
     for problem in problems:
         err.print(f"[red]{problem}[/red]")
-    _emit({"status": "failed" if problems else "ok", "problems": problems}, as_json)
+    _emit({"status": "failed" if problems else "ok", "problems": problems, "deprecated": deprecated}, as_json)
     if problems:
         raise typer.Exit(1)
 

@@ -8,6 +8,11 @@ the shadow the scoring service follows (the newest version above the champion: s
 feature in use by either must not leave the declarations: `removal_problems` names each input a version in
 use takes that nothing declares any more (the service would refuse that champion at load, and the gate
 could not compare with it), which `mlops features check` turns into a failing exit before a deploy.
+
+A feature's lifecycle: add (declare it; the next features stage rebuilds the built dates, oldest first);
+deprecate (name it in DEPRECATED: still built and served, no longer trained on, so the next promoted
+version drops it); remove (delete the declaration once `deprecation_status` says no version in use takes
+it; before that, `removal_problems` refuses the change with the versions named).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Entry:
             "window": f.window,
             "dtype": f.dtype,
             "description": f.description,
+            "deprecated": f.deprecated or None,
             "view": self.view,
             "used_by": [{"version": v.number, "role": v.role} for v in self.used_by],
             "online_until": self.online_until.isoformat() if self.online_until else None,
@@ -131,3 +137,26 @@ def removal_problems(versions: list[Version], built: tuple[str, ...] = MODEL_INP
                 "served or shadowed version takes it), or promote a version that does not take it first"
             )
     return problems
+
+
+def deprecation_status(entries: list[Entry]) -> list[str]:
+    """For each deprecated feature: the versions in use that still take it (keep the declaration), or that
+    none does (its declaration can be removed)."""
+    lines = []
+    for entry in entries:
+        f = entry.feature
+        if not f.deprecated:
+            continue
+        in_use = [v for v in entry.used_by if v.role]
+        if in_use:
+            named = ", ".join(f"v{v.number} ({v.role})" for v in in_use)
+            lines.append(
+                f"{f.name} is deprecated ({f.deprecated}) and still taken by {named}: keep its declaration "
+                "until a version trained without it is promoted and no shadow takes it"
+            )
+        else:
+            lines.append(
+                f"{f.name} is deprecated ({f.deprecated}) and no version in use takes it: its declaration "
+                "can be removed (with its DEPRECATED entry)"
+            )
+    return lines

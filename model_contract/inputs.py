@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from core.errors import PipelineError
 from pipelines.contracts import CHANNELS, COUNTRIES, CURRENCY_PER_USD, HOME_COUNTRIES, MERCHANT_CATEGORIES
-from pipelines.gold.contract import CUSTOMER_FEATURES, MERCHANT_FEATURES
+from pipelines.gold.contract import CUSTOMER_FEATURES, FEATURES, MERCHANT_FEATURES
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -54,6 +54,27 @@ NUMERIC_FEATURES: tuple[str, ...] = (*TRANSACTION_NUMERIC, *SERVICE_FEATURES)
 CATEGORICAL_FEATURES: tuple[str, ...] = tuple(CATEGORICAL_VOCAB)
 # The model's input, in order: numeric features, then categorical codes (as float32, one matrix).
 MODEL_INPUTS: tuple[str, ...] = (*NUMERIC_FEATURES, *(f"{c}_code" for c in CATEGORICAL_FEATURES))
+
+
+def training_inputs(built: Sequence[str] = MODEL_INPUTS, deprecated: Sequence[str] = ()) -> tuple[str, ...]:
+    """What a version trained now takes: every input built (`built`, in its order) but the deprecated
+    features, which stay built for the versions that take them (pipelines/gold/contract.py DEPRECATED)."""
+    return tuple(name for name in built if name not in set(deprecated))
+
+
+def numeric_width(inputs: Sequence[str]) -> int:
+    """How many of `inputs` are numeric: they come first, then the categorical codes (training/model.py)."""
+    numeric = set(NUMERIC_FEATURES)
+    width = sum(1 for name in inputs if name in numeric)
+    if any(name not in numeric for name in inputs[:width]):
+        raise ModelInputError(f"the numeric inputs come before the categorical codes: {', '.join(inputs)}")
+    return width
+
+
+DEPRECATED_FEATURES: tuple[str, ...] = tuple(f.name for f in FEATURES if f.deprecated)
+# A new version's inputs, in MODEL_INPUTS order: the training set carries every built input, so that a
+# champion that still takes a deprecated feature is scored on the same rows as its challenger.
+TRAINING_INPUTS: tuple[str, ...] = training_inputs(MODEL_INPUTS, DEPRECATED_FEATURES)
 
 
 class MissingInputsError(ModelInputError):

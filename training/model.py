@@ -1,7 +1,8 @@
 """The fraud model: an MLP over normalized numeric features and embedded categoricals.
 
-The model takes one float32 matrix in MODEL_INPUTS order (numeric features, then categorical codes) and
-returns the fraud probability, so the same tensor signature serves MLflow, ONNX and the online scorer.
+The model takes one float32 matrix of its config's inputs, by name (TRAINING_INPUTS when trained now:
+numeric features, then categorical codes), and returns the fraud probability, so the same tensor
+signature serves MLflow, ONNX and the online scorer.
 Normalization statistics are buffers fitted on the train split: the exported model needs nothing else.
 Missing feature values (an entity never seen within a view's TTL) arrive as NaN and become 0 after
 normalization, with an indicator per numeric column telling the network they were missing.
@@ -15,19 +16,20 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from training.dataset import CATEGORICAL_VOCAB, MODEL_INPUTS, NUMERIC_FEATURES
+from model_contract.inputs import CATEGORICAL_VOCAB, TRAINING_INPUTS, numeric_width
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    numeric: int = len(NUMERIC_FEATURES)
+    numeric: int = numeric_width(TRAINING_INPUTS)  # the first `numeric` inputs; the codes follow
     # vocabulary size per categorical column, +1 for "unknown" (code 0)
     cardinalities: tuple[int, ...] = tuple(len(v) + 1 for v in CATEGORICAL_VOCAB.values())
     hidden: tuple[int, ...] = (128, 64)
     dropout: float = 0.1
     embedding_dims: tuple[int, ...] = field(default=())
-    # The input columns by name, in order: the gate refuses to score a champion on other columns.
-    inputs: tuple[str, ...] = MODEL_INPUTS
+    # The input columns by name, in order: every built input but the deprecated features (TRAINING_INPUTS).
+    # A version is served, gated and monitored on these names, never by position.
+    inputs: tuple[str, ...] = TRAINING_INPUTS
 
     def embedding_sizes(self) -> tuple[int, ...]:
         # a common rule of thumb: about the fourth root of the cardinality, times 2, at most 16

@@ -25,7 +25,6 @@ from core.settings import Settings
 from model_contract.onnx import CHAMPION_ALIAS, MODEL_NAME
 from training.dataset import (
     MODEL_INPUTS,
-    NUMERIC_FEATURES,
     SPLIT,
     TRAINING_SET_MEMBER,
     build_training_set,
@@ -200,10 +199,12 @@ def train(
     from training.model import FraudMLP, ModelConfig
 
     frame = read_training_set(settings, training_set_rev)
-    train_data, validation = split_tensors(frame, "train"), split_tensors(frame, "validation")
+    model_config = ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout)
+    train_data, validation = (
+        split_tensors(frame, split, model_config.inputs) for split in ("train", "validation")
+    )
     as_of = frame.attrs.get("as_of") or frame["event_timestamp"].max().date().isoformat()
     suites, gx_success = _gold_validation(settings, as_of)
-    model_config = ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout)
     lineage = Lineage(
         training_set_rev=training_set_rev,
         as_of=as_of,
@@ -219,7 +220,7 @@ def train(
     )
     torch.manual_seed(config.seed)
     model = FraudMLP(model_config)
-    model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
+    model.fit_normalization(train_data.x[:, : model_config.numeric])
     checkpoint_dir = checkpoint_dir or settings.checkpoints_dir / training_set_rev
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:

@@ -292,7 +292,7 @@ def _train_trial(
     import optuna
     import torch
 
-    from training.dataset import NUMERIC_FEATURES, read_training_set
+    from training.dataset import read_training_set
     from training.loop import TrainConfig
     from training.loop import train as fit
     from training.model import FraudMLP, ModelConfig
@@ -304,10 +304,13 @@ def _train_trial(
         settings.training, tuned=tuned, epochs=settings.tuning.epochs, device=device, precision="auto"
     )
     frame = read_training_set(settings, rev)
-    train_data, validation = split_tensors(frame, "train"), split_tensors(frame, "validation")
+    model_config = ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout)
+    train_data, validation = (
+        split_tensors(frame, split, model_config.inputs) for split in ("train", "validation")
+    )
     torch.manual_seed(config.seed)
-    model = FraudMLP(ModelConfig(hidden=tuple(config.hidden), dropout=config.dropout))
-    model.fit_normalization(train_data.x[:, : len(NUMERIC_FEATURES)])
+    model = FraudMLP(model_config)
+    model.fit_normalization(train_data.x[:, : model_config.numeric])
 
     client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
     run = client.create_run(

@@ -11,7 +11,7 @@ Amounts are aggregated in US dollars (CURRENCY_PER_USD), so cardholders of diffe
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 
@@ -69,6 +69,8 @@ class Feature:
     window: str | None  # a key of WINDOWS; None for time_since_previous
     dtype: str  # "int64" or "float64"
     description: str
+    # Why the feature is deprecated and what replaces it (from DEPRECATED); empty while it is current.
+    deprecated: str = ""
 
     def __post_init__(self) -> None:
         where = f"feature {self.name!r} (pipelines/gold/contract.py FEATURES)"
@@ -86,6 +88,8 @@ class Feature:
             )
         if self.window is not None and self.window not in WINDOWS:
             raise ValueError(f"{where}: window {self.window!r} is not one of {sorted(WINDOWS)}")
+        if not isinstance(self.deprecated, str):
+            raise ValueError(f"{where}: deprecated is the reason, a string, not {self.deprecated!r}")
         if self.dtype not in ("int64", "float64"):
             raise ValueError(f"{where}: dtype {self.dtype!r} is not int64 or float64")
         if not self.name.startswith(f"{self.entity}_"):
@@ -202,6 +206,32 @@ FEATURES: tuple[Feature, ...] = (
     ),
 )  # fmt: skip
 
+# Deprecated features: name -> why, and what replaces it. A deprecated feature keeps its column in gold, its
+# Feast field and its live value, since a served or shadowed version may take it, but versions trained from
+# now on do not (model_contract/inputs.py TRAINING_INPUTS). Remove its declaration only once `mlops features
+# check` says no version in use takes it (docs/data-engineers.md, "Deprecate and remove a feature").
+DEPRECATED: dict[str, str] = {}
+
+
+def _deprecate(features: tuple[Feature, ...], deprecated: dict[str, str]) -> tuple[Feature, ...]:
+    """`features` with each one named in `deprecated` marked; a name nothing declares is refused."""
+    declared = {f.name for f in features}
+    unknown = sorted(set(deprecated) - declared)
+    if unknown:
+        raise ValueError(
+            f"pipelines/gold/contract.py DEPRECATED names {unknown}, which FEATURES does not declare: a "
+            "removed feature leaves DEPRECATED with its declaration"
+        )
+    for name, why in deprecated.items():
+        if not isinstance(why, str) or not why.strip():
+            raise ValueError(
+                f"pipelines/gold/contract.py DEPRECATED[{name!r}]: say why, and what replaces it"
+            )
+    return tuple(replace(f, deprecated=deprecated[f.name]) if f.name in deprecated else f for f in features)
+
+
+FEATURES = _deprecate(FEATURES, DEPRECATED)
+
 
 def features_of(entity: str) -> tuple[Feature, ...]:
     return tuple(f for f in FEATURES if f.entity == entity)
@@ -216,6 +246,7 @@ def _unique(features: tuple[Feature, ...]) -> tuple[Feature, ...]:
 
 
 # What gold's columns are computed as: a date built for another format is built again (job.plan_gold).
+# Deprecation is not in it: a deprecated feature's column is computed as before.
 FEATURES_FORMAT = hashlib.sha256(
     repr([(f.name, f.entity, f.input, f.aggregation, f.window, f.dtype) for f in FEATURES]).encode()
 ).hexdigest()[:16]

@@ -1,7 +1,8 @@
 """The worked example of docs/data-engineers.md "Add a feature", end to end, as a data engineer makes it: two
 declarations appended to pipelines/gold/contract.py FEATURES (the customer's largest amount in 24 hours, a
-sliding maximum; the merchant's mean amount over 7 days, a mean from per-day states), the suites generated
-again (`python -m pipelines.suites`), and no other change to the code.
+sliding maximum; the merchant's mean amount over 7 days, a mean from per-day states), one of today's
+features deprecated in the same change (DEPRECATED: still built and served, no longer trained on), the
+suites generated again (`python -m pipelines.suites`), and no other change to the code.
 
 Set-up, once for the module, on a copy of the reference lake (tests/lake.py) and a copy of the repository's
 tracked files with the two declarations (the `edited` source):
@@ -9,10 +10,12 @@ tracked files with the two declarations (the `edited` source):
 - the edited code runs the next features stage (`mlops features --date LAST`), which rebuilds every date
   built for other declarations, oldest first (gold with the new columns and their generated GX
   expectations, DVC, Feast; neither feature needs a new per-day state), then retrains (`mlops retrain
-  --force`): v2 takes the new inputs, and the gate judges it against v1, which does not, each on its own
-  inputs of the same holdout;
+  --force`): v2 takes the new inputs and not the deprecated one, and the gate judges it against v1, which
+  takes the deprecated one and not the new ones, each on its own inputs of the same holdout;
 - v2 is made the champion (by the gate, or by hand when the gate keeps v1: a tiny model's verdict is noise)
   and loaded by the edited service's loader;
+- `mlops features check` then says the deprecated feature's declaration can be removed (no version in use
+  takes it);
 - the edited code runs the live-feature parity replay (tests/integration/test_live_features.py): the
   scoring service's live rows, new features included, equal gold's.
 
@@ -58,6 +61,7 @@ NEW = {
         "mean USD amount the merchant took in the last 7d",
     ),
 }  # fmt: skip
+RETIRED = "customer_foreign_share_30d"  # deprecated by the same change
 
 
 # This run's own records, which a child pytest must not write into.
@@ -73,6 +77,7 @@ class Added:
     backfill: dict
     second: dict  # v2's retrain (the edited code)
     served: dict  # the edited loader's champion
+    check: dict  # the edited code's `mlops features check` with v2 the champion
     parity: subprocess.CompletedProcess
 
 
@@ -88,14 +93,20 @@ def _edited_source(target: Path) -> Path:
             shutil.copy2(source, target / name)
     contract = target / "pipelines" / "gold" / "contract.py"
     text = contract.read_text()
-    end = ")  # fmt: skip\n\n\ndef features_of("
+    end = ")  # fmt: skip\n\n# Deprecated features"
     assert text.count(end) == 1, "FEATURES ends where the guide says to append"
     declarations = "".join(
         f"    Feature(\n        {f.name!r}, {f.entity!r}, {f.input!r}, {f.aggregation!r}, {f.window!r}, "
         f"{f.dtype!r},\n        {f.description!r},\n    ),\n"
         for f in NEW.values()
     )
-    contract.write_text(text.replace(end, declarations + end))
+    text = text.replace(end, declarations + end)
+    deprecated = "DEPRECATED: dict[str, str] = {}\n"
+    assert text.count(deprecated) == 1
+    text = text.replace(
+        deprecated, f"DEPRECATED: dict[str, str] = {{{RETIRED!r}: 'the worked example retires it'}}\n"
+    )
+    contract.write_text(text)
     _run(target, [sys.executable, "-m", "pipelines.suites"])
     return target
 
@@ -157,6 +168,7 @@ def added(tmp_path_factory, spark) -> Added:
     served = json.loads(
         _run(source, [sys.executable, "-c", loader], MLOPS_HOME=str(home)).stdout.strip().splitlines()[-1]
     )
+    check = _mlops(source, home, "features", "check")
     parity = _run(
         source,
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
@@ -164,7 +176,7 @@ def added(tmp_path_factory, spark) -> Added:
          "tests/integration/test_live_features.py", "-k", "observe_returns or state_before"],
         MLOPS_TEST_CACHE=os.environ.get("MLOPS_TEST_CACHE", str(reference.cache_root())),
     )  # fmt: skip
-    return Added(home, source, before, first, backfill, second, served, parity)
+    return Added(home, source, before, first, backfill, second, served, check, parity)
 
 
 @pytest.mark.parametrize("entity", ["customer", "merchant"])
@@ -230,12 +242,17 @@ def test_a_declared_feature_reaches_gold_the_suites_feast_the_training_set_the_g
 
     # the training set carries it; the gate judged v2 against v1, each on its own inputs, and says so
     assert feature.name in added.second["inputs_change"]["added"], added.second
-    assert added.second["inputs_change"]["removed"] == []
+    assert added.second["inputs_change"]["removed"] == [RETIRED], "the deprecated feature is not trained on"
     assert added.second["champion_auc_pr"] is not None, "the champion was scored, not refused"
     assert "inputs differ from champion v1" in added.second["reason"]
 
     # the edited service serves v2 with the new input; the code as it was refuses v2 naming it
     assert added.served["version"] == "2" and feature.name in added.served["inputs"], added.served
+    assert RETIRED not in added.served["inputs"], added.served
+    # the deprecated feature is still built (gold's columns above kept it), and no version in use takes it
+    assert added.check["status"] == "ok" and added.check["problems"] == [], added.check
+    assert [line.split(" is deprecated")[0] for line in added.check["deprecated"]] == [RETIRED], added.check
+    assert "its declaration can be removed" in added.check["deprecated"][0], added.check
     from serving.models import ModelSource, ModelUnavailableError
 
     with pytest.raises(ModelUnavailableError, match=feature.name):

@@ -189,6 +189,56 @@ def test_removing_a_feature_a_served_version_takes_is_refused_naming_the_version
     assert removal_problems(versions, MODEL_INPUTS) == []
 
 
+def test_a_deprecated_feature_stays_built_but_a_new_version_is_not_trained_on_it():
+    from dataclasses import replace
+
+    from model_contract.inputs import MODEL_INPUTS, ModelInputError, numeric_width, training_inputs
+    from pipelines.gold.contract import _deprecate
+    from training.model import FraudMLP, ModelConfig
+
+    old = CUSTOMER_FEATURES[5]
+    marked = _deprecate(FEATURES, {old: "replaced by customer_amount_mean_24h"})
+    assert [f.name for f in marked] == [f.name for f in FEATURES], "still declared, in place: gold keeps it"
+    assert [f.deprecated for f in marked if f.deprecated] == ["replaced by customer_amount_mean_24h"]
+    assert all(replace(f, deprecated="") == g for f, g in zip(marked, FEATURES, strict=True))
+    inputs = training_inputs(MODEL_INPUTS, [f.name for f in marked if f.deprecated])
+    assert old in MODEL_INPUTS and old not in inputs and len(inputs) == len(MODEL_INPUTS) - 1
+    assert [n for n in MODEL_INPUTS if n != old] == list(inputs), "the rest in the built order"
+    model = FraudMLP(ModelConfig(numeric=numeric_width(inputs), inputs=inputs))
+    assert model.mean.shape[0] == numeric_width(MODEL_INPUTS) - 1
+
+    with pytest.raises(ValueError, match=r"customer_gone.*does not declare"):
+        _deprecate(FEATURES, {"customer_gone": "why"})
+    with pytest.raises(ValueError, match="say why"):
+        _deprecate(FEATURES, {old: " "})
+    with pytest.raises(ModelInputError, match="categorical codes"):
+        numeric_width(("channel_code", *inputs))
+
+
+def test_features_check_says_whether_a_deprecated_feature_may_be_removed_yet():
+    from dataclasses import replace
+
+    from mlops.feature_catalog import Entry, Version, deprecation_status, removal_problems
+    from model_contract.inputs import MODEL_INPUTS
+    from pipelines.gold.contract import FEATURE_BY_NAME
+
+    old = CUSTOMER_FEATURES[5]
+    feature = replace(FEATURE_BY_NAME[old], deprecated="replaced by customer_amount_mean_24h")
+    without = tuple(n for n in MODEL_INPUTS if n != old)
+    champion_takes_it = [Version("2", without, "shadow"), Version("1", MODEL_INPUTS, "champion")]
+    entry = Entry(feature, "customer_features", [v for v in champion_takes_it if old in v.inputs])
+    (line,) = deprecation_status([entry, Entry(FEATURE_BY_NAME[CUSTOMER_FEATURES[0]], "customer_features")])
+    assert line.startswith(f"{old} is deprecated (replaced by") and "still taken by v1 (champion)" in line
+    # removing it now is refused with the version named; once v2 is promoted it may go
+    assert any(
+        p.startswith(f"v1 (champion) takes {old}") for p in removal_problems(champion_takes_it, without)
+    )
+    promoted = [Version("2", without, "champion"), Version("1", MODEL_INPUTS, "")]
+    (line,) = deprecation_status([Entry(feature, "customer_features", promoted[1:])])
+    assert "no version in use takes it: its declaration can be removed" in line
+    assert removal_problems(promoted, without) == []
+
+
 def test_a_declaration_that_needs_another_per_day_state_changes_the_states_format(monkeypatch):
     """Gold's per-day states follow the declarations: the merchant's share abroad over 7 days needs the
     sum of the abroad flag per merchant and day, a state the merchant did not keep; its table gains the
