@@ -355,7 +355,7 @@ def state_footprint(rows: int) -> dict:
     transactions over 31 days, written as the lake's Parquet in a scratch home: its time, the resident
     memory it adds (after the load and at its peak), per transaction and projected to the goal's
     STATE_GOAL_ROWS; then a day of live transactions (rows / 31) observed and the next day's compaction
-    (`LiveState._compact`, on the service's clock): its time and the memory after it."""
+    (features/live/fold.py, on the service's clock): its time and the memory after it."""
     import gc
 
     import pyarrow.dataset as ds

@@ -416,12 +416,12 @@ def restore_scored(live: LiveState, settings: Settings, now: datetime) -> dict[s
     since, from the scoring log's chargeback journal (serving.scoring_log.journal_chargebacks)."""
     from datetime import timedelta
 
-    from features.live import CHARGEBACK_REACH_DAYS, _arrivals
+    from features.live import CHARGEBACK_REACH_DAYS, silver_arrivals
     from pipelines.lake import Tables
     from serving.scoring_log import read_journal, read_scoring_log
 
     today = now.astimezone(UTC).date()
-    arrivals = _arrivals(Tables(settings.lake).silver)
+    arrivals = silver_arrivals(Tables(settings.lake).silver)
     first = max(
         arrivals[-1] + timedelta(days=1) if arrivals else today - timedelta(days=CHARGEBACK_REACH_DAYS),
         today - timedelta(days=CHARGEBACK_REACH_DAYS),

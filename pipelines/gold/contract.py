@@ -25,7 +25,7 @@ EVENT_TIMESTAMP = "event_timestamp"
 CREATED_TIMESTAMP = "created_timestamp"
 
 # Inputs a feature aggregates: a column of the transaction or an expression over it (pipelines/gold/
-# transforms.py computes them once per transaction; features/live.py from the same transaction online).
+# transforms.py computes them once per transaction; features/live/ from the same transaction online).
 INPUTS = {
     "transaction": "the transaction itself (counted)",
     "amount_usd": "the amount in US dollars (amount / CURRENCY_PER_USD[currency])",

@@ -1,6 +1,6 @@
 """One declaration per gold feature (pipelines/gold/contract.py FEATURES): a declaration that names an unknown
 input, aggregation, window or type, or one gold cannot compute, is refused naming the feature; the live
-state (features/live.py) computes each row from the declarations, so a reordered declaration moves no value
+state (features/live/) computes each row from the declarations, so a reordered declaration moves no value
 to another name, a new declaration is served with no other change, and a declared feature the live state
 keeps no values for is refused when it starts instead of serving a guess."""
 
@@ -10,9 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from features import live
 from features.definitions import INTEGER_FEATURES
-from features.live import LiveState
+from features.live import LiveState, values
 from pipelines.contracts import CURRENCY_PER_USD
 from pipelines.gold.contract import CUSTOMER_FEATURES, FEATURES, MERCHANT_FEATURES, Feature
 
@@ -71,8 +70,8 @@ def test_the_contract_feast_types_and_live_rows_follow_the_declarations():
 
 
 def _declare(monkeypatch, entity: str, declared) -> None:
-    supported = live._CUSTOMER_SUPPORTED if entity == "customer" else live._MERCHANT_SUPPORTED
-    monkeypatch.setattr(live, f"_{entity.upper()}_PLAN", live._Plan(entity, tuple(declared), supported))
+    supported = values.CUSTOMER_SUPPORTED if entity == "customer" else values.MERCHANT_SUPPORTED
+    monkeypatch.setattr(values, f"{entity.upper()}_PLAN", values.Plan(entity, tuple(declared), supported))
 
 
 def test_a_reordered_declaration_moves_no_value_to_another_name(monkeypatch):

@@ -1,5 +1,5 @@
-"""The live state in columns (features/live.py): customers' history as one numpy column per field, folded in
-again each day (`LiveState._compact`), loaded from silver in two passes, ids kept only in each customer's
+"""The live state in columns (features/live/): customers' history as one numpy column per field, folded in
+again each day (features/live/fold.py), loaded from silver in two passes, ids kept only in each customer's
 window. Whatever the layout, the rows are those of a state that only ever observed: ties in one millisecond
 ordered by id, late transactions landing inside the history, resends and chargebacks found through the
 hashed ids."""
@@ -193,7 +193,9 @@ def test_a_service_leaves_the_days_fold_to_fold_and_reads_the_same_meanwhile():
 def test_an_ids_hash_is_the_same_computed_alone_or_for_a_column():
     """The index is built from whole columns (`_id_hashes`) and searched with one id at a time (`id_hash`):
     both must give the same 64 bits, for any UTF-8 id and for a slice of a column."""
-    from features.live import _id_hashes, _Ids, id_hash
+    from features.live.columns import Ids as _Ids
+    from features.live.values import id_hash
+    from features.live.values import id_hashes as _id_hashes
 
     ids = ["tx1", "é漢字-ß", "", "a" * 70, "tx0000000000000001", "tx0000000000000002"]
     column = pa.array(ids, pa.large_string())

@@ -1,4 +1,4 @@
-"""A late transaction inserted into the live state (features/live.py) leaves every row as a state built in
+"""A late transaction inserted into the live state (features/live/) leaves every row as a state built in
 event-time order would give it: the merchant's running totals move by its amount without recomputing them
 (an insert at a merchant with months of history is no longer O(n) in Python)."""
 

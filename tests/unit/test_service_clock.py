@@ -1,5 +1,5 @@
 """The scoring service's clock and the live state's: a caller's times are checked against the service's own
-clock (serving/clock.py), and only that clock makes the live state forget (features/live.py)."""
+clock (serving/clock.py), and only that clock makes the live state forget (features/live/)."""
 
 from __future__ import annotations
 
