@@ -2,7 +2,9 @@
 ### Build features: silver -> gold -> GX -> DVC version (and Feast online store)
 
 Scheduled on the `silver_transactions` asset. Each silver event names its arrival date (its `extra`);
-a manual run can name a date, or several comma-separated, in the `arrival_date` param instead. Gold is
+a manual run can name a date, or several comma-separated, in the `arrival_date` param instead, or set the
+`backfill` param to rebuild only what is out of date (after a feature is added: `mlops features backfill`
+does the same from the command line). Gold is
 kept by event date and reconciled by it: `plan_gold` lists the event dates to (re)build - those of the
 arrivals' rows (an arrival carries events up to `MLOPS_INGEST__LATE_EVENT_DAYS` old), and every gold date
 whose inputs changed since it was built (late events, an arrival that came out of order, a re-delivered
@@ -70,14 +72,25 @@ with DAG(
     params={
         "arrival_date": Param(
             "", type="string", description="YYYY-MM-DD, several comma-separated; empty: the triggering events"
-        )
+        ),
+        "backfill": Param(
+            False,
+            type="boolean",
+            description="with no arrival_date: rebuild every gold date built for other declarations (a "
+            "feature added or changed) or whose inputs changed, oldest first; nothing else",
+        ),
     },
 ) as dag:
 
-    @task(doc_md="The arrival dates: from the arrival_date param, else the triggering silver events.")
+    @task(
+        doc_md="The arrival dates: from the arrival_date param, else the triggering silver events; none for "
+        "a backfill (the backfill param), whose dates the plan finds."
+    )
     def dates_to_compute(params: dict, triggering_asset_events=None) -> list[str]:
         from datetime import date
 
+        if params.get("backfill") and not params.get("arrival_date"):
+            return []
         if params.get("arrival_date"):
             dates = [d.strip() for d in params["arrival_date"].split(",") if d.strip()]
             for value in dates:
@@ -174,7 +187,8 @@ with DAG(
 
     @task(
         doc_md="The event dates to (re)build for these arrivals: their own, those their late events touch, "
-        "and every gold date whose inputs changed since it was built (out-of-order or re-delivered dates)."
+        "and every gold date whose inputs or declarations changed since it was built (out-of-order or "
+        "re-delivered dates, a feature added: its backfill)."
     )
     def plan_gold(arrivals: list[str]) -> list[str]:
         from datetime import date
@@ -182,6 +196,10 @@ with DAG(
         from pipelines.gold import job
 
         plan = run_step(job.plan_gold, [date.fromisoformat(a) for a in arrivals])
+        if not plan["event_dates"]:  # a backfill with every date up to date: no build, no version, no retrain
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException("every gold date is built for today's declarations and inputs")
         return plan["event_dates"]
 
     dates = plan_gold(dates_to_compute())

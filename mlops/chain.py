@@ -37,19 +37,7 @@ def features(settings: Settings, day: date) -> dict:
     Returns the record of event date `day` with, under `rebuilt`, the records of the other dates."""
     clock = StageClock()
     plan = clock.run("plan_gold", lambda: gold.plan_gold(settings, [day]))
-    records: dict[str, dict] = {}
-    for event_date in map(date.fromisoformat, plan["event_dates"]):
-        record = clock.run("build_gold", partial(gold.build_gold, settings, event_date))
-        if not record.get("removed"):
-            record.update(clock.run("validate_gold", partial(validate_gold, settings, event_date)))
-            record.update(clock.run("version_gold", partial(gold.version_gold, settings, event_date)))
-        # A removed date is loaded too: its entities leave the online store (or go back to earlier rows).
-        record.update(clock.run("materialize", partial(materialize_date, settings, event_date)))
-        records[event_date.isoformat()] = record
-    rows = clock.run(
-        "build_training_rows",
-        partial(build_feature_rows, settings, [date.fromisoformat(d) for d in plan["event_dates"]]),
-    )
+    records, rows = _build_planned(settings, plan, clock)
     record = records.pop(
         day.isoformat(),
         {"event_date": day.isoformat(), "rows_customer_features": 0, "rows_merchant_features": 0},
@@ -61,6 +49,49 @@ def features(settings: Settings, day: date) -> dict:
     record["rows_gold"] = record["rows_customer_features"] + record["rows_merchant_features"]
     record["status"] = "ok"
     return record
+
+
+Progress = Callable[[int, int, date, str, dict], None]
+
+
+def backfill(settings: Settings, progress: Progress | None = None) -> dict:
+    """Bring every gold date up to date with no arrival to name: the dates built for other declarations
+    (a feature added or changed: its backfill) and those whose inputs changed since they were built, oldest
+    first, each through the features steps as the DAG runs them; then their training rows. `progress` is
+    called after each date with (its number, how many, the date, why it was rebuilt, its record).
+    Returns `{"status": "ok", "plan", "rebuilt": {date: record}, "training_rows", "seconds_per_step"}`;
+    with nothing to rebuild, `rebuilt` is empty and the training rows step has no date to build."""
+    clock = StageClock()
+    plan = clock.run("plan_gold", lambda: gold.plan_gold(settings, []))
+    records, rows = _build_planned(settings, plan, clock, progress)
+    return {
+        "status": "ok",
+        "plan": plan,
+        "rebuilt": records,
+        "training_rows": rows,
+        "seconds_per_step": clock.seconds,
+    }
+
+
+def _build_planned(
+    settings: Settings, plan: dict, clock: StageClock, progress: Progress | None = None
+) -> tuple[dict[str, dict], dict]:
+    """Each event date of `plan`, oldest first: build, validate, version (unless the date was removed)
+    and load online; then the training rows of every one of them (and of the later dates that read them).
+    Returns the dates' records and the training rows' record."""
+    records: dict[str, dict] = {}
+    dates = [date.fromisoformat(d) for d in plan["event_dates"]]
+    for number, event_date in enumerate(dates, start=1):
+        record = clock.run("build_gold", partial(gold.build_gold, settings, event_date))
+        if not record.get("removed"):
+            record.update(clock.run("validate_gold", partial(validate_gold, settings, event_date)))
+            record.update(clock.run("version_gold", partial(gold.version_gold, settings, event_date)))
+        # A removed date is loaded too: its entities leave the online store (or go back to earlier rows).
+        record.update(clock.run("materialize", partial(materialize_date, settings, event_date)))
+        records[event_date.isoformat()] = record
+        if progress is not None:
+            progress(number, len(dates), event_date, plan["reasons"][event_date.isoformat()], record)
+    return records, clock.run("build_training_rows", partial(build_feature_rows, settings, dates))
 
 
 INGEST_STEPS: dict[str, IngestStep] = {

@@ -282,6 +282,43 @@ def features(
     )
 
 
+@features_app.command("backfill")
+def features_backfill(
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Rebuild every gold date that is not up to date, with no date to name: those built for other
+    declarations (after a feature is added or changed) and those whose inputs changed, oldest first, each
+    through gold, GX, DVC and the online store, then their training rows. One line per date as it ends."""
+    from mlops.chain import backfill
+
+    settings = get_settings()
+    settings.ensure_dirs()
+
+    def progress(number: int, total: int, day: date, why: str, record: dict) -> None:
+        err.print(
+            f"backfill {number}/{total}: {day} rebuilt ({why}): "
+            f"{record.get('rows_customer_features', 0)} customer rows, "
+            f"{record.get('rows_merchant_features', 0)} merchant rows",
+            soft_wrap=True,  # one line a date, whatever the terminal's width
+        )
+
+    from core.errors import PipelineError
+
+    try:
+        record = backfill(settings, progress)
+    except PipelineError as exc:  # the dates before the failed one stay rebuilt
+        err.print(f"[red]features backfill failed:[/] {exc}")
+        failure = {"status": "failed", "step": "backfill", "error": type(exc).__name__, "message": str(exc)}
+        _emit(failure, as_json)
+        raise typer.Exit(code=1) from None
+    if not record["rebuilt"]:
+        err.print(
+            "backfill: every gold date is built for today's declarations and inputs; nothing to do",
+            soft_wrap=True,
+        )
+    _emit(record, as_json)
+
+
 @features_app.command("list")
 def features_list(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,

@@ -7,8 +7,8 @@ suites generated again (`python -m pipelines.suites`), and no other change to th
 Set-up, once for the module, on a copy of the reference lake (tests/lake.py) and a copy of the repository's
 tracked files with the two declarations (the `edited` source):
 - the code as it is trains v1 and makes it the champion (`mlops retrain`, floor 0);
-- the edited code runs the next features stage (`mlops features --date LAST`), which rebuilds every date
-  built for other declarations, oldest first (gold with the new columns and their generated GX
+- the edited code runs the backfill (`mlops features backfill`), which rebuilds every date built for
+  other declarations, oldest first, a progress line each (gold with the new columns and their generated GX
   expectations, DVC, Feast; neither feature needs a new per-day state), then retrains (`mlops retrain
   --force`): v2 takes the new inputs and not the deprecated one, and the gate judges it against v1, which
   takes the deprecated one and not the new ones, each on its own inputs of the same holdout;
@@ -122,6 +122,7 @@ def _run(source: Path, args: list[str], **env: str) -> subprocess.CompletedProce
 
 
 def _mlops(source: Path, home: Path, *args: str) -> dict:
+    """The command's JSON line, with what it printed to stderr (progress, tables) under "stderr"."""
     done = _run(
         source,
         [sys.executable, "-c", "from mlops.cli import app; app()", *args, "--json"],
@@ -130,7 +131,7 @@ def _mlops(source: Path, home: Path, *args: str) -> dict:
         MLOPS_TRAINING__LABEL_MATURITY_DAYS="1",
         MLOPS_GATE__FLOOR="0",
     )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
 def _gold_rows(home: Path, table: str) -> list[dict]:
@@ -150,8 +151,8 @@ def added(tmp_path_factory, spark) -> Added:
     assert first["champion_version"] == "1", first
 
     source = _edited_source(work / "source")
-    # one command: the next date's features stage rebuilds every date built for other declarations
-    backfill = _mlops(source, home, "features", "--date", LAST.isoformat())
+    # one command, no date to name: every date built for other declarations is rebuilt, oldest first
+    backfill = _mlops(source, home, "features", "backfill")
     second = _mlops(source, home, "retrain", "--date", LAST.isoformat(), "--force")
     assert second["model_version"] == "2", second
     if second["champion_version"] != "2":
@@ -216,9 +217,14 @@ def test_a_declared_feature_reaches_gold_the_suites_feast_the_training_set_the_g
             "meta": {}} in suite["expectations"]  # fmt: skip
     plan = added.backfill["plan"]
     assert plan["event_dates"] == [d.isoformat() for d in DAYS], plan  # every date, oldest first
-    assert "declared features changed" in plan["reasons"][DAYS[0].isoformat()], plan
-    for record in [added.backfill, *added.backfill["rebuilt"].values()]:
+    assert {*plan["reasons"].values()} == {"declared features changed (pipelines/gold/contract.py FEATURES)"}
+    assert list(added.backfill["rebuilt"]) == plan["event_dates"]
+    for record in added.backfill["rebuilt"].values():
         assert [r["success"] for r in record["validation"]] == [True, True], record["event_date"]
+        assert record["dataset_rev"] and record["rows_materialized"] > 0, record["event_date"]
+    progress = [line for line in added.backfill["stderr"].splitlines() if line.startswith("backfill ")]
+    assert [line.split(":")[0] for line in progress] == [f"backfill {n}/{len(DAYS)}" for n in (1, 2, 3, 4)]
+    assert [line.split()[2] for line in progress] == plan["event_dates"], progress
 
     # Feast: the view has it with its declared type, and the online store serves it
     probe = (

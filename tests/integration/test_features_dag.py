@@ -148,8 +148,12 @@ def test_each_date_of_a_run_is_its_own_task_instances_and_fails_alone(airflow_db
     assert (silver_days.lake / "gold" / "customer_features" / f"event_date={day}").is_dir()
 
 
-def test_cli_features_prints_the_dataset_revision_and_rows(silver_days, monkeypatch):
-    """`mlops features --json`, in the test's process (its Spark session: no second JVM to start)."""
+def test_cli_features_prints_the_dataset_revision_and_rows_then_a_backfill_rebuilds_only_what_is_stale(
+    airflow_db, silver_days, monkeypatch
+):
+    """`mlops features --json`, in the test's process (its Spark session: no second JVM to start); then, on
+    the gold it built, the backfill from the command line and from the DAG's `backfill` param: nothing while
+    every date is built for today's declarations, and the date alone once its record says other ones."""
     from typer.testing import CliRunner
 
     from mlops.cli import app
@@ -168,3 +172,34 @@ def test_cli_features_prints_the_dataset_revision_and_rows(silver_days, monkeypa
         "plan_gold", "build_gold", "validate_gold", "version_gold", "materialize", "build_training_rows"
     }  # fmt: skip
     assert all(seconds > 0 for seconds in steps.values())
+
+    # The backfill, with every date up to date: nothing from the command line, a skipped plan in the DAG (no
+    # build, no version, so no retrain is started).
+    done = CliRunner().invoke(app, ["features", "backfill", "--json"])
+    assert done.exit_code == 0, done.output[-3000:]
+    nothing = json.loads(done.stdout.strip().splitlines()[-1])
+    assert nothing["status"] == "ok" and nothing["rebuilt"] == {} and nothing["plan"]["event_dates"] == []
+    assert "nothing to do" in done.stderr
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.asset import AssetEvent
+
+    dag = DagBag(dag_folder="dags").dags["build_features"]
+    idle = dag_run_states(dag.test(run_conf={"backfill": True}))
+    assert idle["dates_to_compute"] == "success" and idle["plan_gold"] == "skipped", idle
+    assert {idle["version_gold"], idle["build_training_rows"], idle["build_gold"]} == {"skipped"}, idle
+
+    # The date's gold as built for other declarations (a feature added since): the DAG's backfill rebuilds it.
+    from pipelines.gold.contract import FEATURES_FORMAT, build_path
+
+    record_path = build_path(silver_days.lake, LAST)
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "features": "declared-before"}))
+    run = dag.test(run_conf={"backfill": True})
+    states = dag_run_states(run)
+    assert set(states.values()) == {"success"}, states
+    assert json.loads(record_path.read_text())["features"] == FEATURES_FORMAT
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        extras = [e.extra for e in session.query(AssetEvent).filter(AssetEvent.source_run_id == run.run_id)]
+    assert {"event_dates": [LAST.isoformat()]} in extras, extras
