@@ -348,13 +348,20 @@ def features_check(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Refuse (exit 1) while the champion or the shadow takes an input that the declarations no longer
-    have: run it before deploying a change that removes a feature. Says, for each deprecated feature,
-    whether a version in use still takes it (keep it) or none does (remove it)."""
-    from mlops.feature_catalog import catalog, deprecation_status, registered_versions, removal_problems
+    have, or a declaration is one the scoring service cannot compute live (it would not start): run it
+    before deploying a change to the declarations. Says, for each deprecated feature, whether a version in
+    use still takes it (keep it) or none does (remove it)."""
+    from mlops.feature_catalog import (
+        catalog,
+        deprecation_status,
+        live_problems,
+        registered_versions,
+        removal_problems,
+    )
 
     settings = get_settings()
     versions = registered_versions(settings.mlflow_tracking_uri)
-    problems = removal_problems(versions)
+    problems = live_problems() + removal_problems(versions)
     deprecated = deprecation_status(catalog(settings, versions))
     for line in deprecated:
         err.print(line)

@@ -139,6 +139,14 @@ def removal_problems(versions: list[Version], built: tuple[str, ...] = MODEL_INP
     return problems
 
 
+def live_problems() -> list[str]:
+    """The declarations the scoring service's live state cannot compute (features/live/values.py `Plan`):
+    the service refuses to start with them, so they are refused here first, before a deploy."""
+    from features.live import values
+
+    return [plan.problem for plan in (values.CUSTOMER_PLAN, values.MERCHANT_PLAN) if plan.problem]
+
+
 def deprecation_status(entries: list[Entry]) -> list[str]:
     """For each deprecated feature: the versions in use that still take it (keep the declaration), or that
     none does (its declaration can be removed)."""

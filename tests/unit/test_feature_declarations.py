@@ -12,6 +12,7 @@ import pytest
 
 from features.definitions import INTEGER_FEATURES
 from features.live import LiveState, values
+from mlops.feature_catalog import live_problems
 from pipelines.contracts import CURRENCY_PER_USD
 from pipelines.gold.contract import CUSTOMER_FEATURES, FEATURES, MERCHANT_FEATURES, Feature
 
@@ -113,9 +114,13 @@ def test_a_new_declaration_is_served_without_another_change(monkeypatch, feature
 
 def test_a_declared_feature_the_live_state_cannot_compute_is_refused_at_start_naming_it(monkeypatch):
     new = Feature("merchant_amount_std_7d", "merchant", "amount_usd", "std", "7d", "float64", "new")
+    assert live_problems() == []
     _declare(monkeypatch, "merchant", (*(f for f in FEATURES if f.entity == "merchant"), new))
     with pytest.raises(ValueError, match="merchant_amount_std_7d \\(std of amount_usd over 7d\\)"):
         LiveState(late_event_days=1)
+    # and `mlops features check` says so before a deploy
+    [problem] = live_problems()
+    assert "merchant_amount_std_7d (std of amount_usd over 7d)" in problem and "features/live" in problem
 
 
 @pytest.mark.parametrize(
