@@ -1,12 +1,10 @@
 """The retrain DAG through real Airflow (dag.test) on features built by the real pipeline (Spark, GX, DVC,
 Feast), training with torch in a child process (the local profile's train task), MLflow on SQLite; then
-the `mlops` commands on the same installation: retrain, history and rollback."""
+the `mlops` commands (in this process) on the same installation: retrain, history and rollback."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +14,6 @@ import pytest
 
 from core.settings import get_settings
 from tests import lake as reference
-from tests.conftest import child_env
 from tests.gate_rule import decision_by_auc_pr
 from tests.integration.conftest import dag_run_states
 from training.registry import GatePolicy
@@ -79,11 +76,19 @@ def dag_retrain(features_home, airflow_db, tmp_path_factory) -> Iterator[DagRetr
 
 
 def _mlops(*args: str) -> tuple[int, dict]:
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("mlops")), *args, "--json"],
-        capture_output=True, text=True, env=child_env(), timeout=900,
-    )  # fmt: skip
-    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+    """`mlops ARGS --json` in this process, on the settings of the environment (`home`): its Spark session
+    and its imports of torch and MLflow serve every call, where a child process started a JVM and imported
+    them again for each. The process itself is not what these tests check (tests/integration/test_doctor.py
+    and the e2e tests run the installed `mlops`)."""
+    from typer.testing import CliRunner
+
+    from mlops.cli import app
+
+    get_settings.cache_clear()
+    done = CliRunner().invoke(app, [*args, "--json"])
+    if done.exception is not None and not isinstance(done.exception, SystemExit):
+        raise done.exception  # a crash, not a refusal: its own traceback
+    return done.exit_code, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_retrain_dag_trains_registers_gates_and_exports(dag_retrain, monkeypatch):
