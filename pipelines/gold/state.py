@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.gold import transforms
-from pipelines.ingest.schemas import SILVER_TRANSACTIONS
+from pipelines.ingest.schemas import SILVER_LABELS, SILVER_TRANSACTIONS
 from pipelines.lake import (
     Tables,
     clear_partitions,
@@ -195,7 +195,7 @@ def _derive(spark: SparkSession, lake: Path, signatures: dict[date, str]) -> dic
         "customer_daily": transforms.daily(evts, "customer"),
         "merchant_daily": transforms.daily(evts, "merchant"),
     }
-    labels = read_partitions(spark, tables.silver_labels, arrivals)
+    labels = read_partitions(spark, tables.silver_labels, arrivals, SILVER_LABELS)
     if labels is not None:
         first = min(arrivals) - timedelta(days=CHARGEBACK_REACH_DAYS)
         reach_silver = read_partitions(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.types import (
     DateType,
     DecimalType,
+    IntegerType,
     LongType,
     StringType,
     StructField,
@@ -35,6 +36,18 @@ BRONZE_TRANSACTIONS = StructType(
 SILVER_TRANSACTIONS = StructType(
     [f for f in BRONZE_TRANSACTIONS.fields if f.name != "run_id"]
     + [StructField("event_date", DateType(), nullable=False)]
+)
+
+# A chargeback's first copy as ingest_labels writes it (pipelines/ingest/job.py `_write_labels`).
+SILVER_LABELS = StructType(
+    [
+        StructField("transaction_id", StringType(), nullable=True),
+        StructField("is_fraud", IntegerType(), nullable=True),
+        StructField("label_timestamp", TimestampType(), nullable=True),
+        StructField("source_file", StringType(), nullable=False),
+        StructField("line_number", LongType(), nullable=True),
+        StructField("arrival_date", DateType(), nullable=False),
+    ]
 )
 
 QUARANTINE = StructType(

@@ -11,6 +11,7 @@ import pytest
 from core.errors import EmptyArrivalError, LandingFileError, QuarantineRateError
 from core.settings import Settings
 from pipelines.ingest import job
+from pipelines.ingest.schemas import SILVER_LABELS
 from pipelines.lake import Tables, read_json, read_partition
 from pipelines.synthetic.faults import parse_faults
 from pipelines.synthetic.landing import GenerateRequest, generate_landing
@@ -356,6 +357,8 @@ def test_chargebacks_land_in_silver_labels_and_broken_ones_in_quarantine(spark, 
         job.build_silver(settings, day, "run-t")
     transactions = spark.read.parquet(str(tables.silver)).select("transaction_id", "event_timestamp")
     labels = spark.read.parquet(str(tables.silver_labels))
+    # the schema its readers give Spark (gold's per-day states) is what ingest_labels writes
+    assert [(f.name, f.dataType) for f in labels.schema] == [(f.name, f.dataType) for f in SILVER_LABELS]
     joined = labels.join(transactions, "transaction_id", "left")
     assert (
         joined.where("event_timestamp IS NULL").count() == 0
