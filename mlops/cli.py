@@ -419,6 +419,7 @@ def retrain(
             "configuration and image (by default such a retrain is skipped and says so)"
         ),
     ] = False,
+    actor: Actor = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
     """Training set -> train -> evaluate -> register -> gate -> ONNX export, in this process."""
@@ -426,6 +427,7 @@ def retrain(
     from training.tuning import train_config
 
     settings = get_settings()
+    who = _actor(actor)
     config = train_config(settings, epochs=epochs, batch_size=batch_size, seed=seed, device=device)
     if config.tuned_from:
         err.print(
@@ -433,11 +435,41 @@ def retrain(
         )
     record = _run_training(
         "retrain",
-        lambda: run_retrain(settings, _date(day), config, window_days, training_set_rev, force=force),
+        lambda: run_retrain(
+            settings, _date(day), config, window_days, training_set_rev, force=force, actor=who
+        ),
         as_json,
     )
     _decision_table(record, f"retrain as of {_date(day)}: {record.get('status')}")
     _emit(record, as_json)
+
+
+# Who moves the champion: recorded on the history's row (`decided_by`) of every promotion and rollback.
+Actor = Annotated[
+    str | None,
+    typer.Option(
+        help="who you are, recorded in the promotion history with the decision (default: this machine's "
+        "user name, as the command says)"
+    ),
+]
+
+
+def _actor(actor: str | None) -> str:
+    """The actor a command records: `--actor`, else the OS user, said on stderr either way."""
+    import getpass
+
+    if actor is not None and actor.strip():
+        chosen, source = actor.strip(), "--actor"
+    else:
+        try:
+            chosen = getpass.getuser()
+        except (KeyError, OSError):  # a uid with no name (a container's arbitrary user)
+            raise typer.BadParameter(
+                "this machine's user has no name; say who you are with --actor", param_hint="--actor"
+            ) from None
+        source = "this machine's user; --actor names another"
+    err.print(f"actor: {chosen} ({source})", soft_wrap=True)
+    return chosen
 
 
 # The champion a promotion or rollback was decided for: refused, and nothing moves, if it is another by then.
@@ -458,17 +490,20 @@ def promote(
         bool, typer.Option(help="put the version through the gate instead of promoting it")
     ] = False,
     expect: Expect = None,
+    actor: Actor = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Make a version the champion by hand (recorded with its reason), or put it through the gate."""
+    """Make a version the champion by hand (recorded with its reason and who you are), or put it through
+    the gate."""
     from training import steps
 
     settings = get_settings()
+    who = _actor(actor)
     if gate:
-        record = _run_training("promote", lambda: steps.promote(settings, version), as_json)
+        record = _run_training("promote", lambda: steps.promote(settings, version, actor=who), as_json)
     else:
         record = _run_training(
-            "promote", lambda: steps.promote_by_hand(settings, version, reason, expect), as_json
+            "promote", lambda: steps.promote_by_hand(settings, version, reason, expect, who), as_json
         )
     _decision_table(record, f"promote v{version}: {record['decision']}")
     _emit(record, as_json)
@@ -522,12 +557,16 @@ def serve(
 def rollback(
     reason: Annotated[str, typer.Option(help="why; kept in the promotion history")] = "rollback",
     expect: Expect = None,
+    actor: Actor = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Put the previous champion back (the rollback is itself recorded)."""
+    """Put the previous champion back (the rollback is itself recorded, with who you are)."""
     from training import steps
 
-    record = _run_training("rollback", lambda: steps.rollback(get_settings(), reason, expect), as_json)
+    who = _actor(actor)
+    record = _run_training(
+        "rollback", lambda: steps.rollback(get_settings(), reason, expect, actor=who), as_json
+    )
     _decision_table(record, "rollback")
     _emit(record, as_json)
 
@@ -536,21 +575,34 @@ def rollback(
 def history(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Every gate decision, promotion and rollback of fraud-detector, oldest first."""
+    """Every gate decision, promotion and rollback of fraud-detector, oldest first, with who made it; and
+    whether MLflow's champion alias points where the history put it (`alias.out_of_band` in the JSON)."""
     from training import steps
 
     record = steps.history(get_settings())
     table = Table(
-        "#", "when", "action", "decision", "candidate", "champion", "AUC-PR", "reason", title="promotions"
-    )
+        "#", "when", "action", "decision", "candidate", "champion", "AUC-PR", "actor", "reason",
+        title="promotions",
+    )  # fmt: skip
     for row in record["history"]:
         score = row["candidate_metrics"].get("auc_pr")
         table.add_row(
             str(row["id"]), row["recorded_at"], row["action"], row["decision"], str(row["candidate_version"]),
             f"{row['champion_before']} -> {row['champion_after']}", "" if score is None else f"{score:.4f}",
-            row["reason"],
+            row["decided_by"] or "", row["reason"],
         )  # fmt: skip
     err.print(table)
+    alias = record["alias"]
+    if alias["out_of_band"]:
+        at = f"v{alias['alias']}" if alias["alias"] else "no version"
+        recorded = f"v{alias['recorded']}" if alias["recorded"] else "none"
+        err.print(
+            f"[red]out of band:[/] MLflow's champion alias points at {at}, but the history's champion is "
+            f"{recorded}: it was moved outside `mlops` (MLflow's client or UI), or a move was interrupted "
+            "(the next promote, rollback or gate run finishes it). Move it back, or record the decision "
+            "with `mlops promote --version N --reason ...`.",
+            soft_wrap=True,
+        )
     _emit(record, as_json)
 
 

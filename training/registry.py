@@ -244,6 +244,7 @@ def promote_with_gate(
     require_approval: bool = False,
     triggered_by: str | None = None,
     holdout_matrix: Callable[[tuple[str, ...], str], np.ndarray] | None = None,
+    actor: str | None = None,
 ) -> Decision:
     """Decide candidate vs champion on the same holdout (rows weighted by `holdout_weights`, if given),
     record the decision, move the alias if it wins. Each is scored with its own inputs, by name: the
@@ -254,7 +255,8 @@ def promote_with_gate(
     Refuses (AliasMovedOutsideError) while the alias points where the history never put it: the gate would
     compare against a champion nobody recorded. With `require_approval`, a win is recorded as
     `awaiting_approval` and moves nothing: a person decides (decide_approval); `triggered_by`, the person
-    who started the run, may not be that person."""
+    who started the run, may not be that person. The row's actor (`decided_by`): `actor`, else the DAG run
+    (`run_actor`)."""
     import torch
 
     def matrix(inputs: tuple[str, ...], who: str) -> torch.Tensor:
@@ -327,6 +329,7 @@ def promote_with_gate(
                 dag_id=dag_id,
                 run_id=run_id,
                 triggered_by=triggered_by,
+                decided_by=actor or run_actor(dag_id, run_id),
                 inputs_change=inputs_change,
             ),
         )
@@ -415,8 +418,10 @@ def promote_manually(
     version: str,
     reason: str,
     expected_champion: str | None = None,
+    actor: str | None = None,
 ) -> Decision:
-    """Make `version` the champion without the gate (a person's decision, recorded with their reason).
+    """Make `version` the champion without the gate (a person's decision, recorded with their reason and,
+    as `decided_by`, `actor`: who they are).
     This is also the way out when the alias was moved outside `mlops`: it goes ahead, and the row notes
     where the alias was. With `expected_champion`, a compare-and-swap: refused (ChampionMovedError,
     recorded as a `refused` row) when the champion is another one by the time the lock is held."""
@@ -444,6 +449,7 @@ def promote_manually(
                 candidate_version=version,
                 champion_before=champion,
                 champion_after=version,
+                decided_by=actor,
             ),
         )
 
@@ -455,8 +461,10 @@ def rollback(
     expected_champion: str | None = None,
     dag_id: str | None = None,
     run_id: str | None = None,
+    actor: str | None = None,
 ) -> Decision:
-    """Put the previous champion back (as the history replays it) and record it. Refuses while the alias
+    """Put the previous champion back (as the history replays it) and record it, with `actor` (else the DAG
+    run) as the row's `decided_by`. Refuses while the alias
     points where the history never put it (AliasMovedOutsideError). With `expected_champion` (what a
     monitor judged), a compare-and-swap: when another version is champion by the time the lock is held
     (a promotion landed meanwhile), nothing moves; the refusal is recorded and raised (ChampionMovedError)."""
@@ -485,8 +493,24 @@ def rollback(
                 champion_after=target,
                 dag_id=dag_id,
                 run_id=run_id,
+                decided_by=actor or run_actor(dag_id, run_id),
             ),
         )
+
+
+def run_actor(dag_id: str | None, run_id: str | None) -> str | None:
+    """The actor of a move a DAG run made on its own (the gate, a monitor's rollback)."""
+    return f"dag {dag_id} run {run_id}" if dag_id else None
+
+
+def alias_state(registry: ModelRegistry, history: list[Decision]) -> dict:
+    """Where the champion alias points against the champion the history replays: `out_of_band` when the
+    alias was moved (or removed) outside the history, by MLflow's client or UI. Read-only: what to do about
+    it is `mlops promote` (a person's decision, recorded) or moving the alias back."""
+    stack = champion_stack(history)
+    recorded = stack[-1] if stack else None
+    alias = registry.champion()
+    return {"alias": alias, "recorded": recorded, "out_of_band": alias != recorded}
 
 
 def _refuse(

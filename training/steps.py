@@ -388,8 +388,10 @@ def promote(
     dag_run_id: str = "",
     triggered_by: str | None = None,
     require_approval: bool = False,
+    actor: str | None = None,
 ) -> dict:
-    """Run the gate for `version` against the champion on the holdout of the version's training set. With
+    """Run the gate for `version` against the champion on the holdout of the version's training set, the
+    decision's actor `actor` (a command's user) or else the DAG run. With
     `approval.enabled`, or `require_approval` (a run's own request: it can ask for a sign-off the settings do
     not, never waive one they do), a pass waits for a person (`awaiting_approval`); `triggered_by` started
     the run."""
@@ -416,6 +418,7 @@ def promote(
             require_approval=settings.approval.enabled or require_approval,
             triggered_by=triggered_by or None,
             holdout_matrix=holdout.matrix,  # each version its own inputs of the same rows
+            actor=actor,
         )
     finally:
         ledger.dispose()
@@ -435,6 +438,7 @@ def _decision_record(decision) -> dict:
         PRIMARY_METRIC: decision.candidate_metrics.get(PRIMARY_METRIC),
         "champion_" + PRIMARY_METRIC: decision.champion_metrics.get(PRIMARY_METRIC),
         "history_id": decision.id,
+        "actor": decision.decided_by,  # who moved (or decided not to move) the champion
         # what the candidate's inputs add to and remove from the champion's (None: the same inputs)
         "inputs_change": decision.inputs_change,
     }
@@ -478,14 +482,18 @@ def approve(
 
 @lineage.emits("promote_by_hand", _alias_lineage)
 def promote_by_hand(
-    settings: Settings, version: str, reason: str, expected_champion: str | None = None
+    settings: Settings,
+    version: str,
+    reason: str,
+    expected_champion: str | None = None,
+    actor: str | None = None,
 ) -> dict:
     from training.registry import promote_manually
 
     ledger = _ledger(settings)
     try:
         decision = promote_manually(
-            ModelRegistry(settings.mlflow_tracking_uri), ledger, version, reason, expected_champion
+            ModelRegistry(settings.mlflow_tracking_uri), ledger, version, reason, expected_champion, actor
         )
     finally:
         ledger.dispose()
@@ -499,6 +507,7 @@ def rollback(
     expected_champion: str | None = None,
     dag_id: str = "",
     dag_run_id: str = "",
+    actor: str | None = None,
 ) -> dict:
     from training.registry import rollback as roll_back
 
@@ -511,6 +520,7 @@ def rollback(
             expected_champion,
             dag_id or None,
             dag_run_id or None,
+            actor,
         )
     finally:
         ledger.dispose()
@@ -518,18 +528,20 @@ def rollback(
 
 
 def history(settings: Settings) -> dict:
-    from training.ledger import champion_stack
-    from training.registry import MODEL_NAME
+    """The promotion history, and where MLflow's champion alias points against it (`alias`: `out_of_band`
+    when it was moved outside the history, by MLflow's client or UI)."""
+    from training.registry import MODEL_NAME, alias_state
 
     ledger = _ledger(settings)
     try:
         rows = ledger.history(MODEL_NAME)
     finally:
         ledger.dispose()
-    stack = champion_stack(rows)
+    alias = alias_state(ModelRegistry(settings.mlflow_tracking_uri), rows)
     return {
         "model": MODEL_NAME,
-        "champion_version": stack[-1] if stack else None,
+        "champion_version": alias["recorded"],
+        "alias": alias,
         "history": [row.to_dict() for row in rows],
     }
 
@@ -687,9 +699,11 @@ def retrain(
     dag_id: str = "",
     dag_run_id: str = "",
     force: bool = False,
+    actor: str | None = None,
 ) -> dict:
     """All steps in turn, in this process (what `mlops retrain` and the local profile run). Unless `force`,
-    a retrain whose identity equals a registered version's stops after the training set, `skipped`."""
+    a retrain whose identity equals a registered version's stops after the training set, `skipped`. The
+    gate's decision is recorded with `actor` (the command's user) or else the DAG run as its actor."""
     clock = StageClock()  # seconds per step, as the retrain DAG's tasks
     record: dict = {"experiment": EXPERIMENT, "as_of": day.isoformat(), "seconds_per_step": clock.seconds}
     if training_set_rev is None:
@@ -716,7 +730,9 @@ def retrain(
     record.update(trained)
     record["holdout"] = clock.run("evaluate", lambda: evaluate(settings, trained["run_id"]))["holdout"]
     version = clock.run("register", lambda: register(settings, trained["run_id"]))["model_version"]
-    decision = clock.run("promote", lambda: promote(settings, version, dag_id=dag_id, dag_run_id=dag_run_id))
+    decision = clock.run(
+        "promote", lambda: promote(settings, version, dag_id=dag_id, dag_run_id=dag_run_id, actor=actor)
+    )
     record.update(decision)
     record["export"] = clock.run("export", lambda: export(settings, version))
     record["compress"] = clock.run("compress", lambda: compress(settings, version, decision["decision"]))

@@ -20,6 +20,7 @@ from training.registry import (
     GatePolicy,
     ModelRegistry,
     PromotionError,
+    alias_state,
     promote_manually,
     promote_with_gate,
     rollback,
@@ -104,7 +105,7 @@ def test_worse_challenger_is_never_promoted_and_rollback_restores_the_previous_c
     assert registry.champion() == good
     assert worse.champion_metrics["auc_pr"] > worse.candidate_metrics["auc_pr"]
 
-    back = rollback(registry, ledger, "incident 42")
+    back = rollback(registry, ledger, "incident 42", actor="on-call")
     assert (back.champion_before, back.champion_after) == (good, weaker)
     assert registry.champion() == weaker
 
@@ -116,6 +117,8 @@ def test_worse_challenger_is_never_promoted_and_rollback_restores_the_previous_c
         ("rollback", "rolled_back", good),
     ]
     assert all(h.dag_id == "d" and h.run_id == "r" for h in history[:3])
+    # every row carries its actor: the DAG run for the gate's own moves, the person for the rollback
+    assert [h.decided_by for h in history] == ["dag d run r"] * 3 + ["on-call"]
     assert "incident 42" in history[-1].reason
 
     with pytest.raises(PromotionError, match="no previous champion"):
@@ -137,9 +140,10 @@ def test_manual_promotion_needs_a_reason_and_is_recorded(local_registry, models)
     version = _log_and_register(registry.tracking_uri, artifacts, models["weaker"])
     with pytest.raises(PromotionError, match="needs a reason"):
         promote_manually(registry, ledger, version, " ")
-    decision = promote_manually(registry, ledger, version, "hotfix approved by risk team")
+    decision = promote_manually(registry, ledger, version, "hotfix approved by risk team", actor="ops-lead")
     assert registry.champion() == version
-    assert ledger.history(registry.name)[-1].reason == decision.reason
+    row = ledger.history(registry.name)[-1]
+    assert (row.reason, row.decided_by) == (decision.reason, "ops-lead")  # who moved it, with why
 
 
 def test_rollback_refuses_when_the_alias_was_moved_behind_its_back(local_registry, models):
@@ -148,9 +152,16 @@ def test_rollback_refuses_when_the_alias_was_moved_behind_its_back(local_registr
     two = _log_and_register(registry.tracking_uri, artifacts, models["good"])
     promote_manually(registry, ledger, one, "first")
     promote_manually(registry, ledger, two, "second")
+    assert alias_state(registry, ledger.history(registry.name)) == {
+        "alias": two, "recorded": two, "out_of_band": False
+    }  # fmt: skip
     registry.client.set_registered_model_alias(registry.name, CHAMPION_ALIAS, one)  # by hand, unrecorded
     with pytest.raises(PromotionError, match="moved outside"):
         rollback(registry, ledger)
+    # what `mlops history` shows: the alias where the history never put it
+    assert alias_state(registry, ledger.history(registry.name)) == {
+        "alias": one, "recorded": two, "out_of_band": True
+    }  # fmt: skip
 
 
 def test_rollback_and_promotion_are_compare_and_swap_on_the_champion_they_name(local_registry, models):

@@ -4,6 +4,7 @@ the `mlops` commands (in this process) on the same installation: retrain, histor
 
 from __future__ import annotations
 
+import getpass
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,7 +89,7 @@ def _mlops(*args: str) -> tuple[int, dict]:
     done = CliRunner().invoke(app, [*args, "--json"])
     if done.exception is not None and not isinstance(done.exception, SystemExit):
         raise done.exception  # a crash, not a refusal: its own traceback
-    return done.exit_code, json.loads(done.stdout.strip().splitlines()[-1])
+    return done.exit_code, {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
 def test_retrain_dag_trains_registers_gates_and_exports(dag_retrain, monkeypatch):
@@ -210,14 +211,33 @@ def test_cli_retrain_history_and_rollback(home, monkeypatch):
     assert code == 1 and rolled["status"] == "failed" and "no previous champion" in rolled["message"]
     code, again = _mlops("history")
     assert code == 0 and again["champion_version"] == "1" and len(again["history"]) == 2
-    # a second champion (by hand), then the rollback puts the first back
-    code, by_hand = _mlops("promote", "--version", "2", "--reason", "drill")
+    # a second champion (by hand, by a named person), then the rollback (by this machine's user, as the
+    # command says) puts the first back
+    code, by_hand = _mlops("promote", "--version", "2", "--reason", "drill", "--actor", "ops-lead")
     assert code == 0 and (by_hand["decision"], by_hand["champion_version"]) == ("promoted", "2"), by_hand
+    assert by_hand["actor"] == "ops-lead" and "actor: ops-lead (--actor)" in by_hand["stderr"]
     code, rolled = _mlops("rollback", "--reason", "drill")
     assert code == 0 and (rolled["decision"], rolled["champion_version"]) == ("rolled_back", "1"), rolled
+    me = getpass.getuser()
+    assert rolled["actor"] == me and f"actor: {me} (this machine's user" in rolled["stderr"]
     code, after = _mlops("history")
     assert code == 0 and after["champion_version"] == "1"
     assert [h["decision"] for h in after["history"]] == ["promoted", "rejected", "promoted", "rolled_back"]
+    # every move with its actor: the retrains' gate decisions by this command's user
+    assert [h["decided_by"] for h in after["history"]] == [me, me, "ops-lead", me]
+    assert after["alias"] == {"alias": "1", "recorded": "1", "out_of_band": False}
+
+    # the alias moved with MLflow's own client, outside the history: `mlops history` says so
+    mlflow.MlflowClient(get_settings().mlflow_tracking_uri).set_registered_model_alias(
+        "fraud-detector", "champion", "2"
+    )
+    code, moved = _mlops("history")
+    assert code == 0 and moved["champion_version"] == "1"
+    assert moved["alias"] == {"alias": "2", "recorded": "1", "out_of_band": True}
+    assert (
+        "out of band: MLflow's champion alias points at v2, but the history's champion is v1"
+        in moved["stderr"]
+    )
 
 
 def test_retrain_dag_skips_when_there_is_nothing_to_train_on(airflow_db):
