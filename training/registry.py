@@ -500,7 +500,9 @@ def rollback(
 
 def run_actor(dag_id: str | None, run_id: str | None) -> str | None:
     """The actor of a move a DAG run made on its own (the gate, a monitor's rollback)."""
-    return f"dag {dag_id} run {run_id}" if dag_id else None
+    if not dag_id:
+        return None
+    return f"dag {dag_id} run {run_id}" if run_id else f"dag {dag_id}"
 
 
 def alias_state(registry: ModelRegistry, history: list[Decision]) -> dict:
