@@ -158,6 +158,12 @@ class ApprovalSettings(BaseModel):
 
     enabled: bool = Field(default=False, description="a gate pass waits for approval in the Airflow UI")
     timeout_hours: float = Field(default=24.0, gt=0, le=168, description="no answer then: nothing promoted")
+    # The approvers group: the Airflow user ids (a user name under the simple auth manager) who alone may
+    # answer (the approval task's assigned users; the ledger refuses anyone else too). Empty: any user
+    # allowed to act on the DAG may answer, which `mlops doctor` and the approval's alert say.
+    approvers: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description='JSON list of Airflow user ids, e.g. ["risk-officer"]'
+    )
 
 
 class CompressionSettings(BaseModel):

@@ -10,12 +10,15 @@ in the `version` param.
 - **approval**: a Human-in-the-loop task (Airflow's HITLOperator): the Airflow UI's *Required actions* shows
   the gate's figures against the champion and links to the candidate's MLflow run (its holdout metrics and
   PR, ROC, confusion and calibration plots); a person chooses **Approve** or **Reject** and may write a
-  comment. No answer within `approval.timeout_hours`: the task fails (timed out).
+  comment. Only the approvers group (`approval.approvers`, the task's assigned users) may answer: Airflow
+  refuses anyone else; the request is sent to the alert channels (`approval_requested`) when the task
+  starts waiting. No answer within `approval.timeout_hours`: the task fails (timed out).
 - **record_decision** (runs whatever the approval's outcome): the answer goes to the promotion history with
   who decided and their comment. Approve promotes the version, as a compare-and-swap on the champion the gate
   compared it with (another promotion since: refused); Reject, a timeout or a failed approval promote
-  nothing. The person who started the retrain run, or this run, cannot approve it: the decision is refused
-  and the task fails. Cluster profile: a CPU pod of the training image (`python -m training approve`).
+  nothing. The person who started the retrain run, or this run, cannot approve it, nor can anyone outside
+  the approvers group: the decision is refused and the task fails. Cluster profile: a CPU pod of the
+  training image (`python -m training approve`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import DAG, Param, task
 
 from core.settings import get_settings
-from orchestration.alerts import failure_alerts
+from orchestration.alerts import ApprovalRequestNotifier, approval_assigned_users, failure_alerts
 from orchestration.assets import FRAUD_MODEL_CANDIDATE
 from orchestration.tasks import run_step
 from training.ledger import APPROVE, REJECT
@@ -81,6 +84,9 @@ with DAG(
             )
         },
         response_timeout=timedelta(hours=get_settings().approval.timeout_hours),
+        # Only the approvers group may answer (Airflow refuses anyone else, 403); they are alerted first.
+        assigned_users=approval_assigned_users(get_settings().approval.approvers),
+        notifiers=[ApprovalRequestNotifier()],
         retries=0,  # a human decision is not retried: no answer in time is the answer (nothing promoted)
         doc_md="A person approves or rejects the candidate in the Airflow UI (Required actions).",
     )

@@ -41,12 +41,28 @@ class Check:
 
 
 def run_checks(settings: Settings) -> list[Check]:
-    checks: list[Callable[[Settings], Check]] = [_python, _java, _home, _residency, _spark]
+    checks: list[Callable[[Settings], Check]] = [_python, _java, _home, _residency, _spark, _approval]
     if settings.profile is Profile.LOCAL:
         checks += [_sqlite]
     else:
         checks += [_postgres, _redis, _mlflow_server, _kubernetes]
     return [check(settings) for check in checks]
+
+
+def _approval(settings: Settings) -> Check:
+    """Who may sign off a gate pass: with approval on and no approvers group, anyone allowed to act on the
+    approval DAG may (the run's own starter aside), which model-risk rules do not accept."""
+    policy = settings.approval
+    if not policy.enabled:
+        return Check("approval", Status.OK, "off: a gate pass serves at once (MLOPS_APPROVAL__ENABLED)")
+    if not policy.approvers:
+        return Check(
+            "approval",
+            Status.WARN,
+            "on, with no approvers group: any user allowed to act on approve_fraud_model may answer",
+            'set MLOPS_APPROVAL__APPROVERS to the Airflow user ids who may, e.g. ["risk-officer"]',
+        )
+    return Check("approval", Status.OK, f"on; approvers: {', '.join(policy.approvers)}")
 
 
 def _python(_: Settings) -> Check:

@@ -1,12 +1,15 @@
-"""The Airflow side of alerts: a notifier (Airflow's BaseNotifier interface) that sends a task's failure
-through core/alerts.py, set as every DAG's `on_failure_callback` (a task's last try; retries are not
-failures yet)."""
+"""The Airflow side of alerts: notifiers (Airflow's BaseNotifier interface) that send through core/alerts.py a
+task's failure, set as every DAG's `on_failure_callback` (a task's last try; retries are not failures yet),
+and an approval request, set on the approval task."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.notifier import BaseNotifier
+
+if TYPE_CHECKING:
+    from airflow.sdk.execution_time.hitl import HITLUser
 
 
 class FailureNotifier(BaseNotifier):
@@ -42,6 +45,51 @@ class FailureNotifier(BaseNotifier):
                 details,
             ),
         )
+
+
+class ApprovalRequestNotifier(BaseNotifier):
+    """An approval request as an alert (`approval_requested`), sent when the approval task starts waiting:
+    the candidate, the gate's figures and links (the body the approver reads in the Airflow UI), who may
+    answer and by when."""
+
+    template_fields = ()
+
+    def notify(self, context: Any) -> None:
+        from core.alerts import Alert, send
+        from core.settings import get_settings
+
+        settings = get_settings()
+        ti = context.get("ti") or context.get("task_instance")
+        asked = ti.xcom_pull(task_ids="candidate") or {}
+        version = asked.get("model_version")
+        approvers = settings.approval.approvers
+        who = ", ".join(approvers) if approvers else "any user allowed to act on the DAG (no approvers set)"
+        send(
+            settings,
+            Alert(
+                "approval_requested",
+                f"approval requested: fraud-detector v{version}",
+                f"fraud-detector v{version} waits for a sign-off (the Airflow UI's Required actions) "
+                f"within {settings.approval.timeout_hours:g} hours; who may answer: {who}.\n\n"
+                + str(asked.get("body", "")),
+                {
+                    "model_version": version,
+                    "champion_version": asked.get("champion_version"),
+                    "history_id": asked.get("history_id"),
+                    "approvers": approvers,
+                    "dag_id": getattr(ti, "dag_id", None),
+                    "run_id": getattr(ti, "run_id", None),
+                },
+            ),
+        )
+
+
+def approval_assigned_users(approvers: list[str]) -> list[HITLUser] | None:
+    """The approval task's assigned users (Airflow's HITL respondents) from the approvers group; None: any
+    user allowed to act on the DAG."""
+    from airflow.sdk.execution_time.hitl import HITLUser
+
+    return [HITLUser(id=user, name=user) for user in approvers] or None
 
 
 def failure_alerts() -> list[FailureNotifier]:

@@ -346,12 +346,14 @@ def decide_approval(
     started_by: tuple[str | None, ...] = (),
     dag_id: str | None = None,
     run_id: str | None = None,
+    approvers: tuple[str, ...] = (),
 ) -> Decision:
     """A person's decision on a gate pass waiting for approval, recorded with who and why. Approval is a
     compare-and-swap on the champion the gate compared with: promoted only if it is still the champion
     (else `refused`, ChampionMovedError). Refused (PromotionError) as well when the approver started the
     run that asked, or the approval run (`started_by`, with the gate row's `triggered_by`): model-risk
-    rules want an independent sign-off. A rejection or a timeout (`decided_by` None) promotes nothing."""
+    rules want an independent sign-off; and, with an approvers group (`approvers`), when the approver is not
+    in it. A rejection or a timeout (`decided_by` None) promotes nothing."""
     with ledger.exclusive(registry.name) as conn:
         champion = sync_champion(registry, ledger, conn)
         waiting = pending_approval(ledger.history(registry.name, conn), version)
@@ -379,6 +381,14 @@ def decide_approval(
             comment=comment or None,
         )
         said = f" ({comment})" if comment else ""
+        if approved and approvers and decided_by not in approvers:
+            outsider = PromotionError(
+                f"{decided_by or 'an unnamed user'} is not in the approvers group ({', '.join(approvers)}: "
+                "approval.approvers) and cannot approve it; one of them must (nothing was promoted)"
+            )
+            ledger.append(conn, replace(row, decision="refused", reason=str(outsider)))
+            ledger.commit(conn)
+            raise outsider
         if approved and decided_by in starters:
             refused = PromotionError(
                 f"{decided_by} started the run that asked for this approval and cannot approve it: an "

@@ -473,6 +473,7 @@ def approve(
             started_by,
             dag_id or None,
             dag_run_id or None,
+            tuple(settings.approval.approvers),
         )
     finally:
         ledger.dispose()

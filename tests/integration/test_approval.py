@@ -25,7 +25,8 @@ from tests.integration.conftest import dag_run_states
 from tests.integration.test_promotion import POLICY, _log_and_register, _model
 from tests.model.tensors import make_split
 
-USERS = {"risk-officer": "r1sk-pw", "ml-engineer": "ml-pw"}
+USERS = {"risk-officer": "r1sk-pw", "ml-engineer": "ml-pw", "analyst": "an-pw"}
+APPROVERS = ["risk-officer", "ml-engineer"]  # the approvers group; the analyst is not in it
 DAG_ID = "approve_fraud_model"
 
 
@@ -44,6 +45,7 @@ def approval_home(airflow_db, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", ",".join(f"{u}:admin" for u in USERS))
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
     monkeypatch.setenv("MLOPS_APPROVAL__ENABLED", "true")
+    monkeypatch.setenv("MLOPS_APPROVAL__APPROVERS", json.dumps(APPROVERS))
     get_settings.cache_clear()
     settings = get_settings()
     settings.ensure_dirs()
@@ -155,15 +157,16 @@ def _run_and_answer(home, answer) -> tuple[dict[str, str], object]:
     return dag_run_states(run), run
 
 
-def _respond(run_id: str, user: str, choice: str, comment: str) -> None:
+def _respond(run_id: str, user: str, choice: str, comment: str, status: int = 200) -> None:
     client = _api_client()
     headers = {"Authorization": f"Bearer {_token(client, user)}"}
     path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval/-1/hitlDetails"
     answered = client.patch(
         path, json={"chosen_options": [choice], "params_input": {"comment": comment}}, headers=headers
     )
-    assert answered.status_code == 200, answered.text
-    assert answered.json()["responded_by"]["name"] == user
+    assert answered.status_code == status, answered.text
+    if status == 200:
+        assert answered.json()["responded_by"]["name"] == user
 
 
 def _history(home) -> list:
@@ -205,7 +208,12 @@ def test_a_rejection_and_no_answer_in_time_promote_nothing(approval_home, monkey
     assert timed_out.reason.startswith("no decision in time")
 
 
-def test_the_person_who_started_the_run_cannot_approve_it_and_another_can(approval_home):
+def test_the_person_who_started_the_run_cannot_approve_it_nor_a_non_member_and_another_can(
+    approval_home, alert_receiver
+):
+    """The starter (a member of the approvers group) is refused by the ledger; a user outside the group is
+    refused by Airflow (403) and, should a request reach it, by the ledger; an approver who did not start
+    it approves. Each request alerts the approvers' channel first."""
     home = approval_home
     _gate(home, triggered_by="ml-engineer")
     states, _ = _run_and_answer(
@@ -216,10 +224,26 @@ def test_the_person_who_started_the_run_cannot_approve_it_and_another_can(approv
     refused = _history(home)[-1]
     assert (refused.action, refused.decision, refused.decided_by) == ("approval", "refused", "ml-engineer")
     assert "cannot approve it" in refused.reason
+    # the request reached the approvers' channel with the gate's figures, before anyone answered
+    asked = [p for p in alert_receiver.received.posts if p["kind"] == "approval_requested"]
+    assert [p["details"]["model_version"] for p in asked] == [home.v2]
+    assert asked[0]["details"]["approvers"] == APPROVERS and "| auc_pr |" in asked[0]["text"]
+    assert "who may answer: risk-officer, ml-engineer" in asked[0]["text"]
 
-    states, _ = _run_and_answer(
-        home, lambda run_id: _respond(run_id, "risk-officer", "Approve", "MRM-7 signed")
-    )
+    # outside the group: the ledger refuses it too (an answer that did not come through Airflow's check)
+    from core.errors import PipelineError
+    from training import steps
+
+    with pytest.raises(PipelineError, match="analyst is not in the approvers group"):
+        steps.approve(get_settings(), home.v2, "Approve", "analyst", "not mine to sign")
+    assert (_history(home)[-1].decision, _history(home)[-1].decided_by) == ("refused", "analyst")
+    assert home.registry.champion() == home.v1
+
+    def outsider_then_approver(run_id: str) -> None:
+        _respond(run_id, "analyst", "Approve", "not mine to sign", status=403)  # Airflow refuses
+        _respond(run_id, "risk-officer", "Approve", "MRM-7 signed")
+
+    states, _ = _run_and_answer(home, outsider_then_approver)
     assert states == {"candidate": "success", "approval": "success", "record_decision": "success"}
     assert home.registry.champion() == home.v2
     approved = _history(home)[-1]
