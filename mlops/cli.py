@@ -579,7 +579,7 @@ def history(
     whether MLflow's champion alias points where the history put it (`alias.out_of_band` in the JSON)."""
     from training import steps
 
-    record = steps.history(get_settings())
+    record = steps.history(get_settings(), alias=True)
     table = Table(
         "#", "when", "action", "decision", "candidate", "champion", "AUC-PR", "actor", "reason",
         title="promotions",

@@ -528,9 +528,10 @@ def rollback(
     return _decision_record(decision)
 
 
-def history(settings: Settings) -> dict:
-    """The promotion history, and where MLflow's champion alias points against it (`alias`: `out_of_band`
-    when it was moved outside the history, by MLflow's client or UI)."""
+def history(settings: Settings, alias: bool = False) -> dict:
+    """The promotion history; with `alias`, also where MLflow's champion alias points against it (`alias`:
+    `out_of_band` when it was moved outside the history, by MLflow's client or UI; one registry read)."""
+    from training.ledger import champion_stack
     from training.registry import MODEL_NAME, alias_state
 
     ledger = _ledger(settings)
@@ -538,13 +539,15 @@ def history(settings: Settings) -> dict:
         rows = ledger.history(MODEL_NAME)
     finally:
         ledger.dispose()
-    alias = alias_state(ModelRegistry(settings.mlflow_tracking_uri), rows)
-    return {
+    stack = champion_stack(rows)
+    record = {
         "model": MODEL_NAME,
-        "champion_version": alias["recorded"],
-        "alias": alias,
+        "champion_version": stack[-1] if stack else None,
         "history": [row.to_dict() for row in rows],
     }
+    if alias:
+        record["alias"] = alias_state(ModelRegistry(settings.mlflow_tracking_uri), rows)
+    return record
 
 
 @lineage.emits("export", _export_lineage)
