@@ -100,6 +100,8 @@ export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simp
 # Two people: admin runs the pipeline; risk-officer (role user) answers approvals (approve_fraud_model), since
 # the person who started a retrain may not approve its candidate.
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-admin:admin,risk-officer:user}
+# The approvers group: risk-officer alone may answer (Airflow refuses admin's answer; docs/operations.md).
+export MLOPS_APPROVAL__APPROVERS=${MLOPS_APPROVAL__APPROVERS:-'["risk-officer"]'}
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$PASSWORD_FILE"
 # Task processes report to the execution API on the port actually used (the default assumes 8080).
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$AIRFLOW_PORT/execution/"

@@ -213,12 +213,15 @@ def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_i
 ):
     """Human approval as a person meets it: the demo's first champion is put back by hand, a retrain as of
     the last day (which beat it in the demo) is started by `admin` with the `require_approval` param; its
-    gate pass waits. In the browser, the stack's second user, risk-officer, finds it under Required
+    gate pass waits. admin, outside the approvers group, is refused by Airflow. In the browser, the stack's
+    second user and its one approver, risk-officer, finds it under Required
     Actions, reads the gate's figures, writes a comment and approves; the approval DAG records who and why,
     and the candidate becomes the champion."""
     from selenium.webdriver.common.by import By
 
-    from mlops.airflow_api import AirflowAPI
+    from airflow_client.client.models.update_hitl_detail_payload import UpdateHITLDetailPayload
+
+    from mlops.airflow_api import AirflowAPI, AirflowAPIError
 
     promoted = [r for r in demo_stack.summary["retrains"] if r["decision"] == "promoted"]
     assert len(promoted) >= 2 and promoted[-1]["as_of"] == DEMO_DATES[-1].isoformat(), promoted
@@ -245,6 +248,14 @@ def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_i
         APPROVAL_TIMEOUT,
         "the approval task to wait for a person",
     )
+    # admin is not in the stack's approvers group (scripts/up.sh: risk-officer alone): Airflow refuses
+    with pytest.raises(AirflowAPIError) as refused:
+        api.call(
+            api.task_instances_api.update_hitl_detail, APPROVE, approval_run.run_id, "approval", -1,
+            UpdateHITLDetailPayload(chosen_options=["Approve"], params_input={"comment": "mine"}),
+        )  # fmt: skip
+    assert refused.value.status == 403, refused.value
+    assert api.task_instance(APPROVE, approval_run.run_id, "approval").state == "awaiting_input"
 
     _log_in_to_airflow(browser, demo_stack, APPROVER)
     browser.get(f"{demo_stack.airflow_url}/required_actions")
