@@ -217,9 +217,8 @@ def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_i
     second user and its one approver, risk-officer, finds it under Required
     Actions, reads the gate's figures, writes a comment and approves; the approval DAG records who and why,
     and the candidate becomes the champion."""
-    from selenium.webdriver.common.by import By
-
     from airflow_client.client.models.update_hitl_detail_payload import UpdateHITLDetailPayload
+    from selenium.webdriver.common.by import By
 
     from mlops.airflow_api import AirflowAPI, AirflowAPIError
 
