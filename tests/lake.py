@@ -203,8 +203,7 @@ def cached_lake() -> tuple[Path, dict]:
     with machine_lock("reference-lake"):
         done = find_cached(root)
         if done is None:
-            for stale in root.glob("lake-*"):  # an older code's lake: never read again
-                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+            evict_stale_lakes(root, KEEP_OTHER_LAKES)
             staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
             subprocess.run(
                 [sys.executable, "-m", "tests.lake", str(staging)], cwd=REPO, env=child_env(), check=True
@@ -217,6 +216,31 @@ def cached_lake() -> tuple[Path, dict]:
             os.rename(staging / "home", done)  # last: the events file inside says the build is whole
             staging.rmdir()
     return done, json.loads((done / EVENTS_FILE).read_text())
+
+
+# Lakes of other code kept beside a new build, newest first: another checkout on this machine (a CI run of a
+# clean clone beside a developer's tree) may be reading one now; a lake removed under a running test was
+# built again by its next `cached_lake()`, with other pseudonyms, and compared unequal (2026-12-06).
+KEEP_OTHER_LAKES = 2
+
+
+def evict_stale_lakes(root: Path, keep: int) -> list[str]:
+    """Remove the cached lakes of other code but the `keep` most recently built (by their inputs record's
+    time), each with its phases and record; returns the names removed. Leftover build folders go too."""
+    built = sorted(
+        (p for p in root.glob("lake-*.inputs.json")), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    kept = {p.name.removesuffix(".inputs.json") for p in built[:keep]}
+    removed = []
+    for path in root.glob("lake-*"):
+        name = path.name.removesuffix(".inputs.json").removesuffix("-phases")
+        if name in kept:
+            continue
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+        removed.append(path.name)
+    for leftover in root.glob(".building-*"):  # a build killed midway: never read
+        shutil.rmtree(leftover, ignore_errors=True)
+    return sorted(removed)
 
 
 def _build_in_this_process(staging: Path) -> None:

@@ -67,3 +67,32 @@ def test_a_cached_test_file_is_kept_for_its_key_and_rebuilt_for_another(tmp_path
     second = cached_file("thing", [b"lock 2", b"python"], build)
     assert second != first and second.read_text() == "build 2"
     assert not first.exists(), "the stale key's file is removed"
+
+
+def test_a_new_reference_lake_keeps_the_two_newest_lakes_of_other_code_and_removes_the_rest(tmp_path):
+    """tests/lake.py `evict_stale_lakes`: another checkout's run may be reading its lake while this one
+    builds, so the newest others stay (each with its phases and record); older ones and killed builds go."""
+    import os
+
+    from tests.lake import evict_stale_lakes
+
+    for age, key in enumerate(["newest", "second", "third", "oldest"]):
+        (tmp_path / f"lake-{key}" / "lake").mkdir(parents=True)
+        (tmp_path / f"lake-{key}-phases" / "arrivals").mkdir(parents=True)
+        record = tmp_path / f"lake-{key}.inputs.json"
+        record.write_text("{}")
+        os.utime(record, (1_000_000 - age * 100, 1_000_000 - age * 100))
+    (tmp_path / "lake-orphan-phases").mkdir()  # a build killed between its renames: no record
+    (tmp_path / ".building-x1" / "home").mkdir(parents=True)
+    (tmp_path / "airflow-db-abc").mkdir()  # another cache: not a lake
+
+    removed = evict_stale_lakes(tmp_path, keep=2)
+    assert removed == sorted([
+        "lake-third", "lake-third-phases", "lake-third.inputs.json",
+        "lake-oldest", "lake-oldest-phases", "lake-oldest.inputs.json", "lake-orphan-phases",
+    ])  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "airflow-db-abc",
+        "lake-newest", "lake-newest-phases", "lake-newest.inputs.json",
+        "lake-second", "lake-second-phases", "lake-second.inputs.json",
+    ]  # fmt: skip
