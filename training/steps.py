@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from core import lineage
 from core.clock import StageClock
@@ -540,7 +540,7 @@ def history(settings: Settings, alias: bool = False) -> dict:
     finally:
         ledger.dispose()
     stack = champion_stack(rows)
-    record = {
+    record: dict[str, Any] = {
         "model": MODEL_NAME,
         "champion_version": stack[-1] if stack else None,
         "history": [row.to_dict() for row in rows],
