@@ -381,22 +381,21 @@ def decide_approval(
             comment=comment or None,
         )
         said = f" ({comment})" if comment else ""
+        not_allowed = None
         if approved and approvers and decided_by not in approvers:
-            outsider = PromotionError(
+            not_allowed = (
                 f"{decided_by or 'an unnamed user'} is not in the approvers group ({', '.join(approvers)}: "
                 "approval.approvers) and cannot approve it; one of them must (nothing was promoted)"
             )
-            ledger.append(conn, replace(row, decision="refused", reason=str(outsider)))
-            ledger.commit(conn)
-            raise outsider
-        if approved and decided_by in starters:
-            refused = PromotionError(
+        elif approved and decided_by in starters:
+            not_allowed = (
                 f"{decided_by} started the run that asked for this approval and cannot approve it: an "
                 "independent sign-off is required; another person must approve (nothing was promoted)"
             )
-            ledger.append(conn, replace(row, decision="refused", reason=str(refused)))
+        if not_allowed is not None:
+            ledger.append(conn, replace(row, decision="refused", reason=not_allowed))
             ledger.commit(conn)
-            raise refused
+            raise PromotionError(not_allowed)
         if approved and champion != waiting.champion_before:
             moved = ChampionMovedError("approval", waiting.champion_before, champion)
             ledger.append(
