@@ -5,7 +5,8 @@ Kinds: `task_failed` (any DAG task's last try, through orchestration/alerts.py's
 `rollback`, `rollback_refused`, `label_lag` (a check withheld its verdict: the chargebacks are late or
 partial), `estimate_drop` (the label-free performance estimate fell), `estimate_unreliable` (the scores imply
 a fraud rate far from the holdout's), `service` (the scoring service missed an objective),
-`approval_requested` (a gate pass waits for a person's sign-off: to the approvers). Sending never
+`approval_requested` (a gate pass waits for a person's sign-off: to the approvers), `alias_out_of_band`
+(MLflow's champion alias points where the promotion history never put it). Sending never
 raises: a channel that fails is logged with the reason and reported in the result, and the pipeline goes
 on; an alert is bounded (its text to MAX_TEXT characters).
 
@@ -39,6 +40,7 @@ KINDS = (
     "estimate_unreliable",
     "service",
     "approval_requested",
+    "alias_out_of_band",
 )
 MAX_TEXT = 8000
 

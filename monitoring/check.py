@@ -96,6 +96,8 @@ class CheckResult:
     notes: tuple[str, ...] = ()
     service: ServiceDay | None = None  # the scoring service's objectives of the day
     estimate: dict[str, Any] | None = None  # performance_estimate's
+    # where MLflow's champion alias points against the promotion history (training/registry.py alias_state)
+    alias: dict[str, Any] | None = None
     dag_id: str = ""
     dag_run_id: str = ""
     mlflow_run_id: str | None = field(default=None, compare=False)
@@ -129,6 +131,7 @@ class CheckResult:
             "notes": list(self.notes),
             "service": None if self.service is None else self.service.to_dict(),
             "estimate": self.estimate,
+            "alias": self.alias,
             "mlflow_run_id": self.mlflow_run_id,
         }
 
@@ -515,11 +518,17 @@ def run_check(
     MLflow, and return it. A rollback refused by the gate (the alias was moved outside `mlops`) is recorded
     first, then raised."""
     from monitoring.reference import load_reference
-    from training.registry import ModelRegistry, PromotionError
+    from training.registry import ModelRegistry, PromotionError, alias_state
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     champion = registry.champion()
     notes: list[str] = []
+    alias = alias_state(registry, champion_history(settings))
+    if alias["out_of_band"]:  # alerted (alerts_of); the rollback rule gives no verdict on such a champion
+        notes.append(
+            f"the champion alias is at v{alias['alias']}, the promotion history's champion is "
+            f"v{alias['recorded']}"
+        )
     reference = None
     if champion is None:
         notes.append("no champion yet: no reference to compare traffic with")
@@ -555,6 +564,7 @@ def run_check(
     result = CheckResult(
         service=service_day(settings, day),
         estimate=estimated,
+        alias=alias,
         check_id=uuid.uuid4().hex[:16],
         day=day,
         model_name=registry.name,
@@ -601,6 +611,21 @@ def alerts_of(result: CheckResult, max_estimate_drop: float = 0.1) -> list[Alert
         found.append(
             Alert(
                 "rollback_refused", f"rollback refused in the check of {result.day}", rollback.reason, where
+            )
+        )
+    alias = result.alias
+    if alias is not None and alias["out_of_band"]:
+        at = f"v{alias['alias']}" if alias["alias"] else "no version"
+        recorded = f"v{alias['recorded']}" if alias["recorded"] else "none"
+        found.append(
+            Alert(
+                "alias_out_of_band",
+                f"champion alias moved outside the promotion history: {at} (history: {recorded})",
+                f"MLflow's champion alias of {result.model_name} points at {at}, but the promotion "
+                f"history's champion is {recorded}: it was moved outside `mlops` (MLflow's client or UI), or "
+                "a move was interrupted. No gate, approval or ledger row stands behind it. Move it back, or "
+                "record the decision with `mlops promote --version N --reason ... --actor ...`.",
+                {**where, **alias},
             )
         )
     estimated = result.estimate

@@ -518,6 +518,17 @@ def test_a_partial_chargeback_feed_gives_no_verdict(scenarios, home, monkeypatch
         and "late or partial" in result.rollback.reason
     )
     assert ModelRegistry(settings.mlflow_tracking_uri).champion() == "2"
+    assert result.alias == {"alias": "2", "recorded": "2", "out_of_band": False}
+    assert "alias_out_of_band" not in alert_receiver.received.kinds()
+
+    # the alias moved with MLflow's own client, outside the promotion history: the next check alerts it
+    ModelRegistry(settings.mlflow_tracking_uri).client.set_registered_model_alias(
+        "fraud-detector", "champion", "1"
+    )
+    moved = run_check(settings, _check_day(PARTIAL_WINDOW))
+    assert moved.alias == {"alias": "1", "recorded": "2", "out_of_band": True}
+    assert alert_receiver.received.kinds().count("alias_out_of_band") == 1
+    assert not moved.rollback.rolled_back and ModelRegistry(settings.mlflow_tracking_uri).champion() == "1"
 
 
 def test_made_up_and_redated_rows_cannot_move_a_verdict(scenarios, home, monkeypatch):

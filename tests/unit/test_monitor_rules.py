@@ -1,5 +1,6 @@
-"""The monitor's rules that need no traffic: the `estimate_drop` alert's threshold (monitoring/check.py
-`alerts_of`) and the one-rollback-per-run guard (`apply_rollback_rule`), on a promotion history in SQLite."""
+"""The monitor's rules that need no traffic: the `estimate_drop` alert's threshold and the alert of an alias
+moved outside the promotion history (monitoring/check.py `alerts_of`), and the one-rollback-per-run guard
+(`apply_rollback_rule`), on a promotion history in SQLite."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _performance(complete: bool = True) -> LivePerformance:
     return LivePerformance(DAY, DAY, DAY, 5000, 40, (), completeness=completeness)
 
 
-def _result(estimate: dict | None) -> CheckResult:
+def _result(estimate: dict | None, alias: dict | None = None) -> CheckResult:
     return CheckResult(
         check_id="check-1",
         day=DAY,
@@ -31,6 +32,7 @@ def _result(estimate: dict | None) -> CheckResult:
         performance=_performance(),
         rollback=RollbackOutcome(False, "no verdict"),
         estimate=estimate,
+        alias=alias,
     )
 
 
@@ -60,6 +62,15 @@ def test_the_estimate_drop_alert_fires_only_beyond_the_allowed_drop(now, fires):
 
 def test_no_estimate_no_estimate_alert():
     assert [a.kind for a in alerts_of(_result(None))] == []
+
+
+def test_an_alias_moved_outside_the_history_is_alerted_and_one_in_step_is_not():
+    moved = alerts_of(_result(None, {"alias": "4", "recorded": "3", "out_of_band": True}))
+    assert [a.kind for a in moved] == ["alias_out_of_band"]
+    assert "v4 (history: v3)" in moved[0].subject and "mlops promote" in moved[0].text
+    assert moved[0].details["alias"] == "4" and moved[0].details["check_id"] == "check-1"
+    in_step = {"alias": "3", "recorded": "3", "out_of_band": False}
+    assert [a.kind for a in alerts_of(_result(None, in_step))] == []
 
 
 def _history(settings: Settings, champions: list[str]) -> None:
