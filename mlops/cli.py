@@ -454,12 +454,20 @@ Actor = Annotated[
 ]
 
 
+MAX_ACTOR = 250  # training/ledger.py: decided_by is a String(250)
+
+
 def _actor(actor: str | None) -> str:
     """The actor a command records: `--actor`, else the OS user, said on stderr either way."""
     import getpass
 
     if actor is not None and actor.strip():
         chosen, source = actor.strip(), "--actor"
+        if len(chosen) > MAX_ACTOR or not chosen.isprintable():
+            raise typer.BadParameter(
+                f"a name of at most {MAX_ACTOR} printable characters (the promotion history's decided_by)",
+                param_hint="--actor",
+            )
     else:
         try:
             chosen = getpass.getuser()
