@@ -600,15 +600,13 @@ def history(
             row["decided_by"] or "", row["reason"],
         )  # fmt: skip
     err.print(table)
-    alias = record["alias"]
-    if alias["out_of_band"]:
-        at = f"v{alias['alias']}" if alias["alias"] else "no version"
-        recorded = f"v{alias['recorded']}" if alias["recorded"] else "none"
+    if record["alias"]["out_of_band"]:
+        from training.registry import alias_mismatch
+
         err.print(
-            f"[red]out of band:[/] MLflow's champion alias points at {at}, but the history's champion is "
-            f"{recorded}: it was moved outside `mlops` (MLflow's client or UI), or a move was interrupted "
-            "(the next promote, rollback or gate run finishes it). Move it back, or record the decision "
-            "with `mlops promote --version N --reason ...`.",
+            f"[red]out of band:[/] {alias_mismatch(record['alias'])} (the next promote, rollback or gate run "
+            "finishes an interrupted one). Move it back, or record the decision with `mlops promote "
+            "--version N --reason ...`.",
             soft_wrap=True,
         )
     _emit(record, as_json)

@@ -518,17 +518,14 @@ def run_check(
     MLflow, and return it. A rollback refused by the gate (the alias was moved outside `mlops`) is recorded
     first, then raised."""
     from monitoring.reference import load_reference
-    from training.registry import ModelRegistry, PromotionError, alias_state
+    from training.registry import ModelRegistry, PromotionError, alias_mismatch, alias_state
 
     registry = ModelRegistry(settings.mlflow_tracking_uri)
-    champion = registry.champion()
-    notes: list[str] = []
     alias = alias_state(registry, champion_history(settings))
+    champion = alias["alias"]  # the version the alias names: what the service scores with
+    notes: list[str] = []
     if alias["out_of_band"]:  # alerted (alerts_of); the rollback rule gives no verdict on such a champion
-        notes.append(
-            f"the champion alias is at v{alias['alias']}, the promotion history's champion is "
-            f"v{alias['recorded']}"
-        )
+        notes.append(alias_mismatch(alias))
     reference = None
     if champion is None:
         notes.append("no champion yet: no reference to compare traffic with")
@@ -615,16 +612,16 @@ def alerts_of(result: CheckResult, max_estimate_drop: float = 0.1) -> list[Alert
         )
     alias = result.alias
     if alias is not None and alias["out_of_band"]:
-        at = f"v{alias['alias']}" if alias["alias"] else "no version"
-        recorded = f"v{alias['recorded']}" if alias["recorded"] else "none"
+        from training.registry import alias_mismatch, version_label
+
         found.append(
             Alert(
                 "alias_out_of_band",
-                f"champion alias moved outside the promotion history: {at} (history: {recorded})",
-                f"MLflow's champion alias of {result.model_name} points at {at}, but the promotion "
-                f"history's champion is {recorded}: it was moved outside `mlops` (MLflow's client or UI), or "
-                "a move was interrupted. No gate, approval or ledger row stands behind it. Move it back, or "
-                "record the decision with `mlops promote --version N --reason ... --actor ...`.",
+                f"champion alias moved outside the promotion history: {version_label(alias['alias'])} "
+                f"(history: {version_label(alias['recorded'])})",
+                f"{result.model_name}: {alias_mismatch(alias)}. No gate, approval or ledger row stands "
+                "behind it. Move it back, or record the decision with `mlops promote --version N --reason "
+                "... --actor ...`.",
                 {**where, **alias},
             )
         )

@@ -524,6 +524,20 @@ def alias_state(registry: ModelRegistry, history: list[Decision]) -> dict:
     return {"alias": alias, "recorded": recorded, "out_of_band": alias != recorded}
 
 
+def version_label(version: str | None) -> str:
+    return f"v{version}" if version else "none"
+
+
+def alias_mismatch(state: dict) -> str:
+    """What an `alias_state` that is out of band means, in one sentence (`mlops history`, the monitor's
+    note and alert)."""
+    return (
+        f"MLflow's champion alias points at {version_label(state['alias'])}, but the history's champion is "
+        f"{version_label(state['recorded'])}: it was moved outside `mlops` (MLflow's client or UI), or a "
+        "move was interrupted"
+    )
+
+
 def _refuse(
     registry: ModelRegistry,
     ledger: Ledger,
