@@ -59,6 +59,21 @@ def session_conf(settings: Settings) -> dict[str, str]:
     }
 
 
+@contextlib.contextmanager
+def adaptive_execution_off(spark: SparkSession):
+    """Adaptive execution off for the queries run inside: for a global aggregation over one scan (GX's metric
+    queries, the split counts of ingestion) it has nothing to re-plan, yet submits each shuffle stage, and a
+    persisted input's materialization, as a Spark job of its own (three jobs for a query that is one without
+    it: docs/benchmarks.md, "Spark jobs per step"). The session's setting is restored after."""
+    key = "spark.sql.adaptive.enabled"
+    before = spark.conf.get(key, "true")
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
 def spark_session(settings: Settings) -> SparkSession:
     """Get or create the session for the active profile: a client of the Spark Connect server when
     `spark_remote` is set, else a driver on local[*] or the cluster's master."""

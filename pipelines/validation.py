@@ -4,7 +4,6 @@ $MLOPS_HOME/gx."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from core.errors import DataValidationError
+from pipelines.spark import adaptive_execution_off
 from pipelines.suites import load_suite
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ def validate(
         gx.ValidationDefinition(data=batch, suite=suite, name=suite_name)
     )
     data = {"dataframe": df}
-    with _without_adaptive_execution(df.sparkSession):
+    # GX's queries are global aggregations and filtered counts over one scan.
+    with adaptive_execution_off(df.sparkSession):
         result = definition.run(
             batch_parameters=data, expectation_parameters=parameters, result_format=COUNTS_ONLY
         )
@@ -96,20 +97,6 @@ def validate(
             f"{listing}\nData docs: {docs}"
         )
     return summary
-
-
-@contextlib.contextmanager
-def _without_adaptive_execution(spark):
-    """Adaptive execution off while GX runs: its queries are global aggregations and filtered counts over one
-    scan, where adaptive execution has nothing to re-plan but submits the shuffle stage of each as a Spark job
-    of its own (two jobs per query instead of one). The session's setting is restored after."""
-    key = "spark.sql.adaptive.enabled"
-    before = spark.conf.get(key, "true")
-    spark.conf.set(key, "false")
-    try:
-        yield
-    finally:
-        spark.conf.set(key, before)
 
 
 def describe_failure(result) -> str:

@@ -22,6 +22,7 @@ from pyspark.sql.types import LongType
 from core.errors import ArrivalNotFoundError, PipelineError
 from pipelines.contracts import REQUIRED_TRANSACTION_COLUMNS, TRANSACTION_COLUMNS
 from pipelines.lake import parquet_rows
+from pipelines.spark import adaptive_execution_off
 
 log = logging.getLogger(__name__)
 
@@ -315,11 +316,12 @@ def read_splits(rows: DataFrame, key_mask: str | None = None) -> tuple[list[Spli
     from `read_lines`): the splits with their first line numbers, and per file the bits of `key_mask` set
     in any of its rows (the JSON keys seen, see `transforms.json_key_mask`)."""
     mask = F.bit_or(key_mask) if key_mask else F.lit(0)
-    counted = (
-        rows.groupBy("source_file", BLOCK)
-        .agg(F.min(ORDINAL).alias("first"), F.count("*").alias("lines"), mask.alias("mask"))
-        .collect()
-    )
+    with adaptive_execution_off(rows.sparkSession):
+        counted = (
+            rows.groupBy("source_file", BLOCK)
+            .agg(F.min(ORDINAL).alias("first"), F.count("*").alias("lines"), mask.alias("mask"))
+            .collect()
+        )
     splits: list[Split] = []
     masks: dict[str, int] = {}
     before: dict[str, int] = {}

@@ -524,3 +524,34 @@ def test_the_pseudonym_key_is_in_no_query_plan(spark):
     assert "pseudonymise_customer" in plans  # the plan was read
     for shown in (PSEUDONYMS.key.hex(), PSEUDONYMS.key.decode(), PSEUDONYMS.key.hex().upper()):
         assert shown not in plans
+
+
+def test_the_split_counts_are_one_spark_job_and_number_every_line(spark, tmp_path):
+    """read_splits is one aggregation over the persisted, classified lines: with adaptive execution it was
+    three jobs (the cache's materialization, the shuffle stage, the result), a cost paid by every ingestion
+    of every date (docs/benchmarks.md, "Spark jobs per step"). The counts must number each file's lines
+    from 1, whatever split a line was read in."""
+    from pyspark import StorageLevel
+
+    from pipelines.ingest.landing import LandingFile, number_lines, read_lines, read_splits
+
+    files = []
+    for name, n in (("a.csv", 5), ("b.csv", 3)):
+        path = tmp_path / name
+        path.write_text("".join(f"{name}-{i}\n" for i in range(1, n + 1)))
+        files.append(LandingFile(path=path, fmt="csv"))
+    stored = read_lines(spark, files).persist(StorageLevel.DISK_ONLY)
+    try:
+        spark.sparkContext.setJobGroup("split-counts", "read_splits")
+        try:
+            splits, _ = read_splits(stored)
+        finally:
+            spark.sparkContext.setJobGroup("other", "")
+        assert len(spark.sparkContext.statusTracker().getJobIdsForGroup("split-counts")) == 1
+        numbered = number_lines(stored, splits).collect()
+    finally:
+        stored.unpersist()
+    assert sorted((s.source_file, s.lines) for s in splits) == [("a.csv", 5), ("b.csv", 3)]
+    assert {(r.source_file, r.line_number, r.value) for r in numbered} == {
+        (name, i, f"{name}-{i}") for name, n in (("a.csv", 5), ("b.csv", 3)) for i in range(1, n + 1)
+    }
