@@ -77,8 +77,9 @@ def register_champion(home: Path) -> None:
     from training.artifacts import log_model
     from training.dataset import MODEL_INPUTS, NUMERIC_FEATURES
     from training.export import to_onnx
+    from training.ledger import Ledger
     from training.model import FraudMLP
-    from training.registry import ModelRegistry
+    from training.registry import ModelRegistry, promote_manually
 
     settings = Settings()
     settings.ensure_dirs()
@@ -98,7 +99,13 @@ def register_champion(home: Path) -> None:
             path = to_onnx(model, torch.zeros(2, len(MODEL_INPUTS)), Path(scratch) / "model.onnx")
             mlflow.log_artifact(str(path), "onnx")
     registry = ModelRegistry(settings.mlflow_tracking_uri)
-    registry.set_champion(registry.register(run.info.run_id))
+    ledger = Ledger(settings.promotion_ledger_url)
+    try:  # recorded in the promotion history: the service serves only the champion it records
+        promote_manually(
+            registry, ledger, registry.register(run.info.run_id), "serving benchmark", actor="bench"
+        )
+    finally:
+        ledger.dispose()
 
 
 def traffic(home: Path, day: date) -> list[dict]:

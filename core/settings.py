@@ -241,9 +241,13 @@ class ServingSettings(BaseModel):
     # request is answered 503 with Retry-After at once (serving/auth.py, serving/scorer.py).
     max_in_flight: int = Field(default=512, ge=1)
     max_queued_requests: int = Field(default=256, ge=1)
-    # How often the champion and challenger aliases are read; a moved alias loads the new model beside the
+    # How often the champion (the promotion history's) and the challenger are read; a new one loads beside the
     # old one, then swaps (no request fails or waits on the load).
     reload_interval_s: float = Field(default=5.0, gt=0.0)
+    # Where the service reads the promotion history, to serve only the champion it records
+    # (serving/models.py): a read-only login in the cluster (infra/README.md, Secret fraud-scoring-ledger).
+    # Unset: the profile's promotion history (promotion_ledger_url), the database the promotions write.
+    ledger_url: str | None = Field(default=None, description="read-only URL of the promotion history")
     shadow: bool = Field(default=True, description="score the latest challenger in shadow (logged only)")
     # The scoring log: Parquet under $MLOPS_HOME/scoring_log/date=YYYY-MM-DD, written by a background thread
     # in files of up to this many rows, or what came in this many seconds.
@@ -510,6 +514,13 @@ class Settings(BaseSettings):
         if self.profile is Profile.LOCAL:
             return f"sqlite:///{self.mlflow_dir / 'promotions.db'}"
         return self.cluster.postgres_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+    @property
+    def serving_ledger_url(self) -> str:
+        """Where the scoring service reads the promotion history (`serving.ledger_url`, else the
+        profile's)."""
+        url = self.serving.ledger_url or self.promotion_ledger_url
+        return url.replace("postgresql://", "postgresql+psycopg2://", 1)
 
     @property
     def tuning_storage_url(self) -> str:

@@ -524,6 +524,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "champion_file": loaded.champion.file if loaded.champion else None,
             "shadow": loaded.shadow.version if loaded.shadow else None,
             "problem": service.models.problem,
+            "alias_out_of_band": service.models.alias_problem,
             "model_reloads": service.models.reloads,
             "transactions": counters.transactions,
             "batches": counters.batches,

@@ -1,9 +1,14 @@
 """The scoring service's models: the champion (scores returned) and the latest challenger (scored in shadow,
 logged, never returned), loaded from the MLflow registry as the ONNX files the export step logged.
 
-`ModelSource` is the registry behind a small interface (aliases, versions, artifacts); `Models` holds what is
-loaded and follows the aliases: every `reload_interval_s` it reads them and, when one moved, loads the new
-version beside the old one and swaps the reference (one assignment). A request takes the pair once, so it
+`ModelSource` is the registry and the promotion history behind a small interface (champion, versions,
+artifacts). The champion served is the one the promotion history records (training/ledger.py), never simply
+what MLflow's `champion` alias names: every move through `mlops` (gate, approval, promote, rollback) writes a
+history row with its actor before it moves the alias, so an alias moved with MLflow's own client or UI names a
+version nobody recorded; it is not served, and the service says so (`Models.alias_problem`, /status) while
+the monitoring check alerts it. `Models` holds what is loaded and follows the history: every
+`reload_interval_s` it reads it and, when the champion changed, loads the new version beside the old one and
+swaps the reference (one assignment). A request takes the pair once, so it
 is scored by one consistent champion whatever moves meanwhile, and no request waits on or fails because of
 a load. A version that cannot be loaded leaves the previous one serving and says why (`Models.problem`);
 with no champion loaded at all the service answers 503 with that reason and never scores.
@@ -78,29 +83,79 @@ class LoadedModel:
         return np.asarray(self.session.run(None, {INPUT_NAME: x})[0], dtype="float64").reshape(-1)
 
 
+@dataclass(frozen=True)
+class Champion:
+    """The champion the promotion history records (None: none yet), the file to serve of it, and the version
+    MLflow's champion alias names."""
+
+    version: str | None
+    file: str | None
+    alias: str | None
+
+    @property
+    def out_of_band(self) -> str | None:
+        """Why the alias disagrees with the history, or None when it agrees (a promotion between its
+        history row and its alias move disagrees for an instant: the history's version is served)."""
+        if self.alias == self.version:
+            return None
+        return (
+            f"MLflow's {CHAMPION_ALIAS!r} alias points at {_label(self.alias)}, but the promotion history's "
+            f"champion is {_label(self.version)}: the alias was moved outside `mlops` (MLflow's client or "
+            f"UI) and is not served; `mlops promote --version {self.alias or 'N'} --reason ...` records it "
+            "if it was meant, else `mlops history` shows what to set it back to"
+        )
+
+
+def _label(version: str | None) -> str:
+    return f"v{version}" if version else "no version"
+
+
 class ModelSource:
     """The registered model's aliases, versions and ONNX artifacts (MLflow's client: the local profile's
     SQLite registry or a tracking server over HTTP with proxied artifacts)."""
 
-    def __init__(self, tracking_uri: str, name: str = MODEL_NAME, cache_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        tracking_uri: str,
+        name: str = MODEL_NAME,
+        cache_dir: Path | None = None,
+        ledger_url: str | None = None,
+    ) -> None:
         from mlflow import MlflowClient
 
         self.name = name
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="mlops-serving-"))
+        self.ledger = None
+        if ledger_url:
+            from training.ledger import LedgerReader
 
-    def champion(self) -> tuple[str, str | None] | None:
-        """The champion's version and the file its export chose to serve (its `onnx.serving_file` tag, which
-        changes when the version's smaller variants are made after its promotion); None without one."""
+            self.ledger = LedgerReader(ledger_url)
+
+    def champion(self) -> Champion | None:
+        """The champion the promotion history records (training/ledger.py: every gate pass, approval,
+        `mlops promote` and rollback is a row there, with its actor), the file its export chose to serve (its
+        `onnx.serving_file` tag, which changes when the version's smaller variants are made after its
+        promotion), and where MLflow's alias points; None before any promotion. The alias is not what is
+        served: one moved with MLflow's client or UI names a version no gate, approval or person recorded."""
         from mlflow.exceptions import MlflowException
 
+        if self.ledger is None:
+            raise ModelUnavailableError(
+                "no promotion history to read the champion from: the service serves only what the history "
+                "records; set MLOPS_SERVING__LEDGER_URL (a read-only login to it)"
+            )
+        recorded, _ = self.ledger.champion(self.name)
         try:
-            version = self.client.get_model_version_by_alias(self.name, CHAMPION_ALIAS)
+            alias: str | None = str(self.client.get_model_version_by_alias(self.name, CHAMPION_ALIAS).version)
         except MlflowException as exc:
-            if exc.error_code in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
-                return None
-            raise
-        return str(version.version), (version.tags or {}).get(SERVING_FILE_TAG)
+            if exc.error_code not in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
+                raise
+            alias = None
+        if recorded is None:
+            return None if alias is None else Champion(None, None, alias)
+        tags = self.client.get_model_version(self.name, recorded).tags or {}
+        return Champion(recorded, tags.get(SERVING_FILE_TAG), alias)
 
     def latest_challenger(self, champion: str | None) -> str | None:
         """The newest registered version other than the champion that is newer than it: the candidate the
@@ -211,6 +266,9 @@ class Models:
         self.reload_interval_s = reload_interval_s
         self.current = Loaded(None, None)
         self.problem: str | None = "no champion loaded yet"
+        # MLflow's alias moved outside the promotion history (Champion.out_of_band): not served, said here,
+        # at /status and in the monitoring check's alert (alias_out_of_band).
+        self.alias_problem: str | None = None
         self.reloads = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -219,7 +277,7 @@ class Models:
     @classmethod
     def from_settings(cls, settings: Settings) -> Models:
         return cls(
-            ModelSource(settings.mlflow_tracking_uri),
+            ModelSource(settings.mlflow_tracking_uri, ledger_url=settings.serving_ledger_url),
             shadow=settings.serving.shadow,
             reload_interval_s=settings.serving.reload_interval_s,
         )
@@ -229,19 +287,30 @@ class Models:
         with self._lock:
             current = self.current
             try:
-                alias = self.source.champion()
-            except Exception as exc:
-                self.problem = f"the model registry cannot be read: {exc}"
+                found = self.source.champion()
+            except ModelUnavailableError as exc:
+                self.problem = str(exc)
                 log.warning("%s", self.problem)
                 return current
+            except Exception as exc:
+                self.problem = f"the promotion history or the model registry cannot be read: {exc}"
+                log.warning("%s", self.problem)
+                return current
+            moved = found.out_of_band if found is not None else None
+            if moved != self.alias_problem:
+                if moved:
+                    log.warning("%s", moved)
+                self.alias_problem = moved
             champion = current.champion
-            wanted, wanted_file = alias if alias is not None else (None, None)
+            wanted, wanted_file = (found.version, found.file) if found is not None else (None, None)
             if wanted is None:
                 if champion is None:
                     self.problem = (
-                        f"no version of {self.source.name} has the alias {CHAMPION_ALIAS!r} yet; "
-                        "run the retrain DAG (or `mlops promote`) until one passes the gate"
+                        f"the promotion history records no champion of {self.source.name} yet; run the "
+                        "retrain DAG (or `mlops promote`) until one passes the gate"
                     )
+                    if moved:
+                        self.problem += f" ({moved})"
                     return current
             elif (
                 champion is None

@@ -12,6 +12,7 @@ of truth for the champion: a promotion commits its row (`Ledger.commit`) before 
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -180,17 +181,52 @@ class Ledger:
                 rows = own.execute(query).mappings().all()
         else:
             rows = conn.execute(query).mappings().all()
-        return [
-            Decision(
-                **{
-                    **row,
-                    "candidate_metrics": json.loads(row["candidate_metrics"]),
-                    "champion_metrics": json.loads(row["champion_metrics"]),
-                    "inputs_change": json.loads(row["inputs_change"]) if row["inputs_change"] else None,
-                }
-            )
-            for row in rows
-        ]
+        return [_decision(row) for row in rows]
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _decision(row) -> Decision:
+    return Decision(
+        **{
+            **row,
+            "candidate_metrics": json.loads(row["candidate_metrics"]),
+            "champion_metrics": json.loads(row["champion_metrics"]),
+            "inputs_change": json.loads(row["inputs_change"]) if row["inputs_change"] else None,
+        }
+    )
+
+
+class LedgerReader:
+    """The history read, never written: what the scoring service asks before it serves a version (it
+    serves the champion the history replays, not whatever MLflow's alias names). It creates nothing, takes
+    no lock (SQLite: no BEGIN IMMEDIATE; PostgreSQL: a role with SELECT on the table is enough,
+    infra/README.md) and reads only the rows that move the champion."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+
+    def champion(self, model_name: str) -> tuple[str | None, int | None]:
+        """The champion the history replays and the id of the last row that moved it; (None, None) before
+        any promotion, or when the history was never created."""
+        if self.engine.dialect.name == "sqlite":
+            path = self.engine.url.database
+            if path and path != ":memory:" and not os.path.exists(path):
+                return None, None  # connecting would create the file
+        query = (
+            sa.select(history_table)
+            .where(history_table.c.model_name == model_name)
+            .where(history_table.c.decision.in_(("promoted", "rolled_back")))
+            .order_by(history_table.c.id)
+        )
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(TABLE):
+                return None, None
+            moves = [_decision(row) for row in conn.execute(query).mappings().all()]
+        stack = champion_stack(moves)
+        return (stack[-1] if stack else None), (moves[-1].id if moves else None)
 
     def dispose(self) -> None:
         self.engine.dispose()

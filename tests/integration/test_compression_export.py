@@ -28,10 +28,11 @@ from training.export import (
     quantize,
     to_onnx,
 )
+from training.ledger import Ledger
 from training.loop import TrainConfig, train
 from training.metrics import average_precision
 from training.model import FraudMLP, ModelConfig
-from training.registry import ModelRegistry
+from training.registry import ModelRegistry, promote_manually
 from training.steps import split_tensors
 from training.tracking import configure
 
@@ -210,8 +211,11 @@ def test_the_service_follows_its_champions_serving_file_when_the_variants_come(i
     settings, rev, model = installation
     _run_id, version = _registered(settings, rev, model)
     steps.export(settings, version)
-    ModelRegistry(settings.mlflow_tracking_uri).set_champion(version)
-    models = Models(ModelSource(settings.mlflow_tracking_uri, cache_dir=tmp_path), shadow=False)
+    _promote(settings.mlflow_tracking_uri, settings.promotion_ledger_url, version)
+    source = ModelSource(
+        settings.mlflow_tracking_uri, cache_dir=tmp_path, ledger_url=settings.serving_ledger_url
+    )
+    models = Models(source, shadow=False)
     first = models.refresh().champion
     assert first is not None and (first.version, first.file) == (version, "model.onnx")
     assert models.refresh().champion is first  # nothing moved: nothing reloaded
@@ -219,6 +223,16 @@ def test_the_service_follows_its_champions_serving_file_when_the_variants_come(i
     after = models.refresh().champion
     assert after is not None and (after.version, after.file) == (version, made["serving_file"])
     assert models.reloads == 2
+
+
+def _promote(tracking_uri: str, ledger_url: str, version: str) -> None:
+    """`version` made champion as `mlops promote` does it: a history row (what the service serves),
+    then the alias."""
+    ledger = Ledger(ledger_url)
+    try:
+        promote_manually(ModelRegistry(tracking_uri), ledger, version, "the export test", actor="tester")
+    finally:
+        ledger.dispose()
 
 
 # --- the scoring service's loader ---------------------------------------------------------------------------
@@ -358,8 +372,10 @@ def test_champion_and_shadow_on_other_inputs_each_take_their_own_columns_by_name
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     champion = _version_with(tracking_uri, {"model.onnx": str(onnx_files["fp32"])}, "model.onnx", tmp_path)
     shadow = _version_with(tracking_uri, {"model.onnx": str(onnx_files["own"])}, "model.onnx", tmp_path)
-    ModelRegistry(tracking_uri).set_champion(champion)
-    loaded = Models(ModelSource(tracking_uri, cache_dir=tmp_path / "cache"), shadow=True).refresh()
+    ledger_url = f"sqlite:///{tmp_path / 'promotions.db'}"
+    _promote(tracking_uri, ledger_url, champion)
+    source = ModelSource(tracking_uri, cache_dir=tmp_path / "cache", ledger_url=ledger_url)
+    loaded = Models(source, shadow=True).refresh()
     assert loaded.champion is not None and loaded.shadow is not None, "both load"
     assert (loaded.champion.version, loaded.shadow.version) == (champion, shadow)
     assert loaded.champion.inputs == MODEL_INPUTS and loaded.shadow.inputs == OWN_INPUTS
@@ -394,11 +410,14 @@ def test_a_champion_whose_inputs_the_service_cannot_build_is_refused_with_the_na
 
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     version = _version_with(tracking_uri, {"model.onnx": str(onnx_files[kind])}, "model.onnx", tmp_path)
-    ModelRegistry(tracking_uri).set_champion(version)
+    ledger_url = f"sqlite:///{tmp_path / 'promotions.db'}"
+    _promote(tracking_uri, ledger_url, version)
     with pytest.raises(ModelUnavailableError) as error:
         ModelSource(tracking_uri, cache_dir=tmp_path / "cache").load(version)
     assert message in str(error.value)
-    models = Models(ModelSource(tracking_uri, cache_dir=tmp_path / "cache2"), shadow=False)
+    models = Models(
+        ModelSource(tracking_uri, cache_dir=tmp_path / "cache2", ledger_url=ledger_url), shadow=False
+    )
     assert models.refresh().champion is None
     assert models.problem is not None and message in models.problem
 

@@ -228,6 +228,8 @@ UNSET_MEANS = {
     # Lineage events go to files on the shared filesystem ($MLOPS_HOME/lineage) until an operator names an
     # OpenLineage consumer (Marquez: docs/lineage.md).
     "MLOPS_LINEAGE__URL": "no consumer: events are written to files only",
+    # Only the scoring pod reads the promotion history with a login of its own (read-only).
+    "MLOPS_SERVING__LEDGER_URL": "the promotion history itself (MLOPS_CLUSTER__POSTGRES_DSN)",
 }
 # Settings whose cluster value differs from the code's default on purpose; every other one in values.yaml
 # repeats the default, so a default changed in code and not here fails below instead of drifting apart.
@@ -412,13 +414,16 @@ SCORING_SECRET_PLACEHOLDERS = {
     ("mlops-feast-redis-url", "url"): SECRET_PLACEHOLDERS[("mlops-feast-redis-url", "url")],
     ("mlops-mlflow-client", "username"): "scoring",
     ("mlops-mlflow-client", "password"): "placeholder",
+    ("fraud-scoring-ledger", "url"): (
+        "postgresql://ledger_reader:placeholder@postgres.db.example.internal:5432/mlops?sslmode=require"
+    ),
 }
 # What the scoring pod leaves unset besides UNSET_MEANS, and why.
 SCORING_UNSET = {
-    **UNSET_MEANS,
-    # The service keeps no promotion history: no database credential, nor a route to the database, in the
-    # serving namespace. The code's default (a local address) is never used there.
-    "MLOPS_CLUSTER__POSTGRES_DSN": "no database: the scoring service reads the registry through MLflow",
+    **{name: why for name, why in UNSET_MEANS.items() if name != "MLOPS_SERVING__LEDGER_URL"},
+    # The service writes no promotion history: no login that can. The code's default (a local address) is
+    # never used there; it reads the history with its own read-only login (MLOPS_SERVING__LEDGER_URL).
+    "MLOPS_CLUSTER__POSTGRES_DSN": "no write access: the scoring service reads the history read-only",
 }
 # Settings that differ between the scoring pod and the Airflow pods on purpose; all others must agree, so a
 # value changed for one (a threshold, a window) and not the other fails here.
@@ -426,6 +431,7 @@ PER_POD = {
     "MLOPS_SERVING__HOST": "the scoring service listens on the pod's address; Airflow runs no service",
     "MLOPS_CLUSTER__SPARK_MASTER": "Spark runs in Airflow's task pods (local[2]); none in the scoring image",
     "MLOPS_CLUSTER__POSTGRES_DSN": "only Airflow's pods write the promotion history",
+    "MLOPS_SERVING__LEDGER_URL": "the scoring pod reads the promotion history with a read-only login",
 }
 
 
@@ -483,7 +489,12 @@ def test_every_setting_is_given_to_the_scoring_pod_or_listed_as_unset_on_purpose
 
 def test_the_scoring_pods_credentials_come_only_from_secrets(scoring_objects):
     sources = container_env_sources(_scoring_container(scoring_objects))
-    for name in {"MLOPS_CLUSTER__REDIS_URL", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}:
+    for name in {
+        "MLOPS_CLUSTER__REDIS_URL",
+        "MLOPS_SERVING__LEDGER_URL",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+    }:
         assert sources.get(name) == "secret", name
     assert "MLOPS_CLUSTER__POSTGRES_DSN" not in sources
 
@@ -497,6 +508,7 @@ def test_the_scoring_pods_settings_point_at_cluster_services_and_its_own_port(sc
     for what, address in {
         "redis_url": settings.cluster.redis_url,
         "mlflow_tracking_uri": settings.mlflow_tracking_uri,
+        "serving_ledger_url": settings.serving_ledger_url,
     }.items():
         assert _host(address) not in LOOPBACK_HOSTS | {None}, f"{what}={address}"
     assert settings.cluster.spark_driver_host not in LOOPBACK_HOSTS

@@ -481,9 +481,10 @@ def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rend
     # The feature server reads its registry from the mounted volume: nothing outside the cluster.
     server_ns, server_labels = _pod_labels(objects, "feast-feature-server")
     assert _egress_to_ip_blocks(objects, server_ns, server_labels) == set()
-    # Nor the scoring service: no database, no object storage, no internet.
+    # The scoring service: the promotion history's PostgreSQL alone (read-only login: it serves the champion
+    # the history records); no object storage, no internet.
     scoring_ns, scoring_labels = _pod_labels(objects, "fraud-scoring")
-    assert _egress_to_ip_blocks(objects, scoring_ns, scoring_labels) == set()
+    assert {port for _, port in _egress_to_ip_blocks(objects, scoring_ns, scoring_labels)} == {5432}
 
 
 # --- MLflow ------------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from tests.conftest import free_port, wait_for
 from tests.model.tensors import make_split
 from training.artifacts import log_model
 from training.dataset import MODEL_INPUTS, NUMERIC_FEATURES
-from training.registry import CHAMPION_ALIAS, MODEL_NAME, ModelRegistry
+from training.ledger import Ledger
+from training.registry import CHAMPION_ALIAS, MODEL_NAME, ModelRegistry, promote_manually
 
 MAX_ITEMS = 20
 # The service's callers (serving/auth.py): this module's client has every role; one caller may only score,
@@ -168,6 +169,15 @@ def _tracking(home: Path) -> str:
     return f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
 
 
+def _promote(home: Path, version: str) -> None:
+    """Make `version` the champion the way a person does (`mlops promote`): a history row, then the alias."""
+    ledger = Ledger(f"sqlite:///{home / 'mlflow' / 'promotions.db'}")
+    try:
+        promote_manually(ModelRegistry(_tracking(home)), ledger, version, "the scoring test", actor="tester")
+    finally:
+        ledger.dispose()
+
+
 def test_without_a_loadable_champion_the_service_refuses_to_score_and_says_why(server, registry_home):
     answer = server.client.post("/score", json=transaction(1))
     assert answer.status_code == 503
@@ -175,10 +185,23 @@ def test_without_a_loadable_champion_the_service_refuses_to_score_and_says_why(s
     ready = server.client.get("/v2/health/ready")
     assert ready.status_code == 503 and CHAMPION_ALIAS in ready.json()["reason"]
 
-    # a champion whose ONNX file was never exported: still no score, and the reason names the fix
+    # the alias moved with MLflow's own client, outside the promotion history: not served, and said
     tracking = _tracking(registry_home)
     version = _register(tracking, registry_home / "artifacts", seed=1, onnx=False)
-    ModelRegistry(tracking).set_champion(version)
+    ModelRegistry(tracking).client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, version)
+    wait_for(
+        lambda: server.client.get("/status").json()["alias_out_of_band"] is not None,
+        30,
+        "the service to see the alias moved out of band",
+    )
+    moved = server.client.get("/status").json()["alias_out_of_band"]
+    assert f"points at v{version}" in moved and "not served" in moved and "mlops promote" in moved
+    answer = server.client.post("/score", json=transaction(2))
+    assert answer.status_code == 503 and "records no champion" in answer.json()["detail"]
+
+    # recorded by a person (`mlops promote`): now the champion, but its ONNX file was never exported: still
+    # no score, and the reason names the fix
+    _promote(registry_home, version)
     wait_for(
         lambda: "no ONNX export" in (server.client.get("/v2/health/ready").json().get("reason") or ""),
         30,
@@ -195,8 +218,9 @@ def champion(server, registry_home):
     tracking = _tracking(registry_home)
     registry = ModelRegistry(tracking)
     if registry.champion() is None:
-        registry.set_champion(_register(tracking, registry_home / "artifacts", seed=1, onnx=False))
+        _promote(registry_home, _register(tracking, registry_home / "artifacts", seed=1, onnx=False))
     version = registry.champion()
+    assert version is not None
     run_id = registry.client.get_model_version(MODEL_NAME, version).run_id
     _export(tracking, run_id, _model(1), registry_home / "artifacts" / "onnx-late")
     wait_for(lambda: server.client.get("/v2/health/ready").status_code == 200, 30, "the champion to load")
@@ -238,6 +262,30 @@ def test_a_transaction_is_scored_with_the_features_used_and_unknown_entities_nam
     ).json()
     assert again["missing_entities"] == []  # merchant m000010 was seen by transaction 10 too
     assert again["features"]["customer_txn_count_24h"] == 1
+
+
+def test_an_alias_moved_outside_the_history_is_not_served_and_is_said(server, champion, registry_home):
+    """Whoever can move MLflow's alias (its client, its UI) must not choose what is served: the service keeps
+    the champion the promotion history records and says where the alias went."""
+    tracking = _tracking(registry_home)
+    other = _register(tracking, registry_home / "artifacts", seed=5)
+    client = ModelRegistry(tracking).client
+    client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, other)
+    try:
+        wait_for(
+            lambda: server.client.get("/status").json()["alias_out_of_band"] is not None,
+            30,
+            "the service to see the alias moved",
+        )
+        status = server.client.get("/status").json()
+        assert status["champion"] == champion and f"points at v{other}" in status["alias_out_of_band"]
+        answer = server.client.post("/score", json=transaction(30))
+        assert answer.status_code == 200 and answer.json()["model"]["version"] == champion
+    finally:
+        client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, champion)
+    wait_for(
+        lambda: server.client.get("/status").json()["alias_out_of_band"] is None, 30, "the alias back in line"
+    )
 
 
 def test_bad_requests_are_refused_with_what_to_change(server, champion):
@@ -671,7 +719,7 @@ def test_the_champion_moves_under_load_without_a_failed_request_and_the_challeng
         thread.start()
     # the load: requests answered by each champion in turn, while four clients keep the service busy
     wait_for(lambda: answered_by(champion) >= LOAD_ANSWERS, 60, f"{LOAD_ANSWERS} answers from v{champion}")
-    ModelRegistry(tracking).set_champion(challenger)
+    _promote(registry_home, challenger)
     wait_for(lambda: server.client.get("/status").json()["champion"] == challenger, 30, "the new champion")
     wait_for(
         lambda: answered_by(challenger) >= LOAD_ANSWERS, 60, f"{LOAD_ANSWERS} answers from v{challenger}"
@@ -703,7 +751,7 @@ def test_the_champion_moves_under_load_without_a_failed_request_and_the_challeng
 def test_a_score_that_is_not_a_number_is_declined_and_counted_never_approved(server, champion, registry_home):
     tracking = _tracking(registry_home)
     broken = _register(tracking, registry_home / "artifacts", seed=3, nan=True)
-    ModelRegistry(tracking).set_champion(broken)
+    _promote(registry_home, broken)
     wait_for(lambda: server.client.get("/status").json()["champion"] == broken, 30, "the broken champion")
     before = server.client.get("/status").json()["non_finite_scores"]
     answer = server.client.post("/score", json=[transaction(40), transaction(41)])
