@@ -116,6 +116,10 @@ class TrainingSettings(BaseModel):
     ]
     # Kubernetes Secret whose keys become the pod's environment (MLflow and object-store credentials).
     credentials_secret: str = "mlops-training-credentials"
+    # The same for the pods that write the promotion history (the gate's decision, an approval, the monitor's
+    # rollback): a database login that may append to it, which the other pods' login may not (separated
+    # duties: infra/README.md).
+    promotion_credentials_secret: str = "mlops-promotion-credentials"
     # PersistentVolumeClaim for checkpoints, so a retried pod resumes where the last one stopped.
     checkpoint_claim: str = "mlops-training-checkpoints"
     startup_timeout_seconds: int = Field(default=900, ge=30)

@@ -35,6 +35,13 @@ SERVING_NAMESPACE = "mlops-serving"
 # a deferred pod task's pod (KubernetesPodTrigger), is bound to TRAINING_WATCHER_ROLE: read the pod, its logs
 # and events, delete it when the task is killed; it creates nothing.
 TRAINING_SERVICE_ACCOUNT = "mlops-trainer"
+# Separated duties: the step pods that write the promotion history and so move the champion (the gate's
+# decision, a person's approval, the monitor's rollback) run as PROMOTER_SERVICE_ACCOUNT with the promoter's
+# Secret (`training.promotion_credentials_secret`); every other pod, the ones running training code, with a
+# database login that cannot write that history (infra/README.md, "Separated duties"). Granted nothing in
+# the Kubernetes API either.
+PROMOTER_SERVICE_ACCOUNT = "mlops-promoter"
+LEDGER_STEPS = frozenset({"promote", "approve"})
 AIRFLOW_WORKER_SERVICE_ACCOUNT = "airflow-worker"
 AIRFLOW_TRIGGERER_SERVICE_ACCOUNT = "airflow-triggerer"
 TRAINING_LAUNCHER_ROLE = "training-pod-launcher"
@@ -507,3 +514,14 @@ def _limit_range_container(container: Mapping[str, Any], item: Mapping[str, Any]
         ):
             problems.append(f"container {name}: {resource} limit/request exceeds LimitRange ratio {ratio}")
     return problems
+
+
+def as_promoter(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` (a step pod) run with the promoter's identity: the one pod kind that may write the promotion
+    history. The operator gives it the promoter's Secret (orchestration/training_task.py)."""
+    manifest["spec"]["serviceAccountName"] = PROMOTER_SERVICE_ACCOUNT
+    return manifest
+
+
+def is_promoter(manifest: dict[str, Any]) -> bool:
+    return manifest["spec"].get("serviceAccountName") == PROMOTER_SERVICE_ACCOUNT

@@ -233,9 +233,9 @@ MONITORING_COMMAND = ("python", "-m", "monitoring")
 def monitor_pod_operator(settings: Settings, dates: str, **operator_args: Any):
     """The cluster profile's monitoring check: `python -m monitoring check --dates ...` as a CPU pod of the
     training image (MLflow, onnxruntime, scikit-learn, SciPy: the Airflow image has none of them), with the
-    retrain DAG's step pods' identity, hardening, settings and read-only shared volume; its result comes
-    back through the pod results table (core/pod_results.py). `dates`: comma-separated, usually a template
-    of an upstream XCom."""
+    promoter's identity (a rollback writes the promotion history) and the step pods' hardening, settings and
+    read-only shared volume; its result comes back through the pod results table (core/pod_results.py).
+    `dates`: comma-separated, usually a template of an upstream XCom."""
     from datetime import timedelta
 
     from orchestration import k8s_contract as contract
@@ -250,5 +250,6 @@ def monitor_pod_operator(settings: Settings, dates: str, **operator_args: Any):
         env=pod_environment(settings),
     )
     manifest["spec"]["containers"][0]["command"] = list(MONITORING_COMMAND)
+    contract.as_promoter(manifest)  # its rollback writes the promotion history
     timeout = timedelta(seconds=manifest["spec"]["activeDeadlineSeconds"])
     return _pod_operator(settings, "check", manifest, execution_timeout=timeout, **operator_args)

@@ -71,12 +71,14 @@ def train_arguments(
 def pod_environment(settings: Settings) -> dict[str, str]:
     """The environment of a pod in the training image: every setting of the task that launches it, written
     out (so the pod reads the same settings, not its image's defaults), except the credentials, which come
-    from the Secret (`training.credentials_secret`; its name is the launcher's business, not the pod's),
+    from the Secret (`training.credentials_secret`, or the promoter's; its name is the launcher's business,
+    not the pod's),
     and the landing zone, which no training step reads. MLOPS_HOME is where the pod mounts the shared
     volume (the contract's DATA_MOUNT)."""
     env = settings_as_env(settings)
     env.pop("MLOPS_LANDING_DIR", None)
     env.pop("MLOPS_TRAINING__CREDENTIALS_SECRET", None)
+    env.pop("MLOPS_TRAINING__PROMOTION_CREDENTIALS_SECRET", None)
     env["MLOPS_HOME"] = contract.DATA_MOUNT
     # Loading a model never unpickles (training/artifacts.py); MLflow reads this before our code can.
     env["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
@@ -118,6 +120,8 @@ def step_pod_operator(
         step=True,
         env=pod_environment(settings),
     )
+    if step in contract.LEDGER_STEPS:
+        contract.as_promoter(manifest)
     timeout = timedelta(seconds=manifest["spec"]["activeDeadlineSeconds"])
     return _pod_operator(settings, task_id or step, manifest, execution_timeout=timeout, **operator_args)
 
@@ -196,9 +200,20 @@ def _pod_operator_kwargs(settings: Settings, task_id: str, manifest: dict[str, A
         get_logs=True,
         # The operator's own fields win over the template's, and its default here is "File".
         termination_message_policy=trainer["terminationMessagePolicy"],
+        # The promoter's login for the pods that write the promotion history, the trainer's for the rest.
         env_from=[
-            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=settings.training.credentials_secret))
+            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=credentials_secret(settings, manifest)))
         ],
+    )
+
+
+def credentials_secret(settings: Settings, manifest: dict[str, Any]) -> str:
+    """The Secret whose keys become the pod's environment: the promoter's for a pod run as the promoter."""
+    training = settings.training
+    return (
+        training.promotion_credentials_secret
+        if contract.is_promoter(manifest)
+        else training.credentials_secret
     )
 
 

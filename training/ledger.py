@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
+from core.errors import PipelineError
+
 TABLE = "promotion_history"
 APPROVE, REJECT = "Approve", "Reject"  # the approval task's options (dags/approve_fraud_model.py)
 
@@ -116,7 +118,24 @@ class Ledger:
             sa.event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
 
     def create(self) -> None:
-        """Create the table and its append-only triggers (idempotent)."""
+        """Create the table and its append-only triggers (idempotent). On PostgreSQL nothing is run when both
+        are in place, so a login that may append to the table but does not own it (the promoter's) works, and
+        one that may not is refused at its first read or append (LedgerAccessError), not at a DDL."""
+        with _access(self.engine, "create"):
+            if self.dialect == "postgresql" and self._in_place():
+                return
+            self._create()
+
+    def _in_place(self) -> bool:
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(TABLE):
+                return False
+            present = {c["name"] for c in sa.inspect(conn).get_columns(TABLE)}
+            found = "SELECT 1 FROM pg_trigger WHERE tgname = :name AND tgrelid = CAST(:table AS regclass)"
+            trigger = conn.execute(sa.text(found), {"name": f"{TABLE}_no_change", "table": TABLE}).first()
+        return set(_ADDED_COLUMNS) <= present and trigger is not None
+
+    def _create(self) -> None:
         with self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key("create")})
@@ -137,7 +156,7 @@ class Ledger:
         appended since the last commit."""
         self.create()
         # NullPool: closing the connection ends the database session, and with it PostgreSQL's lock.
-        with self.engine.connect() as conn:
+        with _access(self.engine, "write"), self.engine.connect() as conn:
             conn.begin()  # SQLite: BEGIN IMMEDIATE, the write lock
             if self.dialect == "postgresql":
                 # A session lock, not a transaction one, so that it outlives `commit`.
@@ -177,7 +196,7 @@ class Ledger:
         )
         if conn is None:
             self.create()
-            with self.engine.connect() as own:
+            with _access(self.engine, "read"), self.engine.connect() as own:
                 rows = own.execute(query).mappings().all()
         else:
             rows = conn.execute(query).mappings().all()
@@ -185,6 +204,32 @@ class Ledger:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class LedgerAccessError(PipelineError):
+    """The database login may not read or write the promotion history: the message names it."""
+
+
+# PostgreSQL's SQLSTATE for a privilege the role lacks (permission denied, must be owner).
+_INSUFFICIENT_PRIVILEGE = "42501"
+
+
+@contextmanager
+def _access(engine: sa.Engine, what: str) -> Iterator[None]:
+    """A refusal by the database for want of a privilege, said as what it means: this login is not the one
+    that moves the champion (separated duties, infra/README.md)."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        if getattr(exc.orig, "pgcode", None) != _INSUFFICIENT_PRIVILEGE:
+            raise
+        login = engine.url.username or "this login"
+        raise LedgerAccessError(
+            f"the database login {login!r} may not {what} the promotion history ({TABLE}): "
+            f"{str(exc.orig).strip().splitlines()[0]}. Promotions, approvals and rollbacks run with the "
+            "promoter's login (the Secret MLOPS_TRAINING__PROMOTION_CREDENTIALS_SECRET names); training, "
+            "evaluation and export run with one that cannot move the champion, by design"
+        ) from exc
 
 
 def _decision(row) -> Decision:
@@ -221,7 +266,7 @@ class LedgerReader:
             .where(history_table.c.decision.in_(("promoted", "rolled_back")))
             .order_by(history_table.c.id)
         )
-        with self.engine.connect() as conn:
+        with _access(self.engine, "read"), self.engine.connect() as conn:
             if not sa.inspect(conn).has_table(TABLE):
                 return None, None
             moves = [_decision(row) for row in conn.execute(query).mappings().all()]

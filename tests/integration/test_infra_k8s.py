@@ -104,14 +104,15 @@ def test_namespaces_are_the_contract_names_and_enforce_the_restricted_profile(re
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_training_identity_and_launcher_role_use_the_contract_names(rendered, overlay):
     objects = rendered[overlay]
-    trainer = one(objects, "ServiceAccount", contract.TRAINING_SERVICE_ACCOUNT, contract.TRAINING_NAMESPACE)
-    assert trainer["automountServiceAccountToken"] is False
-    # The trainer's identity is granted nothing.
-    assert not [
-        rb
-        for rb in find(objects, "RoleBinding") + find(objects, "ClusterRoleBinding")
-        if any(s["name"] == contract.TRAINING_SERVICE_ACCOUNT for s in rb["subjects"])
-    ]
+    for account in (contract.TRAINING_SERVICE_ACCOUNT, contract.PROMOTER_SERVICE_ACCOUNT):
+        identity = one(objects, "ServiceAccount", account, contract.TRAINING_NAMESPACE)
+        assert identity["automountServiceAccountToken"] is False
+        # The trainer's and the promoter's identities are granted nothing in the Kubernetes API.
+        assert not [
+            rb
+            for rb in find(objects, "RoleBinding") + find(objects, "ClusterRoleBinding")
+            if any(s["name"] == account for s in rb["subjects"])
+        ]
     binding = one(objects, "RoleBinding", contract.TRAINING_LAUNCHER_ROLE, contract.TRAINING_NAMESPACE)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

@@ -134,6 +134,7 @@ def secret_references(objects) -> dict[tuple[str, str], set[str | None]]:
                 add(orchestration, secret["secretName"], key)
     # The retrain DAG's pods take this Secret whole (envFrom): each key becomes a variable.
     add(ClusterServices().kubernetes_namespace, TrainingSettings().credentials_secret, WHOLE)
+    add(ClusterServices().kubernetes_namespace, TrainingSettings().promotion_credentials_secret, WHOLE)
     return refs
 
 

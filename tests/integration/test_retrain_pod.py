@@ -482,8 +482,17 @@ def test_each_step_after_training_is_a_cpu_pod_of_the_training_image_running_the
         assert contract.GPU_RESOURCE not in container["resources"][kind]
     assert not pod["spec"].get("nodeSelector") and not pod["spec"].get("tolerations")  # any node
     assert contract.restricted_profile_violations(pod["spec"]) == []
-    assert trainer(pod)["envFrom"] == [{"secretRef": {"name": settings.training.credentials_secret}}]
-    assert credentials_in_the_spec(pod, settings.training.credentials_secret) == []
+    # Separated duties: only the decision writes the promotion history, with the promoter's identity and
+    # login; evaluate, register, export and compress run with the trainer's, which cannot move the champion.
+    promoter = step in contract.LEDGER_STEPS
+    secret = (
+        settings.training.promotion_credentials_secret if promoter else settings.training.credentials_secret
+    )
+    account = contract.PROMOTER_SERVICE_ACCOUNT if promoter else contract.TRAINING_SERVICE_ACCOUNT
+    assert trainer(pod)["envFrom"] == [{"secretRef": {"name": secret}}]
+    assert pod["spec"]["serviceAccountName"] == account
+    assert credentials_in_the_spec(pod, secret) == []
+    assert (step == "promote") == promoter
 
 
 def test_an_identical_retrain_is_skipped_by_a_cpu_pod_before_training(step_pods, settings):
@@ -726,3 +735,23 @@ def test_a_pods_lineage_events_come_back_with_its_result_and_its_task_writes_the
     assert complete["job"]["name"] == "register" and complete["inputs"][0]["name"] == f"runs/{MLFLOW_RUN}"
     assert complete["run"]["facets"]["mlops"]["model_version"] == "3"
     get_settings.cache_clear()
+
+
+def test_the_approval_and_the_monitors_rollback_run_as_the_promoter_and_nothing_else_does(settings):
+    """The approval DAG's `approve` pod and the monitoring DAG's `check` pod (its rollback) write the promotion
+    history: the promoter's identity and login. The train pod, like every step but these, has the trainer's."""
+    from airflow.sdk import DAG
+
+    from orchestration.tasks import monitor_pod_operator
+    from orchestration.training_task import step_pod_operator
+
+    with DAG("separated_duties", schedule=None):
+        approve = step_pod_operator(settings, "approve", ["--version", "3", "--choice", "Approve"])
+        check = monitor_pod_operator(settings, "2026-01-08")
+    for task in (approve, check):
+        pod = render_pod(task)
+        assert pod["spec"]["serviceAccountName"] == contract.PROMOTER_SERVICE_ACCOUNT, task.task_id
+        secret = settings.training.promotion_credentials_secret
+        assert trainer(pod)["envFrom"] == [{"secretRef": {"name": secret}}], task.task_id
+        assert credentials_in_the_spec(pod, secret) == []
+    assert settings.training.promotion_credentials_secret != settings.training.credentials_secret

@@ -173,9 +173,16 @@ def cluster(training_image, mlflow_server, shared_volume, ledger_dsn, tmp_path_f
     }
     _, cluster_settings = _render("train", env, {"training_set": _training_set("unused")})
     secret_name = cluster_settings.training.credentials_secret
+    # The promoter's Secret (the pods that write the promotion history): here the same login as the trainer's
+    # (tests/integration/test_ledger_identities.py refuses the trainer's on a login without the grant).
+    promoter_secret = cluster_settings.training.promotion_credentials_secret
     values = {**SECRET_VALUES, "MLOPS_CLUSTER__POSTGRES_DSN": ledger_dsn}
     claims = {contract.DATA_CLAIM: settings.home, cluster_settings.training.checkpoint_claim: checkpoints}
-    cleanup = [["secret", "rm", secret_name], *(["volume", "rm", "--force", claim] for claim in claims)]
+    cleanup = [
+        ["secret", "rm", secret_name],
+        ["secret", "rm", promoter_secret],
+        *(["volume", "rm", "--force", claim] for claim in claims),
+    ]
     for args in cleanup:
         podman.run(args)
     pods: list[str] = []
@@ -185,6 +192,7 @@ def cluster(training_image, mlflow_server, shared_volume, ledger_dsn, tmp_path_f
             done = podman.run(["volume", "create", *bind, claim])
             assert done.returncode == 0, done.stderr
         _create_secret(work, secret_name, values)  # read by `envFrom: secretRef`
+        _create_secret(work, promoter_secret, values)
         yield {
             "env": env, "work": work, "pods": pods, "settings": settings, "rev": rev, "commit": commit,
             "image": image, "url": url, "artifacts": artifacts, "checkpoints": checkpoints, "secret": values,
@@ -634,6 +642,8 @@ def scoring_played(cluster, steps_played, serving_image, redis_db):
         "mlops-mlflow-client": {"username": "scorer", "password": secrets.token_urlsafe(12)},
         "mlops-scoring-tokens": {"tokens.json": json.dumps(callers)},
         "mlops-pseudonym-key": {"key": secrets.token_hex(32)},
+        # the promotion history the step pods wrote: the service serves the champion it records
+        "fraud-scoring-ledger": {"url": cluster["secret"]["MLOPS_CLUSTER__POSTGRES_DSN"]},
     }
     mounted = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
     for secret, values in secrets_made.items():
