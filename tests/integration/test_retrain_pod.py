@@ -738,8 +738,9 @@ def test_a_pods_lineage_events_come_back_with_its_result_and_its_task_writes_the
 
 
 def test_the_approval_and_the_monitors_rollback_run_as_the_promoter_and_nothing_else_does(settings):
-    """The approval DAG's `approve` pod and the monitoring DAG's `check` pod (its rollback) write the promotion
-    history: the promoter's identity and login. The train pod, like every step but these, has the trainer's."""
+    """The approval DAG's `approve` pod and the monitoring DAG's `check` pod (its rollback) write the
+    promotion history: the promoter's identity and login. The train pod, like every step but these, has the
+    trainer's."""
     from airflow.sdk import DAG
 
     from orchestration.tasks import monitor_pod_operator
