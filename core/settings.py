@@ -87,6 +87,11 @@ class TrainingSettings(BaseModel):
     window_days: int = Field(default=30, ge=1, description="transactions that arrived in the last N days")
     # Chargebacks come a median 2.5 days after the transaction: younger ones are mostly unlabeled fraud.
     label_maturity_days: int = Field(default=3, ge=0, description="leave out the last N days' transactions")
+    # Each version's operating point (training/operating_point.py): its threshold is chosen on the holdout so
+    # that it declines at most this share of transactions (an alert budget: 0.01 = 10 per 1,000), and the
+    # service decides at it. review_rate > 0: a review band below it, at most that further share.
+    decline_rate: float = Field(default=0.01, gt=0.0, lt=1.0, description="target share of declines")
+    review_rate: float = Field(default=0.0, ge=0.0, lt=1.0, description="share sent to review; 0: none")
     # Train + validation rows at most: above it, legitimate transactions are sampled by a hash of their id
     # (every fraud kept; the holdout never sampled). 30 days of 1M transactions are ~23M such rows.
     max_fit_rows: int | None = Field(default=2_000_000, ge=1, description="None: no sampling")
@@ -155,6 +160,9 @@ class GateSettings(BaseModel):
     max_roc_auc_drop: float = Field(default=0.02, ge=0.0)
     max_recall_drop: float = Field(default=0.05, ge=0.0, description="on recall at 1% false positives")
     max_latency_ms: float = Field(default=20.0, gt=0.0, description="median CPU scoring time, one row")
+    # The candidate's decline rate at its own threshold against the champion's at its own, on the same
+    # holdout transactions: a promotion may not move it by more than this (absolute share).
+    max_decline_rate_change: float = Field(default=0.02, ge=0.0, le=1.0, description="absolute share")
 
 
 class ApprovalSettings(BaseModel):

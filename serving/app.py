@@ -156,9 +156,7 @@ class Service:
             if settings.serving.scoring_log
             else None
         )
-        self.scorer = Scorer(
-            self.models, PendingState(), self.scoring_log, settings.serving.threshold, clock=self.clock
-        )
+        self.scorer = Scorer(self.models, PendingState(), self.scoring_log, clock=self.clock)
         # Every response counted per minute, beside the scoring log (serving/outcomes.py).
         self.outcomes = (
             RequestOutcomes(settings.scoring_log_dir, self.clock, settings.serving.log_retention_days)
@@ -329,7 +327,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         "/score",
         summary="Score one transaction or a list",
         description="Each transaction must follow the transactions data contract (the ingestion rules). "
-        "Returns, per transaction, the score, the decision at the configured threshold, the champion's "
+        "Returns, per transaction, the score, the decision at the champion's own threshold (its operating "
+        "point, chosen at training; `serving.threshold` for a version without one), the champion's "
         "version, the feature values used and which entities had no state.",
         openapi_extra=_body_doc(TRANSACTIONS_CONTRACT, EXAMPLE),
     )
@@ -522,7 +521,9 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         return {
             "champion": loaded.champion.version if loaded.champion else None,
             "champion_file": loaded.champion.file if loaded.champion else None,
+            "champion_threshold": _decides(loaded.champion),
             "shadow": loaded.shadow.version if loaded.shadow else None,
+            "shadow_threshold": _decides(loaded.shadow),
             "problem": service.models.problem,
             "alias_out_of_band": service.models.alias_problem,
             "model_reloads": service.models.reloads,
@@ -616,6 +617,17 @@ async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bo
             ]
 
     return await asyncio.get_running_loop().run_in_executor(service.batcher.executor, apply)
+
+
+def _decides(model) -> dict | None:
+    """Where a loaded version decides: its threshold, its review band's, and where they come from."""
+    if model is None:
+        return None
+    return {
+        "threshold": model.threshold,
+        "review_threshold": model.review_threshold,
+        "source": model.threshold_source,
+    }
 
 
 def _oip_columns(body: Any, limit: int) -> tuple[dict[str, list], tuple[int, str] | None]:

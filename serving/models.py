@@ -43,6 +43,7 @@ from model_contract.onnx import (
     recorded_inputs,
     session,
 )
+from training import operating_point
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -66,6 +67,11 @@ class LoadedModel:
     file: str  # which ONNX file of the run: the one the export chose (onnx.serving_file), model.onnx, ...
     session: Any  # onnxruntime.InferenceSession
     inputs: tuple[str, ...] = MODEL_INPUTS  # the names it was trained on, in its matrix's order
+    # Its own operating point (training/operating_point.py: chosen on its holdout at training, recorded on
+    # the version), else `serving.threshold` for a version registered before versions had one.
+    threshold: float = 0.5
+    review_threshold: float | None = None  # a review band from here up to `threshold`; None: none
+    threshold_source: str = "serving.threshold"
 
     @functools.cached_property
     def columns(self) -> list[int] | None:
@@ -120,10 +126,12 @@ class ModelSource:
         name: str = MODEL_NAME,
         cache_dir: Path | None = None,
         ledger_url: str | None = None,
+        default_threshold: float = 0.5,
     ) -> None:
         from mlflow import MlflowClient
 
         self.name = name
+        self.default_threshold = default_threshold  # a version without an operating point decides at it
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="mlops-serving-"))
         self.ledger = None
@@ -203,6 +211,20 @@ class ModelSource:
                 f"run {run_id} has no such file (it has {sorted(listed)}); run `mlops export --version "
                 f"{version}` again"
             )
+        try:
+            point = operating_point.from_tags(model_version.tags)
+        except operating_point.OperatingPointTagError as exc:
+            raise ModelUnavailableError(
+                f"{self.name} v{version}: its operating point cannot be used ({exc}); the tags are written "
+                "by `mlops register` from the run's evaluation: set them back, or register the run again"
+            ) from exc
+        decides: dict[str, Any] = {"threshold": self.default_threshold}
+        if point is not None:
+            decides = {
+                "threshold": point.threshold,
+                "review_threshold": point.review_threshold,
+                "threshold_source": f"operating point (at most {point.target_decline_rate:.2%} declined)",
+            }
         file = chosen or (INT8_FILE if INT8_FILE in listed else FP32_FILE)
         if file not in listed:
             raise ModelUnavailableError(
@@ -220,7 +242,13 @@ class ModelSource:
                 f"{self.name} v{version}: {ONNX_DIR}/{file} cannot be loaded: {exc}"
             ) from exc
         return LoadedModel(
-            self.name, version, run_id, file, sess, servable_inputs(self.name, version, file, sess, inputs)
+            self.name,
+            version,
+            run_id,
+            file,
+            sess,
+            servable_inputs(self.name, version, file, sess, inputs),
+            **decides,
         )
 
 
@@ -277,7 +305,11 @@ class Models:
     @classmethod
     def from_settings(cls, settings: Settings) -> Models:
         return cls(
-            ModelSource(settings.mlflow_tracking_uri, ledger_url=settings.serving_ledger_url),
+            ModelSource(
+                settings.mlflow_tracking_uri,
+                ledger_url=settings.serving_ledger_url,
+                default_threshold=settings.serving.threshold,
+            ),
             shadow=settings.serving.shadow,
             reload_interval_s=settings.serving.reload_interval_s,
         )

@@ -33,6 +33,19 @@ from serving.scoring_log import ScoringLog
 log = logging.getLogger(__name__)
 
 APPROVE, DECLINE = "approve", "decline"
+REVIEW = "review"  # only with a review band (training.review_rate): neither approved nor declined yet
+
+
+def decide(score: float, model: LoadedModel) -> str:
+    """The decision at `model`'s own operating point. A score that is not a number is declined: NaN compares
+    false with everything, so `score >= threshold` alone would approve it."""
+    if not math.isfinite(score) or score >= model.threshold:
+        return DECLINE
+    if model.review_threshold is not None and score >= model.review_threshold:
+        return REVIEW
+    return APPROVE
+
+
 MAX_SHADOW_BACKLOG = 8  # batches waiting for the shadow model
 # A batch of at most this many transactions is scored on the event loop itself (a fraction of a millisecond:
 # cheaper than the two hand-offs between threads, which cost a sixth of the service's CPU per request at 500
@@ -76,7 +89,6 @@ class Scorer:
     models: Models
     state: EntityState
     scoring_log: ScoringLog | None
-    threshold: float
     clock: ServiceClock | None = None
     counters: Counters = field(default_factory=Counters)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -176,8 +188,7 @@ class Scorer:
         for i, txn in enumerate(txns):
             score = float(scores[i])
             finite = math.isfinite(score)
-            # NaN compares false with everything: `score >= threshold` alone would approve it.
-            decision = DECLINE if not finite or score >= self.threshold else APPROVE
+            decision = decide(score, champion)
             latency_ms = (done - received[i]) * 1000.0
             features = assembled.features[i]
             missing = assembled.missing[i]
@@ -193,7 +204,7 @@ class Scorer:
                     "transaction_id": txn["transaction_id"],
                     "score": score if finite else None,
                     "decision": decision,
-                    "threshold": self.threshold,
+                    "threshold": champion.threshold,
                     "model": {"name": champion.name, "version": champion.version},
                     "features": features,
                     "missing_entities": missing,
@@ -217,9 +228,11 @@ class Scorer:
                     "model_version": champion.version,
                     "score": score,
                     "decision": decision,
-                    "threshold": self.threshold,
+                    "threshold": champion.threshold,
                     "shadow_version": None,
                     "shadow_score": None,
+                    "shadow_threshold": None,
+                    "shadow_decision": None,
                     "missing_entities": ",".join(missing) or None,
                     "latency_ms": latency_ms,
                     "caller": callers[i],
@@ -247,6 +260,11 @@ class Scorer:
             scores = shadow.score(x)
             for row, score in zip(rows, scores, strict=True):
                 row["shadow_version"], row["shadow_score"] = shadow.version, float(score)
+                # what the shadow would have decided, at its own operating point
+                row["shadow_threshold"], row["shadow_decision"] = (
+                    shadow.threshold,
+                    decide(float(score), shadow),
+                )
         except Exception:  # a shadow's failure is logged, never the caller's problem
             self.counters.shadow_failures += 1
             log.exception("shadow v%s failed to score", shadow.version)

@@ -73,6 +73,9 @@ def schema() -> pa.Schema:
             pa.field("threshold", pa.float64(), nullable=False),
             pa.field("shadow_version", pa.string()),
             pa.field("shadow_score", pa.float64()),
+            # the shadow's own operating point and what it would have decided (null in logs from before)
+            pa.field("shadow_threshold", pa.float64()),
+            pa.field("shadow_decision", pa.string()),
             pa.field("missing_entities", pa.string()),  # comma-separated join keys not in the store
             pa.field("latency_ms", pa.float64(), nullable=False),
             pa.field("caller", pa.string()),  # the token's caller (serving/auth.py); null without auth

@@ -28,8 +28,10 @@ from model_contract.inputs import MODEL_INPUTS, MissingInputsError, input_positi
 # The names training writes and serving reads (model_contract.onnx), also this module's.
 from model_contract.onnx import CHAMPION_ALIAS as CHAMPION_ALIAS
 from model_contract.onnx import MODEL_NAME as MODEL_NAME
+from training import operating_point
 from training.ledger import Decision, Ledger, champion_stack, pending_approval
 from training.metrics import PRIMARY_METRIC, evaluate
+from training.operating_point import OperatingPoint, decline_rate
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,6 +67,11 @@ class AliasMovedOutsideError(PromotionError):
         )
 
 
+# What the gate adds to each side's metrics: its threshold (its operating point's, else the default) and the
+# share of the holdout transactions it declines at it (training/operating_point.py).
+THRESHOLD, DECLINE_RATE = "threshold", "decline_rate"
+
+
 @dataclass(frozen=True)
 class GatePolicy:
     margin: float = 0.005  # AUC-PR the challenger must gain over the champion
@@ -72,6 +79,7 @@ class GatePolicy:
     max_roc_auc_drop: float = 0.02  # guardrails: secondary metrics may not regress more than this
     max_recall_drop: float = 0.05  # on recall at a 1% false-positive rate
     max_latency_ms: float = 20.0  # median scoring latency of one transaction, CPU
+    max_decline_rate_change: float = 0.02  # decline rates at each one's own threshold, same transactions
 
 
 def gate_decision(
@@ -120,10 +128,21 @@ def gate_decision(
                 f"({champion[metric]:.4f} -> {candidate[metric]:.4f}), "
                 f"more than {bound}"
             )
-    return (
-        True,
-        f"AUC-PR {score:.4f} beats the champion's {best:.4f} by {score - best:.4f} (margin {policy.margin})",
-    )
+    gain = score - best
+    beats = f"AUC-PR {score:.4f} beats the champion's {best:.4f} by {gain:.4f} (margin {policy.margin})"
+    if DECLINE_RATE in candidate and DECLINE_RATE in champion:
+        before, after = champion[DECLINE_RATE], candidate[DECLINE_RATE]
+        moved = (
+            f"decline rate {before:.2%} -> {after:.2%} on the same transactions, each at its own threshold "
+            f"({champion.get(THRESHOLD, float('nan')):.4f} -> {candidate.get(THRESHOLD, float('nan')):.4f})"
+        )
+        if not (abs(after - before) <= policy.max_decline_rate_change):  # NaN refused too
+            return False, (
+                f"{beats}, but the {moved} moves by more than {policy.max_decline_rate_change:.2%}: promote "
+                "by hand if the new decline rate is meant (`mlops promote --version V --reason ...`)"
+            )
+        return True, f"{beats}; {moved}"
+    return True, beats
 
 
 class ModelRegistry:
@@ -178,6 +197,10 @@ class ModelRegistry:
             if exc.error_code in {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"}:
                 return None
             raise
+
+    def operating_point(self, version: str) -> OperatingPoint | None:
+        """The threshold (and what it was chosen for) recorded on the version at training; None if none."""
+        return operating_point.from_tags(self.client.get_model_version(self.name, version).tags)
 
     def set_champion(self, version: str) -> None:
         self.client.set_registered_model_alias(self.name, CHAMPION_ALIAS, version)
@@ -245,6 +268,7 @@ def promote_with_gate(
     triggered_by: str | None = None,
     holdout_matrix: Callable[[tuple[str, ...], str], np.ndarray] | None = None,
     actor: str | None = None,
+    default_threshold: float = 0.5,
 ) -> Decision:
     """Decide candidate vs champion on the same holdout (rows weighted by `holdout_weights`, if given),
     record the decision, move the alias if it wins. Each is scored with its own inputs, by name: the
@@ -256,8 +280,14 @@ def promote_with_gate(
     compare against a champion nobody recorded. With `require_approval`, a win is recorded as
     `awaiting_approval` and moves nothing: a person decides (decide_approval); `triggered_by`, the person
     who started the run, may not be that person. The row's actor (`decided_by`): `actor`, else the DAG run
-    (`run_actor`)."""
+    (`run_actor`). Each side's decline rate on the holdout is measured at its own threshold (its version's
+    operating point, else `default_threshold`: `serving.threshold`) and compared (GatePolicy)."""
     import torch
+
+    def declines(version: str, scores: np.ndarray) -> dict[str, float]:
+        point = registry.operating_point(version)
+        threshold = point.threshold if point is not None else default_threshold
+        return {THRESHOLD: threshold, DECLINE_RATE: decline_rate(scores, threshold, holdout_weights)}
 
     def matrix(inputs: tuple[str, ...], who: str) -> torch.Tensor:
         if holdout_matrix is not None:
@@ -272,7 +302,9 @@ def promote_with_gate(
         candidate_model = registry.load(candidate_version)
         candidate_inputs = model_inputs_of(candidate_model)
         candidate_x = matrix(candidate_inputs, f"candidate v{candidate_version}")
-        candidate_metrics = evaluate(holdout_y, _score(candidate_model, candidate_x), weights=holdout_weights)
+        candidate_scores = _score(candidate_model, candidate_x)
+        candidate_metrics = evaluate(holdout_y, candidate_scores, weights=holdout_weights)
+        candidate_metrics |= declines(candidate_version, candidate_scores)
         latency = scoring_latency_ms(candidate_model, candidate_x[:1])
         candidate_metrics["latency_ms_p50"] = latency
         champion_metrics: dict[str, float] | None = None
@@ -298,9 +330,9 @@ def promote_with_gate(
                     ),
                 )
             else:
-                champion_metrics = evaluate(
-                    holdout_y, _score(champion_model, champion_x), weights=holdout_weights
-                )
+                champion_scores = _score(champion_model, champion_x)
+                champion_metrics = evaluate(holdout_y, champion_scores, weights=holdout_weights)
+                champion_metrics |= declines(champion, champion_scores)
                 promoted, reason = gate_decision(candidate_metrics, champion_metrics, latency, policy)
             if inputs_change:
                 added, removed = (", ".join(change[k]) or "none" for k in ("added", "removed"))

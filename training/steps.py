@@ -23,6 +23,7 @@ from core import lineage
 from core.clock import StageClock
 from core.settings import Settings
 from model_contract.onnx import CHAMPION_ALIAS, MODEL_NAME
+from training import operating_point
 from training.dataset import (
     MODEL_INPUTS,
     SPLIT,
@@ -327,13 +328,24 @@ def evaluate(settings: Settings, run_id: str) -> dict:
     client = mlflow.MlflowClient()
     buffer = MetricBuffer(client, run_id)
     buffer.add({f"holdout_{k}": v for k, v in values.items()}, step=0)
-    buffer.flush()
     if "non_finite_scores" in values:  # a diverged model: NaN metrics (the gate refuses them), no plots
+        buffer.flush()
         return {"run_id": run_id, "training_set_rev": holdout.rev, "holdout": values}
+    # Its own threshold, for the decline rate the settings state (register copies it to the version's tags).
+    point = operating_point.choose(
+        labels, scores, settings.training.decline_rate, settings.training.review_rate, weights
+    )
+    buffer.add(point.metrics(), step=0)
+    buffer.flush()
     with tempfile.TemporaryDirectory() as folder:
         for path in plot_evaluation(labels, scores, Path(folder), weights=weights):
             client.log_artifact(run_id, str(path), "evaluation")
-    return {"run_id": run_id, "training_set_rev": holdout.rev, "holdout": values}
+    return {
+        "run_id": run_id,
+        "training_set_rev": holdout.rev,
+        "holdout": values,
+        "operating_point": asdict(point),
+    }
 
 
 def image_digest(image_id: str) -> str | None:
@@ -366,6 +378,10 @@ def register(settings: Settings, run_id: str, image_id: str = "") -> dict:
             client.set_tag(run_id, "lineage.image_digest", digest)
     run = client.get_run(run_id)
     tags = {k: v for k, v in run.data.tags.items() if k.startswith("lineage.")}
+    # The threshold the evaluate step chose on the holdout: the service decides at it for this version.
+    point = operating_point.from_metrics(run.data.metrics)
+    if point is not None:
+        tags |= point.tags()
     registry = ModelRegistry(settings.mlflow_tracking_uri)
     version = registry.register(run_id, MODEL_ARTIFACT, tags={**tags, "run_id": run_id})
     return {"run_id": run_id, "model_version": version}
@@ -419,6 +435,7 @@ def promote(
             triggered_by=triggered_by or None,
             holdout_matrix=holdout.matrix,  # each version its own inputs of the same rows
             actor=actor,
+            default_threshold=settings.serving.threshold,  # a version without an operating point's
         )
     finally:
         ledger.dispose()

@@ -69,7 +69,14 @@ def _model(seed: int, nan: bool = False):
     return model.eval()
 
 
-def _register(tracking_uri: str, artifacts: Path, seed: int, onnx: bool = True, nan: bool = False) -> str:
+def _register(
+    tracking_uri: str,
+    artifacts: Path,
+    seed: int,
+    onnx: bool = True,
+    nan: bool = False,
+    tags: dict[str, str] | None = None,
+) -> str:
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
@@ -79,7 +86,7 @@ def _register(tracking_uri: str, artifacts: Path, seed: int, onnx: bool = True, 
     model = _model(seed, nan)
     with mlflow.start_run() as run:
         log_model(model, name="model", pip_requirements=[])
-    version = ModelRegistry(tracking_uri).register(run.info.run_id)
+    version = ModelRegistry(tracking_uri).register(run.info.run_id, tags=tags)
     if onnx:
         _export(tracking_uri, run.info.run_id, model, artifacts / f"onnx-{seed}{'-nan' if nan else ''}")
     return version
@@ -761,3 +768,59 @@ def test_a_score_that_is_not_a_number_is_declined_and_counted_never_approved(ser
         assert result["decision"] == "decline" and result["score"] is None
         assert any("no finite score" in note for note in result["notes"]), result["notes"]
     assert server.client.get("/status").json()["non_finite_scores"] == before + 2
+
+
+def test_champion_and_shadow_each_decide_at_their_own_operating_point(server, champion, registry_home):
+    """Two versions with different thresholds (their operating points, training/operating_point.py), served
+    side by side: the champion's answers decide at its own, the shadow's logged decisions at its own."""
+    from training.operating_point import OperatingPoint
+
+    tracking = _tracking(registry_home)
+    points = {
+        "low": OperatingPoint(0.2, None, 0.05, 0.05, 0.3, 0.9),
+        "high": OperatingPoint(0.9, 0.6, 0.001, 0.001, 0.9, 0.2),
+    }
+    versions = {}
+    for seed, kind in ((6, "low"), (7, "high")):  # recorded at registration, as `register` does
+        versions[kind] = _register(tracking, registry_home / "artifacts", seed, tags=points[kind].tags())
+    _promote(registry_home, versions["low"])  # the newer, "high", is the shadow
+    wait_for(
+        lambda: (lambda s: (s["champion"], s["shadow"]) == (versions["low"], versions["high"]))(
+            server.client.get("/status").json()
+        ),
+        30,
+        "the champion and shadow with their own operating points",
+    )
+    status = server.client.get("/status").json()
+    assert status["champion_threshold"]["threshold"] == 0.2
+    assert status["shadow_threshold"] == {
+        "threshold": 0.9,
+        "review_threshold": 0.6,
+        "source": "operating point (at most 0.10% declined)",
+    }
+    answer = server.client.post("/score", json=[transaction(n) for n in range(200, 220)])
+    assert answer.status_code == 200, answer.text
+    for result in answer.json():
+        assert result["model"]["version"] == versions["low"] and result["threshold"] == 0.2
+        assert result["decision"] == ("decline" if result["score"] >= 0.2 else "approve")
+    wait_for(
+        lambda: any(
+            r["model_version"] == versions["low"] and r["shadow_version"] == versions["high"]
+            for r in pq.read_table(registry_home / "scoring_log").to_pylist()
+        ),
+        30,
+        "the shadow's rows in the scoring log",
+    )
+    shadowed = [
+        r
+        for r in pq.read_table(registry_home / "scoring_log").to_pylist()
+        if r["model_version"] == versions["low"] and r["shadow_version"] == versions["high"]
+    ]
+    for row in shadowed:
+        assert row["threshold"] == 0.2 and row["shadow_threshold"] == 0.9
+        expected = (
+            "decline" if row["shadow_score"] >= 0.9 else "review" if row["shadow_score"] >= 0.6 else "approve"
+        )
+        assert row["shadow_decision"] == expected
+    # the same transactions, two decisions: each version at its own threshold
+    assert any(row["decision"] != row["shadow_decision"] for row in shadowed)

@@ -8,12 +8,26 @@ import sqlalchemy as sa
 from training.ledger import Decision, Ledger, champion_stack
 from training.registry import GatePolicy, gate_decision
 
-POLICY = GatePolicy(margin=0.01, floor=0.2, max_roc_auc_drop=0.02, max_recall_drop=0.05, max_latency_ms=5.0)
+POLICY = GatePolicy(
+    margin=0.01,
+    floor=0.2,
+    max_roc_auc_drop=0.02,
+    max_recall_drop=0.05,
+    max_latency_ms=5.0,
+    max_decline_rate_change=0.02,
+)
 CHAMPION = {"auc_pr": 0.50, "roc_auc": 0.90, "recall_at_1pct_fpr": 0.60}
 
 
 def metrics(auc_pr: float, roc_auc: float = 0.90, recall: float = 0.60) -> dict:
     return {"auc_pr": auc_pr, "roc_auc": roc_auc, "recall_at_1pct_fpr": recall}
+
+
+def declining(auc_pr: float, rate: float, threshold: float = 0.4) -> dict:
+    return {**metrics(auc_pr), "decline_rate": rate, "threshold": threshold}
+
+
+DECLINING = {**CHAMPION, "decline_rate": 0.01, "threshold": 0.5}
 
 
 @pytest.mark.parametrize(
@@ -35,6 +49,12 @@ def metrics(auc_pr: float, roc_auc: float = 0.90, recall: float = 0.60) -> dict:
         (metrics(0.60, recall=float("inf")), CHAMPION, 1.0, False, "recall_at_1pct_fpr inf"),
         (metrics(0.60), metrics(float("nan")), 1.0, False, "champion's holdout metrics are not finite"),
         (metrics(0.60), CHAMPION, float("nan"), False, "latency nan ms is not a finite number"),
+        # each at its own threshold on the same transactions: a change of the decline rate is reported, and
+        # one beyond the bound refused whatever the AUC-PR gained
+        (declining(0.60, 0.015), DECLINING, 1.0, True, "decline rate 1.00% -> 1.50% on the same"),
+        (declining(0.60, 0.035), DECLINING, 1.0, False, "decline rate 1.00% -> 3.50% on the same"),
+        (declining(0.60, 0.035), DECLINING, 1.0, False, "moves by more than 2.00%"),
+        (declining(0.60, float("nan")), DECLINING, 1.0, False, "moves by more than"),
     ],
 )
 def test_gate_decision(candidate, champion, latency, promoted, reason):
