@@ -445,6 +445,15 @@ def apply_rollback_rule(
 # --- the label-free estimate -----------------------------------------------------------------------------
 
 
+def champion_threshold(settings: Settings, version: str) -> float:
+    """Where the service declines for `version`: its operating point's threshold, else `serving.threshold`
+    (serving/models.py decides the same way)."""
+    from training.registry import ModelRegistry
+
+    point = ModelRegistry(settings.mlflow_tracking_uri).operating_point(version)
+    return point.threshold if point is not None else settings.serving.threshold
+
+
 def performance_estimate(
     settings: Settings, day: date, champion: str, current: CurrentInputs, matured: tuple[date, date]
 ) -> dict[str, Any] | None:
@@ -459,10 +468,11 @@ def performance_estimate(
 
     policy = settings.monitoring
     fitted = calibration(settings, champion)
+    threshold = champion_threshold(settings, champion)
 
     def of(scores: np.ndarray, seed: int):
         probabilities = fitted.apply(scores)
-        return estimate(probabilities, scores, settings.serving.threshold, policy.estimate_samples, seed)
+        return estimate(probabilities, scores, threshold, policy.estimate_samples, seed)
 
     found: dict[str, Any] = {
         "day": day.isoformat(),

@@ -12,7 +12,8 @@ written, as in the cluster's read-only step pods, it is fitted each check).
 **The estimate of a day's traffic**, from its calibrated probabilities p and scores s:
 - AUC-PR: the mean average precision over `monitoring.estimate_samples` draws of labels y ~ Bernoulli(p),
   each ranked by s (training/metrics.py's average precision), with the spread of the draws;
-- recall at the decision threshold t (`serving.threshold`): sum(p where s >= t) / sum(p).
+- recall at the decision threshold t (the champion's own: its operating point, else `serving.threshold`):
+  sum(p where s >= t) / sum(p).
 It holds while the probability of fraud given the score stays what it was on the holdout (a shift in who
 transacts, not in what fraud looks like to the model); a change of that kind is what the realised figure,
 once labels mature, shows and the estimate cannot. The check logs both, with the estimate's error.
