@@ -70,6 +70,7 @@ class AliasMovedOutsideError(PromotionError):
 # What the gate adds to each side's metrics: its threshold (its operating point's, else the default) and the
 # share of the holdout transactions it declines at it (training/operating_point.py).
 THRESHOLD, DECLINE_RATE = "threshold", "decline_rate"
+OWN_THRESHOLD = "own_threshold"  # 1.0: the version's operating point's; 0.0: the default (serving.threshold)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,10 @@ def gate_decision(
             f"decline rate {before:.2%} -> {after:.2%} on the same transactions, each at its own threshold "
             f"({champion.get(THRESHOLD, float('nan')):.4f} -> {candidate.get(THRESHOLD, float('nan')):.4f})"
         )
-        if not (abs(after - before) <= policy.max_decline_rate_change):  # NaN refused too
+        # Bound for a candidate with an operating point of its own (the retrain pipeline records one); one
+        # without decides at the operator's global threshold, as versions did before: reported, not bound.
+        bound = candidate.get(OWN_THRESHOLD, 1.0) == 1.0
+        if bound and not (abs(after - before) <= policy.max_decline_rate_change):  # NaN refused too
             return False, (
                 f"{beats}, but the {moved} moves by more than {policy.max_decline_rate_change:.2%}: promote "
                 "by hand if the new decline rate is meant (`mlops promote --version V --reason ...`)"
@@ -287,7 +291,11 @@ def promote_with_gate(
     def declines(version: str, scores: np.ndarray) -> dict[str, float]:
         point = registry.operating_point(version)
         threshold = point.threshold if point is not None else default_threshold
-        return {THRESHOLD: threshold, DECLINE_RATE: decline_rate(scores, threshold, holdout_weights)}
+        return {
+            THRESHOLD: threshold,
+            DECLINE_RATE: decline_rate(scores, threshold, holdout_weights),
+            OWN_THRESHOLD: float(point is not None),
+        }
 
     def matrix(inputs: tuple[str, ...], who: str) -> torch.Tensor:
         if holdout_matrix is not None:

@@ -301,3 +301,41 @@ def test_the_gate_judges_a_candidate_with_a_new_input_against_a_champion_without
     assert registry.champion() == candidate
     recorded = ledger.history(registry.name)[-1]
     assert (recorded.id, recorded.inputs_change) == (decision.id, {"added": [new_feature], "removed": []})
+
+
+def test_each_version_is_gated_at_its_own_threshold_and_a_moved_decline_rate_is_refused(
+    local_registry, models, holdout
+):
+    """The operating points recorded at registration (training/operating_point.py): the gate measures each
+    side's decline rate at its own threshold on the same holdout transactions; a better AUC-PR whose
+    threshold would change the decline rate past the bound is not promoted, and a point chosen for the same
+    decline rate is."""
+    from training.operating_point import choose
+
+    registry, ledger, artifacts = local_registry
+    scores = {}
+    for kind in ("weaker", "good"):
+        with torch.no_grad():
+            scores[kind] = models[kind](holdout[0]).numpy().reshape(-1)
+    weaker = _log_and_register(registry.tracking_uri, artifacts, models["weaker"])
+    point = choose(holdout[1], scores["weaker"], 0.05)
+    for key, value in point.tags().items():
+        registry.client.set_model_version_tag(registry.name, weaker, key, value)
+    assert _gate(registry, ledger, weaker, holdout).promoted
+
+    loose = _log_and_register(registry.tracking_uri, artifacts, models["good"])  # declines 20%
+    for key, value in choose(holdout[1], scores["good"], 0.20).tags().items():
+        registry.client.set_model_version_tag(registry.name, loose, key, value)
+    refused = _gate(registry, ledger, loose, holdout)
+    assert not refused.promoted and registry.champion() == weaker
+    assert "moves by more than 2.00%" in refused.reason, refused.reason
+    assert refused.candidate_metrics["decline_rate"] == pytest.approx(0.20, abs=0.005)
+    assert refused.champion_metrics["threshold"] == point.threshold
+    assert refused.champion_metrics["decline_rate"] == pytest.approx(0.05, abs=0.005)
+
+    same = _log_and_register(registry.tracking_uri, artifacts, models["good"])  # the same 5%
+    for key, value in choose(holdout[1], scores["good"], 0.05).tags().items():
+        registry.client.set_model_version_tag(registry.name, same, key, value)
+    kept = _gate(registry, ledger, same, holdout)
+    assert kept.promoted, kept.reason
+    assert "decline rate 5.00% -> 5.00% on the same transactions" in kept.reason

@@ -55,6 +55,14 @@ DECLINING = {**CHAMPION, "decline_rate": 0.01, "threshold": 0.5}
         (declining(0.60, 0.035), DECLINING, 1.0, False, "decline rate 1.00% -> 3.50% on the same"),
         (declining(0.60, 0.035), DECLINING, 1.0, False, "moves by more than 2.00%"),
         (declining(0.60, float("nan")), DECLINING, 1.0, False, "moves by more than"),
+        # a candidate without an operating point of its own decides at the global threshold: reported only
+        (
+            {**declining(0.60, 0.035), "own_threshold": 0.0},
+            DECLINING,
+            1.0,
+            True,
+            "decline rate 1.00% -> 3.50%",
+        ),
     ],
 )
 def test_gate_decision(candidate, champion, latency, promoted, reason):
