@@ -437,9 +437,24 @@ def promote(
             actor=actor,
             default_threshold=settings.serving.threshold,  # a version without an operating point's
         )
+        history = ledger.history(registry.name)
     finally:
         ledger.dispose()
-    return _decision_record(decision)
+    return {**_decision_record(decision), **_model_card(settings, registry, version, history, holdout)}
+
+
+def _model_card(
+    settings: Settings, registry: ModelRegistry, version: str, history: list, holdout=None
+) -> dict:
+    """The version's model card written (training/model_card.py): where to open it. The decision is already
+    recorded: a card that cannot be written is said, never a reason to fail the step."""
+    from training import model_card
+
+    try:
+        return {"model_card": model_card.write(settings, registry, version, history, holdout)}
+    except Exception as exc:
+        log.warning("model card of v%s not written: %s", version, exc, exc_info=True)
+        return {"model_card": None, "model_card_error": f"{type(exc).__name__}: {exc}"}
 
 
 def _decision_record(decision) -> dict:
@@ -492,9 +507,12 @@ def approve(
             dag_run_id or None,
             tuple(settings.approval.approvers),
         )
+        history = ledger.history(MODEL_NAME)
     finally:
         ledger.dispose()
     record = {**_decision_record(decision), "decided_by": decision.decided_by, "comment": decision.comment}
+    # the card again, with the answer in its history
+    record |= _model_card(settings, ModelRegistry(settings.mlflow_tracking_uri), version, history)
     return _compress_promoted(settings, record)
 
 

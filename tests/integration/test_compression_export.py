@@ -447,3 +447,53 @@ def test_the_feature_catalog_reads_each_versions_inputs_and_role_from_the_regist
     assert [v.number for v in entries[dropped].used_by] == [numbers[2]]
     assert [v.number for v in entries[OWN_NUMERIC[0]].used_by] == [numbers[2], numbers[1]]
     assert entries[dropped].online_until is None  # nothing materialized in this home
+
+
+# --- the model card (training/model_card.py), on this module's training set and model -----------------------
+
+
+def test_each_gated_version_has_a_model_card_and_an_approval_is_added_to_it(installation):
+    """The gate step writes the version's card (lineage, inputs, metrics with intervals, operating point,
+    plots, segments, the comparison with the champion on the same rows); an approval writes it again with
+    who answered and why, escaped: a comment is a person's text."""
+    from training import steps
+
+    installed, rev, model = installation
+    # the same model twice, a champion and a candidate compared with it: no margin to beat
+    settings = installed.model_copy(update={"gate": installed.gate.model_copy(update={"margin": 0.0})})
+    versions = []
+    for _ in range(2):
+        experiment_id = configure(settings)
+        with mlflow.start_run(experiment_id=experiment_id) as run:
+            mlflow.set_tag("lineage.training_set_rev", rev)
+            log_model(model, name="model", pip_requirements=[])
+        assert steps.evaluate(settings, run.info.run_id)["operating_point"]["threshold"] > 0
+        versions.append(steps.register(settings, run.info.run_id)["model_version"])
+    steps.promote_by_hand(settings, versions[0], "the card's champion", actor="tester")
+    gated = steps.promote(settings, versions[1], actor="tester", require_approval=True)
+    assert gated["decision"] == "awaiting_approval", gated
+    page = Path(gated["model_card"]).read_text()
+    for heading in (
+        "Data and lineage",
+        "Holdout metrics",
+        "90% interval",
+        "Operating point",
+        "Calibration and precision-recall",
+        "Performance by segment",
+        "Comparison with the champion",
+        "Promotion history and approvals",
+    ):
+        assert heading in page, heading
+    assert (
+        rev in page
+        and "data:image/png;base64," in page
+        and "channel = " in page
+        and "amount 0-10 USD" in page
+    )
+    assert f"v{versions[0]} (champion) AUC-PR" in page and "awaiting_approval" in page
+    comment = "<script>alert('card')</script> matches v1 on every segment"
+    answered = steps.approve(settings, versions[1], "Approve", "risk-officer", comment, ("ml-engineer",))
+    assert answered["decision"] == "promoted" and answered["model_card"] == gated["model_card"]
+    page = Path(answered["model_card"]).read_text()
+    assert "risk-officer" in page and "&lt;script&gt;alert(&#x27;card&#x27;)&lt;/script&gt;" in page
+    assert "<script>" not in page
