@@ -68,7 +68,16 @@ with DAG(
         )
         if not version:
             raise AirflowSkipException("no version to decide: the run names none and no event does")
-        asked = run_step(pending_candidate, str(version))
+        # the version's model card, as the gate step wrote it (the event of that version names it)
+        card = next(
+            (
+                e.extra.get("model_card")
+                for e in reversed(events)
+                if str((e.extra or {}).get("model_version")) == str(version)
+            ),
+            None,
+        )
+        asked = run_step(pending_candidate, str(version), card)
         if asked is None:
             raise AirflowSkipException(f"v{version} has no gate pass waiting for approval")
         return asked

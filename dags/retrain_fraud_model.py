@@ -162,6 +162,7 @@ with DAG(
             "champion_version": decision["previous_champion"],
             "reason": decision["reason"],
             "history_id": decision["history_id"],
+            "model_card": decision.get("model_card"),  # training/model_card.py: the approver reads it
             "triggered_by": getattr(dag_run, "triggering_user_name", None),
             "dag_id": dag_run.dag_id,
             "run_id": dag_run.run_id,

@@ -12,8 +12,9 @@ if TYPE_CHECKING:
 SHOWN = ("auc_pr", "roc_auc", "recall_at_1pct_fpr", "latency_ms_p50")
 
 
-def pending_candidate(settings: Settings, version: str) -> dict[str, Any] | None:
-    """The gate pass of `version` waiting for approval, with the approver's Markdown `body`; None if none."""
+def pending_candidate(settings: Settings, version: str, card: str | None = None) -> dict[str, Any] | None:
+    """The gate pass of `version` waiting for approval, with the approver's Markdown `body` (linking the
+    version's model card `card`, where the gate step wrote it); None if none."""
     from model_contract.onnx import MODEL_NAME
     from training.ledger import Ledger, pending_approval
 
@@ -29,11 +30,12 @@ def pending_candidate(settings: Settings, version: str) -> dict[str, Any] | None
         "champion_version": waiting.champion_before,
         "history_id": waiting.id,
         "triggered_by": waiting.triggered_by,
-        "body": approval_body(settings, waiting),
+        "body": approval_body(settings, waiting, card),
+        "model_card": card,
     }
 
 
-def approval_body(settings: Settings, waiting: Any) -> str:
+def approval_body(settings: Settings, waiting: Any, card: str | None = None) -> str:
     """The gate's figures, candidate against champion, and where to look further (Markdown)."""
     champion = waiting.champion_before
     rows = [
@@ -60,12 +62,38 @@ def approval_body(settings: Settings, waiting: Any) -> str:
         f"Started by: {waiting.triggered_by or 'a schedule or an event'} (cannot approve it)."
         + (f" Retrain run: `{waiting.dag_id}` `{waiting.run_id}`." if waiting.run_id else ""),
     ]
+    trusted = trusted_card(settings, card)
+    if trusted and trusted.startswith(("http://", "https://")):
+        lines.append(f"**Read its model card first**: [{trusted}]({trusted})")
+    elif trusted:
+        lines.append(f"**Read its model card first**: `{trusted}`")
+    elif card:
+        lines.append("(The request named a model card outside this installation's MLflow: not shown.)")
     uri = settings.mlflow_ui_url or settings.mlflow_tracking_uri
     if uri.startswith(("http://", "https://")):
         model = f"{uri.rstrip('/')}/#/models/fraud-detector/versions/{waiting.candidate_version}"
         lines.append(f"Its MLflow version, run and evaluation plots: [{model}]({model})")
     lines.append("Approve promotes it now; Reject, or no answer in time, promotes nothing.")
     return "\n".join(lines)
+
+
+def trusted_card(settings: Settings, card: Any) -> str | None:
+    """`card` when it is where this installation's cards are (its MLflow UI, or its MLflow folder in the
+    local profile), else None: the link comes with an asset event, which anyone allowed to post one can
+    write, and the approver is told to follow it."""
+    import re
+
+    if not isinstance(card, str) or len(card) > 2000 or re.search(r"[\s`<>()\[\]]", card):
+        return None
+    ui = (settings.mlflow_ui_url or settings.mlflow_tracking_uri).rstrip("/")
+    if ui.startswith(("http://", "https://")):
+        return (
+            card
+            if card.startswith(f"{ui}/#/experiments/") and card.endswith("/model_card/index.html")
+            else None
+        )
+    root = str(settings.mlflow_dir)
+    return card if card.startswith(f"{root}/") and card.endswith("/model_card/index.html") else None
 
 
 def answer_of(ti: Any, dag_run: Any) -> dict[str, str]:
