@@ -441,7 +441,22 @@ def retrain(
         as_json,
     )
     _decision_table(record, f"retrain as of {_date(day)}: {record.get('status')}")
-    _emit(record, as_json)
+    _emit(_asking_approval(settings, record, who), as_json)
+
+
+def _asking_approval(settings, record: dict, started_by: str | None) -> dict:
+    """A gate pass that waits for a person starts the approval run (mlops/approval_request.py); the record
+    says which run, or why none was started and what to do. The decision itself is recorded either way."""
+    if record.get("decision") != "awaiting_approval":
+        return record
+    from mlops.airflow_api import AirflowAPIError
+    from mlops.approval_request import NoAirflowError, ask
+
+    try:
+        return {**record, "approval_run": ask(settings, record, started_by, err.print)}
+    except (NoAirflowError, AirflowAPIError, TimeoutError) as exc:
+        err.print(f"[yellow]no approval run started:[/] {exc}")
+        return {**record, "approval_run": None, "approval_request": str(exc)}
 
 
 # Who moves the champion: recorded on the history's row (`decided_by`) of every promotion and rollback.
@@ -508,13 +523,42 @@ def promote(
     settings = get_settings()
     who = _actor(actor)
     if gate:
-        record = _run_training("promote", lambda: steps.promote(settings, version, actor=who), as_json)
+        record = _run_training(
+            "promote", lambda: steps.promote(settings, version, actor=who, triggered_by=who), as_json
+        )
     else:
         record = _run_training(
             "promote", lambda: steps.promote_by_hand(settings, version, reason, expect, who), as_json
         )
     _decision_table(record, f"promote v{version}: {record['decision']}")
-    _emit(record, as_json)
+    _emit(_asking_approval(settings, record, who), as_json)
+
+
+@app.command("ask-approval")
+def ask_approval(
+    version: Annotated[str, typer.Option(help="the version whose gate pass waits for approval")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Start the approval run of a gate pass that waits for a person, in this installation's Airflow (what
+    `mlops retrain` does itself when Airflow runs)."""
+    from orchestration.approval import pending_candidate
+
+    settings = get_settings()
+    asked = pending_candidate(settings, version)
+    if asked is None:
+        err.print(f"[red]v{version} has no gate pass waiting for approval[/] (see `mlops history`)")
+        _emit({"status": "failed", "message": f"v{version} has no gate pass waiting"}, as_json)
+        raise typer.Exit(code=1)
+    record = {
+        "decision": "awaiting_approval",
+        "model_version": version,
+        "previous_champion": asked["champion_version"],
+        "history_id": asked["history_id"],
+    }
+    result = _asking_approval(settings, record, asked["triggered_by"])
+    _emit(result, as_json)
+    if result.get("approval_run") is None:
+        raise typer.Exit(code=1)
 
 
 @app.command()

@@ -770,7 +770,11 @@ def retrain(
     record["holdout"] = clock.run("evaluate", lambda: evaluate(settings, trained["run_id"]))["holdout"]
     version = clock.run("register", lambda: register(settings, trained["run_id"]))["model_version"]
     decision = clock.run(
-        "promote", lambda: promote(settings, version, dag_id=dag_id, dag_run_id=dag_run_id, actor=actor)
+        "promote",
+        # a command's user started the run: they may not approve it (DAG runs name their own starter)
+        lambda: promote(
+            settings, version, dag_id=dag_id, dag_run_id=dag_run_id, actor=actor, triggered_by=actor
+        ),
     )
     record.update(decision)
     record["export"] = clock.run("export", lambda: export(settings, version))

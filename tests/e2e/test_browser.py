@@ -127,6 +127,25 @@ def _text(driver) -> str:
     return driver.find_element("tag name", "body").text
 
 
+def _in_any_frame(driver, text: str) -> bool:
+    """Whether `text` shows on the page or in one of its frames (MLflow's UI shows HTML artifacts in one)."""
+    from selenium.common.exceptions import WebDriverException
+
+    if text in _text(driver):
+        return True
+    try:
+        for frame in driver.find_elements("tag name", "iframe"):
+            driver.switch_to.frame(frame)
+            try:
+                if text in _text(driver):
+                    return True
+            finally:
+                driver.switch_to.default_content()
+    except WebDriverException:
+        driver.switch_to.default_content()
+    return False
+
+
 def _buttons(driver, label: str) -> list:
     from selenium.webdriver.common.by import By
 
@@ -274,6 +293,28 @@ def test_a_retrain_that_asks_for_a_sign_off_waits_for_a_person_who_approves_it_i
     link = browser.find_element(By.PARTIAL_LINK_TEXT, f"/#/models/fraud-detector/versions/{candidate}")
     assert link.get_attribute("href").startswith(demo_stack.mlflow_url), link.get_attribute("href")
     mlflow_version = link.get_attribute("href")
+    # and to its model card (training/model_card.py), which the gate step wrote: the approver reads it first
+    card_link = browser.find_element(By.PARTIAL_LINK_TEXT, "/model_card/index.html")
+    card = card_link.get_attribute("href")
+    assert card.startswith(f"{demo_stack.mlflow_url}/#/experiments/"), card
+    approval_form = browser.current_url
+    browser.get(card)  # MLflow's UI shows the run's HTML artifact
+    _wait_for(
+        browser,
+        lambda: _in_any_frame(browser, f"Model card: fraud-detector v{candidate}"),
+        "the model card in MLflow's artifact view",
+    )
+    _dismiss_dialogs(browser)
+    browser.save_screenshot(str(artifacts_dir / "mlflow-model-card.png"))
+    for section in (
+        "Holdout metrics",
+        "Operating point",
+        "Performance by segment",
+        "Comparison with the champion",
+    ):
+        assert _in_any_frame(browser, section), section
+    browser.get(approval_form)
+    _wait_for(browser, lambda: bool(_buttons(browser, "Approve")), "the approval form again")
     comment = "e2e: figures checked, approved by the risk officer"
     browser.find_element(By.CSS_SELECTOR, "[name=comment], #element_comment").send_keys(comment)
     browser.save_screenshot(str(artifacts_dir / "airflow-approval-form.png"))
