@@ -13,6 +13,9 @@ values of clean rows while keeping them valid; file faults hit a whole file of a
 | extra_column   | row             | one token (CSV) or key (JSON) more than the header                |
 | duplicates     | row (added)     | an exact copy of a clean row, right after it                      |
 | drift          | row             | valid but shifted: amount x2.5 and channel online                 |
+| camouflage     | fraud burst     | fraud disguised as the customer's own spending (home merchant,    |
+|                |                 | usual amount and channel): the share of bursts, 0.25 without it;  |
+|                |                 | a model trained before it misses them (a degradation, not drift)  |
 | late           | row (moved)     | a clean row held back and delivered with the next arrival date    |
 | missing_column | arrival date    | the date's first file lacks one required column                   |
 | empty          | arrival date    | an extra file with a header only (JSON: zero bytes)               |
@@ -39,6 +42,7 @@ class FaultKind(StrEnum):
     EXTRA_COLUMN = "extra_column"
     DUPLICATES = "duplicates"
     DRIFT = "drift"
+    CAMOUFLAGE = "camouflage"
     MISSING_COLUMN = "missing_column"
     EMPTY = "empty"
     LATE = "late"

@@ -47,6 +47,7 @@ from pipelines.synthetic.faults import (
 )
 from pipelines.synthetic.simulate import (
     MAX_LABEL_DELAY_DAYS,
+    STEALTHY_BURST_SHARE,
     Batch,
     chargebacks_of_day,
     rows_for_day,
@@ -118,6 +119,12 @@ class GenerateRequest:
     @property
     def merchant_count(self) -> int:
         return self.merchants or min(max(200, self.rows_per_day // 20), 50_000)
+
+
+def _stealthy_share(request: GenerateRequest) -> float:
+    """The share of fraud bursts disguised as the customer's own spending: the `camouflage` fault's rate,
+    else the world's usual (the same for the days' transactions and their chargebacks)."""
+    return request.faults.get(FaultKind.CAMOUFLAGE, STEALTHY_BURST_SHARE)
 
 
 def land_synthetic(
@@ -195,7 +202,7 @@ def _late_lines(request: GenerateRequest, world, day: date, fmt: str, columns: l
     )
     lines: list[str] = []
     position = 0
-    for batch in simulate_day(world, day, rows, request.seed):
+    for batch in simulate_day(world, day, rows, request.seed, stealthy_share=_stealthy_share(request)):
         late = plan[position : position + len(batch)] == _LATE
         position += len(batch)
         if late.any():
@@ -249,7 +256,7 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
 
     writer = _PartWriter(staging, request.fmt, "transactions")
     position = 0
-    for batch in simulate_day(world, day, rows, request.seed):
+    for batch in simulate_day(world, day, rows, request.seed, stealthy_share=_stealthy_share(request)):
         fraud += int(batch.is_fraud.sum())
         kinds = plan[position : position + len(batch)]
         frame = _frame(world, batch)
@@ -399,7 +406,7 @@ def _write_labels(folder: Path, request: GenerateRequest, world, day: date) -> t
     for back in range((day - first_origin).days + 1):
         origin = first_origin + timedelta(days=back)
         keys, label_ms = chargebacks_of_day(
-            world, origin, rows_for_day(request.rows_per_day, origin), request.seed
+            world, origin, rows_for_day(request.rows_per_day, origin), request.seed, _stealthy_share(request)
         )
         label_day = label_ms.astype("datetime64[ms]").astype("datetime64[D]")
         today = label_day == np.datetime64(day, "D")

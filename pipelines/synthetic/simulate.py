@@ -150,9 +150,11 @@ class DayPlan:
     friendly_label_ms: np.ndarray
 
 
-def plan_day(world: World, day: date, rows: int, seed: int) -> DayPlan:
+def plan_day(
+    world: World, day: date, rows: int, seed: int, stealthy_share: float = STEALTHY_BURST_SHARE
+) -> DayPlan:
     start = day_start_ms(day)
-    fraud = _fraud_bursts(world, _stream(seed, day, STREAM_FRAUD), day, rows)
+    fraud = _fraud_bursts(world, _stream(seed, day, STREAM_FRAUD), day, rows, stealthy_share)
     legit_rows = rows - len(fraud)
     rng = _stream(seed, day, STREAM_FRIENDLY)
     friendly_count = int(rng.binomial(legit_rows, FRIENDLY_FRAUD_RATE)) if legit_rows else 0
@@ -166,9 +168,12 @@ def plan_day(world: World, day: date, rows: int, seed: int) -> DayPlan:
     return DayPlan(fraud=fraud, legit_rows=legit_rows, friendly_index=friendly, friendly_label_ms=label_ms)
 
 
-def chargebacks_of_day(world: World, day: date, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, report times) of every chargeback for transactions made on `day`, whenever reported."""
-    plan = plan_day(world, day, rows, seed)
+def chargebacks_of_day(
+    world: World, day: date, rows: int, seed: int, stealthy_share: float = STEALTHY_BURST_SHARE
+) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, report times) of every chargeback for transactions made on `day`, whenever reported (with the
+    `stealthy_share` the day was simulated with)."""
+    plan = plan_day(world, day, rows, seed, stealthy_share)
     reported = plan.fraud.label_ms >= 0
     keys = np.concatenate(
         [plan.fraud.key[reported], transaction_keys(day, STREAM_LEGIT, plan.friendly_index)]
@@ -176,14 +181,21 @@ def chargebacks_of_day(world: World, day: date, rows: int, seed: int) -> tuple[n
     return keys, np.concatenate([plan.fraud.label_ms[reported], plan.friendly_label_ms])
 
 
-def simulate_day(world: World, day: date, rows: int, seed: int, max_batch: int = 200_000) -> Iterator[Batch]:
+def simulate_day(
+    world: World,
+    day: date,
+    rows: int,
+    seed: int,
+    max_batch: int = 200_000,
+    stealthy_share: float = STEALTHY_BURST_SHARE,
+) -> Iterator[Batch]:
     """Yield `rows` transactions of `day` in time order, at most `max_batch` at a time.
 
     Rows are drawn per slice of consecutive minutes holding about SLICE_ROWS rows, so memory stays
     bounded whatever the day's volume; the slicing depends only on the data, never on `max_batch`.
     """
     start = day_start_ms(day)
-    plan = plan_day(world, day, rows, seed)
+    plan = plan_day(world, day, rows, seed, stealthy_share)
     rng = _stream(seed, day, STREAM_LEGIT)
     minute_weights = np.repeat(_hour_profile(day) / 60.0, 60)
     legit_per_minute = rng.multinomial(plan.legit_rows, _normalise(minute_weights))
@@ -281,7 +293,9 @@ def _legit(world: World, rng: np.random.Generator, day: date, event_ms: np.ndarr
     )
 
 
-def _fraud_bursts(world: World, rng: np.random.Generator, day: date, rows: int) -> Batch:
+def _fraud_bursts(
+    world: World, rng: np.random.Generator, day: date, rows: int, stealthy_share: float = STEALTHY_BURST_SHARE
+) -> Batch:
     start_ms = day_start_ms(day)
     target = int(rng.binomial(rows, FRAUD_RATE)) if rows else 0
     sizes = np.minimum(1 + rng.poisson(1.5, size=max(target, 1)), 6)
@@ -294,7 +308,9 @@ def _fraud_bursts(world: World, rng: np.random.Generator, day: date, rows: int) 
     burst_start = rng.choice(24, size=bursts, p=_normalise(FRAUD_HOURS)) * MS_PER_HOUR + rng.integers(
         0, MS_PER_HOUR, size=bursts
     )
-    stealthy_burst = rng.random(bursts) < STEALTHY_BURST_SHARE
+    # Stealthy bursts look like the customer's own spending: a home merchant, a small uplift, no switch
+    # online. The `camouflage` fault raises their share (what a model trained before misses).
+    stealthy_burst = rng.random(bursts) < stealthy_share
     # Minutes between the transactions of one burst.
     gaps = rng.exponential(6 * 60_000, size=target).astype(np.int64)
     first_of_burst = np.r_[True, burst_of_row[1:] != burst_of_row[:-1]] if target else np.zeros(0, bool)

@@ -7,6 +7,7 @@ import json
 from datetime import date, datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -194,3 +195,32 @@ def test_cli_default_landing_is_under_mlops_home(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "home" / "landing" / "2026-03-01" / MANIFEST_NAME).is_file()
     assert datetime.fromisoformat("2026-03-01")  # the date format the CLI takes
+
+
+def test_the_camouflage_fault_disguises_fraud_as_the_customers_own_spending(tmp_path):
+    """A degradation, not drift: with camouflage=1.0 every fraud burst buys at a home merchant, barely above
+    the customer's usual amount, on its usual channel; the day's chargebacks still name its own landed
+    transactions (they are drawn with the same share)."""
+    from pipelines.synthetic.simulate import CHANNEL_ONLINE, chargebacks_of_day, plan_day, rows_for_day
+    from pipelines.synthetic.world import build_world
+
+    day = date(2026, 1, 1)
+    world = build_world(7, 300, 200)
+    rows = rows_for_day(20_000, day)
+    usual, disguised = (plan_day(world, day, rows, 7, share).fraud for share in (0.25, 1.0))
+    assert usual.key.tolist() == disguised.key.tolist()  # the same frauds, differently dressed
+    online = {
+        name: float(np.mean(b.channel == CHANNEL_ONLINE))
+        for name, b in (("usual", usual), ("hidden", disguised))
+    }
+    assert online["hidden"] < online["usual"] / 2, online
+    keys, _ = chargebacks_of_day(world, day, rows, 7, 1.0)
+    assert set(keys.tolist()) >= {k for k, t in zip(disguised.key, disguised.label_ms, strict=True) if t >= 0}
+
+    manifests = _generate(tmp_path, days=3, rows_per_day=3000, faults=parse_faults("camouflage=1.0"))
+    event_time: dict[str, str] = {}
+    for manifest in manifests:
+        folder = tmp_path / manifest["arrival_date"]
+        event_time.update(audit_transactions(folder)[1])
+        for label in read_labels(folder):
+            assert label["transaction_id"] in event_time, label
