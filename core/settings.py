@@ -87,6 +87,9 @@ class TrainingSettings(BaseModel):
     window_days: int = Field(default=30, ge=1, description="transactions that arrived in the last N days")
     # Chargebacks come a median 2.5 days after the transaction: younger ones are mostly unlabeled fraud.
     label_maturity_days: int = Field(default=3, ge=0, description="leave out the last N days' transactions")
+    # Set (0.95: the wait by which 95% of the feed's fraud chargebacks arrived): the wait is read from the
+    # chargebacks themselves instead (training/label_maturity.py), the constant above until 30 are seen.
+    label_maturity_quantile: float | None = Field(default=None, gt=0.0, lt=1.0, description="e.g. 0.95")
     # Each version's operating point (training/operating_point.py): its threshold is chosen on the holdout so
     # that it declines at most this share of transactions (an alert budget: 0.01 = 10 per 1,000), and the
     # service decides at it. review_rate > 0: a review band below it, at most that further share.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -41,7 +42,9 @@ class Check:
 
 
 def run_checks(settings: Settings) -> list[Check]:
-    checks: list[Callable[[Settings], Check]] = [_python, _java, _home, _residency, _spark, _approval]
+    checks: list[Callable[[Settings], Check]] = [
+        _python, _java, _home, _residency, _spark, _approval, _label_maturity,
+    ]  # fmt: skip
     if settings.profile is Profile.LOCAL:
         checks += [_sqlite]
     else:
@@ -63,6 +66,46 @@ def _approval(settings: Settings) -> Check:
             'set MLOPS_APPROVAL__APPROVERS to the Airflow user ids who may, e.g. ["risk-officer"]',
         )
     return Check("approval", Status.OK, f"on; approvers: {', '.join(policy.approvers)}")
+
+
+def _label_maturity(settings: Settings) -> Check:
+    """The wait before a transaction's label counts, beside what the feed's chargebacks show (measured up to
+    the latest chargeback arrival in the lake): a wait shorter than most chargebacks trains on fraud labelled
+    legitimate."""
+    from datetime import UTC, date, datetime
+
+    from pipelines.lake import Tables
+    from training.label_maturity import MIN_REPORTS, label_maturity
+
+    arrivals = sorted(
+        p.name.removeprefix("arrival_date=")
+        for p in Tables(settings.lake).silver_labels.glob("arrival_date=*")
+    )
+    day = date.fromisoformat(arrivals[-1]) if arrivals else datetime.now(UTC).date()
+    try:
+        found = label_maturity(settings, day, observe=True)
+    except Exception as exc:  # an unreadable lake is the ingest checks' business: said, not fatal here
+        return Check("label_maturity", Status.WARN, f"the chargebacks could not be read: {exc}")
+    said = f"{found.days} days ({found.source})"
+    if found.observed_days is None:
+        return Check(
+            "label_maturity",
+            Status.OK,
+            f"{said}; {found.reports} fraud chargebacks up to {day}, fewer than {MIN_REPORTS} to measure",
+        )
+    seen = (
+        f"the feed's {found.quantile:.0%} quantile of delays is {found.observed_days:.1f} days over "
+        f"{found.reports} fraud chargebacks up to {day}"
+    )
+    if settings.training.label_maturity_quantile is None and found.observed_days > found.days:
+        return Check(
+            "label_maturity",
+            Status.WARN,
+            f"{said}, but {seen}: training counts late-reported fraud as legitimate",
+            "MLOPS_TRAINING__LABEL_MATURITY_QUANTILE=0.95 (the wait follows the feed), or "
+            f"MLOPS_TRAINING__LABEL_MATURITY_DAYS={math.ceil(found.observed_days)}",
+        )
+    return Check("label_maturity", Status.OK, f"{said}; {seen}")
 
 
 def _python(_: Settings) -> Check:

@@ -116,7 +116,9 @@ class LivePerformance:
 
 def matured_window(settings: Settings, day: date) -> tuple[date, date]:
     """The event dates whose labels have matured by the end of `day`."""
-    last = day - timedelta(days=settings.training.label_maturity_days)
+    from training.label_maturity import label_maturity
+
+    last = day - timedelta(days=label_maturity(settings, day).days)
     return last - timedelta(days=settings.monitoring.window_days - 1), last
 
 

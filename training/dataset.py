@@ -657,14 +657,18 @@ def build_training_set(settings: Settings, day: date, window_days: int | None = 
     settings; its `seconds` go on to the training run."""
     import time
 
+    from training.label_maturity import label_maturity
+
     started = time.perf_counter()
+    maturity = label_maturity(settings, day)
     record = write_training_set(
         settings,
         day,
         window_days or settings.training.window_days,
-        settings.training.label_maturity_days,
+        maturity.days,
         max_fit_rows=settings.training.max_fit_rows,
     )
+    record["label_maturity"] = {"days": maturity.days, "source": maturity.source}
     record["as_of"] = day.isoformat()
     record["seconds"] = time.perf_counter() - started
     return record

@@ -40,7 +40,7 @@ def test_a_gate_pass_from_a_command_starts_the_approval_run_and_the_approver_ans
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     record = json.loads(done.stdout.strip().splitlines()[-1])
-    assert record["decision"] == "awaiting_approval", record
+    assert record["decision"] == "awaiting_approval", (json.dumps(record)[:3000], demo_stack.summary["retrains"])
     run_id = record["approval_run"]
     assert run_id, record
     assert f"{APPROVE} run {run_id}" in done.stderr

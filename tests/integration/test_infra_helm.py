@@ -228,6 +228,8 @@ UNSET_MEANS = {
     # Lineage events go to files on the shared filesystem ($MLOPS_HOME/lineage) until an operator names an
     # OpenLineage consumer (Marquez: docs/lineage.md).
     "MLOPS_LINEAGE__URL": "no consumer: events are written to files only",
+    # The label maturity is the constant until an operator has the wait follow the feed (0.95).
+    "MLOPS_TRAINING__LABEL_MATURITY_QUANTILE": "training.label_maturity_days, the constant",
     # Only the scoring pod reads the promotion history with a login of its own (read-only).
     "MLOPS_SERVING__LEDGER_URL": "the promotion history itself (MLOPS_CLUSTER__POSTGRES_DSN)",
 }
