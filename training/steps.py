@@ -524,8 +524,18 @@ def promote_by_hand(
     expected_champion: str | None = None,
     actor: str | None = None,
 ) -> dict:
-    from training.registry import promote_manually
+    from training.registry import PromotionError, promote_manually
 
+    policy = settings.approval
+    if policy.enabled and policy.approvers and actor not in policy.approvers:
+        # With approval on, a promotion by hand is a sign-off: the approvers group's alone. Anyone else
+        # puts the version through the gate, and a pass waits for them.
+        raise PromotionError(
+            f"approval is on (MLOPS_APPROVAL__ENABLED): only the approvers group "
+            f"({', '.join(policy.approvers)}) may promote by hand, and {actor or 'an unnamed user'} is not "
+            f"in it; `mlops promote --gate --version {version}` puts it through the gate, whose pass waits "
+            "for them"
+        )
     ledger = _ledger(settings)
     try:
         decision = promote_manually(

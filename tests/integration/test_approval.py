@@ -290,3 +290,20 @@ def test_the_cluster_profile_records_the_answer_in_a_restricted_pod_of_the_train
         assert (context.params["version"], context.params["choice"]) == ("7", "Approve")
         assert (context.params["decided_by"], context.params["comment"]) == ("risk-officer", "MRM-7; ok")
         assert context.params["dag_run_id"] == "asset_triggered__x"
+
+
+def test_with_approval_on_only_an_approver_promotes_by_hand(approval_home):
+    """A promotion by hand is a sign-off: with approval on, `mlops promote` by anyone outside the approvers
+    group is refused before anything is recorded (they use `--gate`, whose pass waits for an approver)."""
+    from training import steps
+    from training.registry import PromotionError
+
+    home = approval_home
+    before = len(home.ledger.history(home.registry.name))
+    with pytest.raises(PromotionError) as refused:
+        steps.promote_by_hand(home.settings, home.v2, "no time to wait", actor="analyst")
+    assert "only the approvers group (risk-officer, ml-engineer)" in str(refused.value)
+    assert f"mlops promote --gate --version {home.v2}" in str(refused.value)
+    assert len(home.ledger.history(home.registry.name)) == before and home.registry.champion() == home.v1
+    done = steps.promote_by_hand(home.settings, home.v2, "signed off by hand", actor="risk-officer")
+    assert done["decision"] == "promoted" and home.registry.champion() == home.v2
