@@ -66,7 +66,7 @@ def adaptive_execution_off(spark: SparkSession):
     persisted input's materialization, as a Spark job of its own (three jobs for a query that is one without
     it: docs/benchmarks.md, "Spark jobs per step"). The session's setting is restored after."""
     key = "spark.sql.adaptive.enabled"
-    before = spark.conf.get(key, "true")
+    before = spark.conf.get(key, "true") or "true"
     spark.conf.set(key, "false")
     try:
         yield
