@@ -90,9 +90,9 @@ class TrainingSettings(BaseModel):
     # Set (0.95: the wait by which 95% of the feed's fraud chargebacks arrived): the wait is read from the
     # chargebacks themselves instead (training/label_maturity.py), the constant above until 30 are seen.
     label_maturity_quantile: float | None = Field(default=None, gt=0.0, lt=1.0, description="e.g. 0.95")
-    # Each version's operating point (training/operating_point.py): its threshold is chosen on the holdout so
-    # that it declines at most this share of transactions (an alert budget: 0.01 = 10 per 1,000), and the
-    # service decides at it. review_rate > 0: a review band below it, at most that further share.
+    # Each version's operating point (model_contract/operating_point.py): its threshold is chosen on the
+    # holdout so that it declines at most this share of transactions (an alert budget: 0.01 = 10 per 1,000),
+    # and the service decides at it. review_rate > 0: a review band below it, at most that further share.
     decline_rate: float = Field(default=0.01, gt=0.0, lt=1.0, description="target share of declines")
     review_rate: float = Field(default=0.0, ge=0.0, lt=1.0, description="share sent to review; 0: none")
     # Train + validation rows at most: above it, legitimate transactions are sampled by a hash of their id

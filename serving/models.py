@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from model_contract import operating_point
 from model_contract.inputs import MODEL_INPUTS, ModelInputError, input_positions
 from model_contract.onnx import (
     CHAMPION_ALIAS,
@@ -43,7 +44,6 @@ from model_contract.onnx import (
     recorded_inputs,
     session,
 )
-from training import operating_point
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -67,8 +67,8 @@ class LoadedModel:
     file: str  # which ONNX file of the run: the one the export chose (onnx.serving_file), model.onnx, ...
     session: Any  # onnxruntime.InferenceSession
     inputs: tuple[str, ...] = MODEL_INPUTS  # the names it was trained on, in its matrix's order
-    # Its own operating point (training/operating_point.py: chosen on its holdout at training, recorded on
-    # the version), else `serving.threshold` for a version registered before versions had one.
+    # Its own operating point (model_contract/operating_point.py: chosen on its holdout at training,
+    # recorded on the version), else `serving.threshold` for a version registered before versions had one.
     threshold: float = 0.5
     review_threshold: float | None = None  # a review band from here up to `threshold`; None: none
     threshold_source: str = "serving.threshold"
@@ -136,7 +136,7 @@ class ModelSource:
         self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="mlops-serving-"))
         self.ledger = None
         if ledger_url:
-            from training.ledger import LedgerReader
+            from model_contract.promotion_history import LedgerReader
 
             self.ledger = LedgerReader(ledger_url)
 

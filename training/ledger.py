@@ -12,49 +12,24 @@ of truth for the champion: a promotion commits its row (`Ledger.commit`) before 
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from core.errors import PipelineError
+from model_contract.promotion_history import TABLE as TABLE
+from model_contract.promotion_history import Decision as Decision
+from model_contract.promotion_history import LedgerAccessError as LedgerAccessError
+from model_contract.promotion_history import LedgerReader as LedgerReader
+from model_contract.promotion_history import access as _access
+from model_contract.promotion_history import champion_stack as champion_stack
+from model_contract.promotion_history import decision_of as _decision
+from model_contract.promotion_history import history_table as history_table
+from model_contract.promotion_history import metadata as _metadata
 
-TABLE = "promotion_history"
 APPROVE, REJECT = "Approve", "Reject"  # the approval task's options (dags/approve_fraud_model.py)
-
-_metadata = sa.MetaData()
-history_table = sa.Table(
-    TABLE,
-    _metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("recorded_at", sa.String(40), nullable=False),
-    sa.Column("model_name", sa.String(200), nullable=False, index=True),
-    sa.Column("action", sa.String(20), nullable=False),  # gate | manual | rollback | approval
-    # promoted | rejected | rolled_back | awaiting_approval (a gate pass waiting for a person) | refused (a
-    # compare-and-swap that found another champion, or an approval by the person who started the run)
-    sa.Column("decision", sa.String(20), nullable=False),
-    sa.Column("reason", sa.Text, nullable=False),
-    sa.Column("candidate_version", sa.String(20)),
-    sa.Column("champion_before", sa.String(20)),
-    sa.Column("champion_after", sa.String(20)),
-    sa.Column("candidate_metrics", sa.Text, nullable=False),  # JSON
-    sa.Column("champion_metrics", sa.Text, nullable=False),  # JSON
-    sa.Column("training_set_rev", sa.String(64)),
-    sa.Column("dag_id", sa.String(250)),
-    sa.Column("run_id", sa.String(250)),
-    # Human approval (training/registry.py decide_approval): who started the run that asked, who decided
-    # (an approver, or the person a refusal names), and what they wrote.
-    sa.Column("triggered_by", sa.String(250)),
-    sa.Column("decided_by", sa.String(250)),
-    sa.Column("comment", sa.Text),
-    # A gate decision across a change of inputs: the input names the candidate adds to and removes from the
-    # champion's (JSON {"added": [...], "removed": [...]}); NULL when both take the same inputs.
-    sa.Column("inputs_change", sa.Text),
-)
 # Columns added since the table was first created: `create` adds them to an older table (an ADD COLUMN,
 # which the append-only triggers do not forbid: no row changes).
 _ADDED_COLUMNS = ("triggered_by", "decided_by", "comment", "inputs_change")
@@ -72,37 +47,6 @@ _POSTGRES_TRIGGERS = [
     f"CREATE TRIGGER {TABLE}_no_change BEFORE UPDATE OR DELETE OR TRUNCATE ON {TABLE} "
     f"FOR EACH STATEMENT EXECUTE FUNCTION {TABLE}_append_only()",
 ]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One row of the history."""
-
-    model_name: str
-    action: str
-    decision: str
-    reason: str
-    candidate_version: str | None
-    champion_before: str | None
-    champion_after: str | None
-    candidate_metrics: dict = field(default_factory=dict)
-    champion_metrics: dict = field(default_factory=dict)
-    training_set_rev: str | None = None
-    dag_id: str | None = None
-    run_id: str | None = None
-    triggered_by: str | None = None
-    decided_by: str | None = None
-    comment: str | None = None
-    inputs_change: dict | None = None  # {"added": [...], "removed": [...]} when the inputs differ
-    recorded_at: str = ""
-    id: int | None = None
-
-    @property
-    def promoted(self) -> bool:
-        return self.decision == "promoted"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class Ledger:
@@ -204,89 +148,6 @@ class Ledger:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-class LedgerAccessError(PipelineError):
-    """The database login may not read or write the promotion history: the message names it."""
-
-
-# PostgreSQL's SQLSTATE for a privilege the role lacks (permission denied, must be owner).
-_INSUFFICIENT_PRIVILEGE = "42501"
-
-
-@contextmanager
-def _access(engine: sa.Engine, what: str) -> Iterator[None]:
-    """A refusal by the database for want of a privilege, said as what it means: this login is not the one
-    that moves the champion (separated duties, infra/README.md)."""
-    try:
-        yield
-    except sa.exc.DBAPIError as exc:
-        if getattr(exc.orig, "pgcode", None) != _INSUFFICIENT_PRIVILEGE:
-            raise
-        login = engine.url.username or "this login"
-        raise LedgerAccessError(
-            f"the database login {login!r} may not {what} the promotion history ({TABLE}): "
-            f"{str(exc.orig).strip().splitlines()[0]}. Promotions, approvals and rollbacks run with the "
-            "promoter's login (the Secret MLOPS_TRAINING__PROMOTION_CREDENTIALS_SECRET names); training, "
-            "evaluation and export run with one that cannot move the champion, by design"
-        ) from exc
-
-
-def _decision(row) -> Decision:
-    return Decision(
-        **{
-            **row,
-            "candidate_metrics": json.loads(row["candidate_metrics"]),
-            "champion_metrics": json.loads(row["champion_metrics"]),
-            "inputs_change": json.loads(row["inputs_change"]) if row["inputs_change"] else None,
-        }
-    )
-
-
-class LedgerReader:
-    """The history read, never written: what the scoring service asks before it serves a version (it
-    serves the champion the history replays, not whatever MLflow's alias names). It creates nothing, takes
-    no lock (SQLite: no BEGIN IMMEDIATE; PostgreSQL: a role with SELECT on the table is enough,
-    infra/README.md) and reads only the rows that move the champion."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-
-    def champion(self, model_name: str) -> tuple[str | None, int | None]:
-        """The champion the history replays and the id of the last row that moved it; (None, None) before
-        any promotion, or when the history was never created."""
-        if self.engine.dialect.name == "sqlite":
-            path = self.engine.url.database
-            if path and path != ":memory:" and not os.path.exists(path):
-                return None, None  # connecting would create the file
-        query = (
-            sa.select(history_table)
-            .where(history_table.c.model_name == model_name)
-            .where(history_table.c.decision.in_(("promoted", "rolled_back")))
-            .order_by(history_table.c.id)
-        )
-        with _access(self.engine, "read"), self.engine.connect() as conn:
-            if not sa.inspect(conn).has_table(TABLE):
-                return None, None
-            moves = [_decision(row) for row in conn.execute(query).mappings().all()]
-        stack = champion_stack(moves)
-        return (stack[-1] if stack else None), (moves[-1].id if moves else None)
-
-    def dispose(self) -> None:
-        self.engine.dispose()
-
-
-def champion_stack(history: list[Decision]) -> list[str]:
-    """Replay the history: a promotion pushes its version, a rollback pops the current champion.
-    The last element is the champion; the one before it is what a rollback restores."""
-    stack: list[str] = []
-    for decision in history:
-        if decision.decision == "promoted" and decision.champion_after:
-            stack.append(decision.champion_after)
-        elif decision.decision == "rolled_back" and stack:
-            stack.pop()
-    return stack
 
 
 def _lock_key(name: str) -> int:

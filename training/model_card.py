@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from model_contract.operating_point import decline_rate
 from training.metrics import average_precision
-from training.operating_point import decline_rate
 
 if TYPE_CHECKING:
     from core.settings import Settings

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import PipelineError
+from model_contract import operating_point
 from model_contract.inputs import MODEL_INPUTS, MissingInputsError, input_positions, inputs_difference
 
 # The names training writes and serving reads (model_contract.onnx), also this module's.
 from model_contract.onnx import CHAMPION_ALIAS as CHAMPION_ALIAS
 from model_contract.onnx import MODEL_NAME as MODEL_NAME
-from training import operating_point
+from model_contract.operating_point import OperatingPoint, decline_rate
 from training.ledger import Decision, Ledger, champion_stack, pending_approval
 from training.metrics import PRIMARY_METRIC, evaluate
-from training.operating_point import OperatingPoint, decline_rate
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,7 +68,7 @@ class AliasMovedOutsideError(PromotionError):
 
 
 # What the gate adds to each side's metrics: its threshold (its operating point's, else the default) and the
-# share of the holdout transactions it declines at it (training/operating_point.py).
+# share of the holdout transactions it declines at it (model_contract/operating_point.py).
 THRESHOLD, DECLINE_RATE = "threshold", "decline_rate"
 OWN_THRESHOLD = "own_threshold"  # 1.0: the version's operating point's; 0.0: the default (serving.threshold)
 
@@ -81,6 +81,7 @@ class GatePolicy:
     max_recall_drop: float = 0.05  # on recall at a 1% false-positive rate
     max_latency_ms: float = 20.0  # median scoring latency of one transaction, CPU
     max_decline_rate_change: float = 0.02  # decline rates at each one's own threshold, same transactions
+    target_decline_rate: float | None = None  # training.decline_rate: a bigger move toward it is allowed
 
 
 def gate_decision(
@@ -140,10 +141,18 @@ def gate_decision(
         # Bound for a candidate with an operating point of its own (the retrain pipeline records one); one
         # without decides at the operator's global threshold, as versions did before: reported, not bound.
         bound = candidate.get(OWN_THRESHOLD, 1.0) == 1.0
+        target = policy.target_decline_rate
         if bound and not (abs(after - before) <= policy.max_decline_rate_change):  # NaN refused too
+            # A big move back toward the stated target (a champion whose threshold went stale on today's
+            # traffic) is what the operating point is for; one elsewhere (a changed target, edited tags) is a
+            # decision for a person.
+            if target is not None and abs(after - target) < abs(before - target):
+                return True, f"{beats}; {moved}, back toward the target of {target:.2%}"
             return False, (
-                f"{beats}, but the {moved} moves by more than {policy.max_decline_rate_change:.2%}: promote "
-                "by hand if the new decline rate is meant (`mlops promote --version V --reason ...`)"
+                f"{beats}, but the {moved} moves by more than {policy.max_decline_rate_change:.2%}"
+                + (f", not toward the target of {target:.2%}" if target is not None else "")
+                + ": promote by hand if the new decline rate is meant "
+                "(`mlops promote --version V --reason ...`)"
             )
         return True, f"{beats}; {moved}"
     return True, beats

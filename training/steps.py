@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 from core import lineage
 from core.clock import StageClock
 from core.settings import Settings
+from model_contract import operating_point
 from model_contract.onnx import CHAMPION_ALIAS, MODEL_NAME
-from training import operating_point
 from training.dataset import (
     MODEL_INPUTS,
     SPLIT,
@@ -417,7 +417,7 @@ def promote(
     run_id = registry.client.get_model_version(registry.name, version).run_id
     assert run_id is not None, "versions are registered from training runs"
     holdout = read_holdout(settings, training_set_rev(settings, run_id))
-    policy = GatePolicy(**settings.gate.model_dump())
+    policy = GatePolicy(**settings.gate.model_dump(), target_decline_rate=settings.training.decline_rate)
     ledger = _ledger(settings)
     try:
         decision = promote_with_gate(

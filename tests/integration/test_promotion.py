@@ -306,11 +306,11 @@ def test_the_gate_judges_a_candidate_with_a_new_input_against_a_champion_without
 def test_each_version_is_gated_at_its_own_threshold_and_a_moved_decline_rate_is_refused(
     local_registry, models, holdout
 ):
-    """The operating points recorded at registration (training/operating_point.py): the gate measures each
-    side's decline rate at its own threshold on the same holdout transactions; a better AUC-PR whose
+    """The operating points recorded at registration (model_contract/operating_point.py): the gate measures
+    each side's decline rate at its own threshold on the same holdout transactions; a better AUC-PR whose
     threshold would change the decline rate past the bound is not promoted, and a point chosen for the same
     decline rate is."""
-    from training.operating_point import choose
+    from model_contract.operating_point import choose
 
     registry, ledger, artifacts = local_registry
     scores = {}

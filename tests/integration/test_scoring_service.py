@@ -771,9 +771,10 @@ def test_a_score_that_is_not_a_number_is_declined_and_counted_never_approved(ser
 
 
 def test_champion_and_shadow_each_decide_at_their_own_operating_point(server, champion, registry_home):
-    """Two versions with different thresholds (their operating points, training/operating_point.py), served
-    side by side: the champion's answers decide at its own, the shadow's logged decisions at its own."""
-    from training.operating_point import OperatingPoint
+    """Two versions with different thresholds (their operating points, model_contract/operating_point.py),
+    served side by side: the champion's answers decide at its own, the shadow's logged decisions at its
+    own."""
+    from model_contract.operating_point import OperatingPoint
 
     tracking = _tracking(registry_home)
     points = {

@@ -15,6 +15,7 @@ POLICY = GatePolicy(
     max_recall_drop=0.05,
     max_latency_ms=5.0,
     max_decline_rate_change=0.02,
+    target_decline_rate=0.01,
 )
 CHAMPION = {"auc_pr": 0.50, "roc_auc": 0.90, "recall_at_1pct_fpr": 0.60}
 
@@ -55,6 +56,15 @@ DECLINING = {**CHAMPION, "decline_rate": 0.01, "threshold": 0.5}
         (declining(0.60, 0.035), DECLINING, 1.0, False, "decline rate 1.00% -> 3.50% on the same"),
         (declining(0.60, 0.035), DECLINING, 1.0, False, "moves by more than 2.00%"),
         (declining(0.60, float("nan")), DECLINING, 1.0, False, "moves by more than"),
+        # a bigger move back toward the target (the champion's threshold went stale on today's traffic)
+        (
+            declining(0.60, 0.012),
+            {**DECLINING, "decline_rate": 0.035},
+            1.0,
+            True,
+            "back toward the target of 1.00%",
+        ),
+        (declining(0.60, 0.035), DECLINING, 1.0, False, "not toward the target of 1.00%"),
         # a candidate without an operating point of its own decides at the global threshold: reported only
         (
             {**declining(0.60, 0.035), "own_threshold": 0.0},

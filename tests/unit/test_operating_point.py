@@ -1,4 +1,4 @@
-"""A version's operating point (training/operating_point.py): the threshold chosen on the holdout for a
+"""A version's operating point (model_contract/operating_point.py): the threshold chosen on the holdout for a
 decline rate, with ties, weights and tags that anyone with MLflow access could have written."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from training.operating_point import (
+from model_contract.operating_point import (
     OperatingPointTagError,
     choose,
     decline_rate,
