@@ -68,9 +68,8 @@ def ask(
     asset_id, event_id = api.post_asset_event(FRAUD_MODEL_CANDIDATE.uri, candidate_extra(record, started_by))
     runs = api.wait_for_event_runs(asset_id, event_id, time.monotonic() + WAIT_FOR_RUN_S)
     run_id = runs[0].run_id
-    who = ", ".join(settings.approval.approvers) or "any Airflow user"
     echo(
-        f"v{version} waits for approval: {APPROVE_DAG} run {run_id} asks the approvers ({who}) in the "
-        "Airflow UI's Required actions"
+        f"v{version} waits for approval: {APPROVE_DAG} run {run_id} asks the approvers group in the Airflow "
+        "UI's Required actions"
     )
     return run_id
