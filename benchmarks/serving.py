@@ -276,8 +276,12 @@ def floor(home: Path, items: list[dict], count: int) -> dict:
     online = open_online(settings)
     from training.dataset import MODEL_INPUTS
 
-    source = ModelSource(settings.mlflow_tracking_uri)
-    model = source.load(source.champion() or "1")
+    # the champion the promotion history records, as the service reads it (register_champion made it)
+    source = ModelSource(settings.mlflow_tracking_uri, ledger_url=settings.serving_ledger_url)
+    champion = source.champion()
+    if champion is None or champion.version is None:
+        raise RuntimeError(f"no champion recorded under {home}: run `--register-champion {home}` first")
+    model = source.load(champion.version)
     x = np.zeros((1, len(MODEL_INPUTS)), dtype="float32")
     timings = []
     pseudonyms = pseudonym.for_settings(settings)
