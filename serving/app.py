@@ -32,6 +32,8 @@ from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldCon
 from serving.auth import Guard, open_callers
 from serving.clock import ServiceClock
 from serving.contract import ContractError, Violation, validate_request
+from serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from serving.metrics import ServiceMetrics, TimeResponses
 from serving.models import Models, ModelUnavailableError
 from serving.outcomes import CountOutcomes, RequestOutcomes
 from serving.scorer import MicroBatcher, OverloadedError, Scorer, TransactionRefusedError
@@ -156,7 +158,12 @@ class Service:
             if settings.serving.scoring_log
             else None
         )
-        self.scorer = Scorer(self.models, PendingState(), self.scoring_log, clock=self.clock)
+        # Prometheus metrics (GET /metrics): a registry of this service's own (serving/metrics.py).
+        self.metrics = ServiceMetrics()
+        self.scorer = Scorer(
+            self.models, PendingState(), self.scoring_log, clock=self.clock, metrics=self.metrics
+        )
+        self.metrics.attach(self)
         # Every response counted per minute, beside the scoring log (serving/outcomes.py).
         self.outcomes = (
             RequestOutcomes(settings.scoring_log_dir, self.clock, settings.serving.log_retention_days)
@@ -512,6 +519,14 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             ],
         }
 
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics: latency per route, responses, decisions, queue, fold, models",
+        response_class=Response,
+    )
+    async def metrics(request: Request):
+        return Response(service_of(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     @app.get("/status", summary="Models in use, counters of this process")
     async def status(request: Request):
         service = service_of(request)
@@ -563,9 +578,15 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         allowed_hosts=settings.serving.allowed_hosts,
         max_in_flight=settings.serving.max_in_flight,
     )
-    # Outermost: a response Guard refuses is counted too.
+    # Outermost: a response Guard refuses is counted, and timed, too.
     app.add_middleware(CountOutcomes, outcomes_of=_outcomes_of)
+    app.add_middleware(TimeResponses, metrics_of=_metrics_of)
     return app
+
+
+def _metrics_of(scope: Scope) -> ServiceMetrics | None:
+    service = getattr(scope["app"].state, "service", None)
+    return None if service is None else service.metrics
 
 
 def _outcomes_of(scope: Scope) -> RequestOutcomes | None:
@@ -611,7 +632,7 @@ async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bo
         with service.scorer._lock:
             service.state.advance(now)
             if service.state.maintenance_due(now):
-                service.state.maintain()  # on the executor's thread, as the scorer does
+                service.scorer.fold()  # on the executor's thread, as the scorer does
             return [
                 service.state.observe_chargeback(r["transaction_id"], r["label_timestamp"]) for r in reports
             ]

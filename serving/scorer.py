@@ -27,6 +27,7 @@ import numpy as np
 
 from serving.clock import ServiceClock
 from serving.features import Assembled, EntityState, Rows, assemble
+from serving.metrics import ServiceMetrics
 from serving.models import Loaded, LoadedModel, Models, ModelUnavailableError
 from serving.scoring_log import ScoringLog
 
@@ -82,6 +83,14 @@ class Counters:
     shadow_failures: int = 0
     shadow_skipped: int = 0  # batches not shadowed: the shadow was still busy with MAX_SHADOW_BACKLOG
     non_finite_scores: int = 0  # declined: a score that is not a number is never an approval
+    folds: int = 0  # the live state's daily folds, each a pause of scoring (serving/features.py)
+    fold_last_s: float = 0.0
+    fold_max_s: float = 0.0
+
+    def folded(self, seconds: float) -> None:
+        self.folds += 1
+        self.fold_last_s = seconds
+        self.fold_max_s = max(self.fold_max_s, seconds)
 
 
 @dataclass
@@ -91,6 +100,7 @@ class Scorer:
     scoring_log: ScoringLog | None
     clock: ServiceClock | None = None
     counters: Counters = field(default_factory=Counters)
+    metrics: ServiceMetrics | None = None  # decisions counted for /metrics
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The shadow challenger scores on a thread of its own, after the answers are out: its cost is never a
     # request's. At most MAX_SHADOW_BACKLOG batches wait for it; past that a batch goes unshadowed (counted).
@@ -100,6 +110,13 @@ class Scorer:
     _shadow_backlog: threading.BoundedSemaphore = field(
         default_factory=lambda: threading.BoundedSemaphore(MAX_SHADOW_BACKLOG)
     )
+
+    def fold(self) -> None:
+        """The live state's daily fold, timed (a pause of scoring: /status and /metrics show it). Called
+        under the scorer's lock."""
+        started = time.perf_counter()
+        self.state.maintain()
+        self.counters.folded(time.perf_counter() - started)
 
     def maintenance_due(self) -> bool:
         """Whether the next batch brings the state's daily fold (read without the lock: a stale answer
@@ -133,7 +150,7 @@ class Scorer:
                 now = self.clock.now()
                 self.state.advance(now)
                 if not inline and self.state.maintenance_due(now):
-                    self.state.maintain()  # the daily fold: on the scorer's thread, never the loop's
+                    self.fold()  # the daily fold: on the scorer's thread, never the loop's
             for unit, when, caller in zip(units, received, callers or [None] * len(units), strict=True):
                 try:
                     refused = self.state.refusal(unit)
@@ -252,6 +269,8 @@ class Scorer:
                 self.counters.shadow_skipped += 1
             if self.scoring_log is not None:
                 self.scoring_log.append(rows)
+        if self.metrics is not None:
+            self.metrics.decided(results)
         return results
 
     def _shadowed(self, shadow: LoadedModel, x: np.ndarray, rows: list[dict[str, Any]]) -> None:
@@ -301,6 +320,11 @@ class MicroBatcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer")
         self._queue: asyncio.Queue[_Unit] | None = None
         self._task: asyncio.Task | None = None
+
+    @property
+    def queued(self) -> int:
+        """Scoring requests waiting for the scorer now."""
+        return self._queue.qsize() if self._queue is not None else 0
 
     def start(self) -> None:
         self._queue = asyncio.Queue(maxsize=self.max_queued)

@@ -694,6 +694,49 @@ def test_the_open_inference_protocol_scores_columns(server, champion):
     assert server.client.get("/openapi.json").json()["paths"]["/score"]["post"]["requestBody"]
 
 
+def _scrape(server) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = server.client.get("/metrics")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain"), answer.text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+    }
+
+
+def test_prometheus_metrics_count_latency_decisions_and_refusals_per_route(server, champion):
+    """GET /metrics (the `read` role): latency per route, responses by status (refusals by the guard
+    included), decisions by kind and version, and what /status shows, in Prometheus's text format."""
+    assert httpx.get(f"{server.url}/metrics").status_code == 401  # no token: not for anyone
+    before = _scrape(server)
+    good = server.client.post("/score", json=[transaction(500), transaction(501)])
+    assert good.status_code == 200, good.text
+    assert server.client.post("/score", json={**transaction(502), "amount": "x"}).status_code == 422
+    after = _scrape(server)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    decided = [r["decision"] for r in good.json()]
+    for decision in set(decided):
+        assert delta("mlops_scoring_decisions_total", decision=decision, version=champion) == decided.count(
+            decision
+        )
+    assert delta("mlops_scoring_responses_total", route="/score", status="200") == 1
+    assert delta("mlops_scoring_responses_total", route="/score", status="422") == 1
+    assert delta("mlops_scoring_request_duration_seconds_count", route="/score") == 2
+    assert delta("mlops_scoring_transactions_total") == 2
+    assert after[("mlops_scoring_ready", ())] == 1
+    threshold = server.client.get("/status").json()["champion_threshold"]["threshold"]
+    assert (
+        after[("mlops_scoring_model_threshold", (("role", "champion"), ("version", champion)))] == threshold
+    )
+    assert ("mlops_scoring_queue_depth", ()) in after and ("mlops_scoring_fold_max_seconds", ()) in after
+
+
 def test_the_champion_moves_under_load_without_a_failed_request_and_the_challenger_runs_in_shadow(
     server, champion, registry_home
 ):
