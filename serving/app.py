@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from core import pseudonym
 from model_contract.onnx import MODEL_NAME
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
-from serving.auth import Guard, open_callers
+from serving.auth import Guard, OipErrors, open_callers
 from serving.clock import ServiceClock
 from serving.contract import ContractError, Violation, validate_request
 from serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -578,6 +578,8 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         allowed_hosts=settings.serving.allowed_hosts,
         max_in_flight=settings.serving.max_in_flight,
     )
+    # The Open Inference Protocol's error object on every /v2 error, the guard's included.
+    app.add_middleware(OipErrors)
     # Outermost: a response Guard refuses is counted, and timed, too.
     app.add_middleware(CountOutcomes, outcomes_of=_outcomes_of)
     app.add_middleware(TimeResponses, metrics_of=_metrics_of)

@@ -240,7 +240,11 @@ class Guard:
             if role not in caller.roles:
                 await _answer(send, 403, f"the caller {caller.name} has no {role!r} role, which {path} needs")
                 return
-        if method == "POST" and _media_type(headers.get(b"content-type", b"")) != "application/json":
+        media = _media_type(headers.get(b"content-type", b""))
+        # The Open Inference Protocol's clients may send their JSON body with no Content-Type at all; with
+        # callers to check, the bearer token guards the route (a page cannot add one without asking first).
+        untyped_oip = media == "" and self.callers is not None and _is_oip_infer(path)
+        if method == "POST" and media != "application/json" and not untyped_oip:
             await _answer(send, 415, "send the body as JSON with Content-Type: application/json")
             return
         scope.setdefault("state", {})["caller"] = caller.name if caller else None
@@ -262,6 +266,10 @@ class Guard:
             self.in_flight -= 1
 
 
+def _is_oip_infer(path: str) -> bool:
+    return path.startswith("/v2/models/") and path.endswith("/infer")
+
+
 async def _answer(
     send: Send, status: int, detail: str, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
@@ -269,3 +277,61 @@ async def _answer(
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
+
+
+class OipErrors:
+    """ASGI middleware: an error answered on a `/v2` route (the Open Inference Protocol's) carries the
+    protocol's error object, `{"error": "<message>"}`, whoever answered it (the guard's refusals, a route's
+    own errors, an unknown path, the incident 500); structured details stay beside it. Other routes keep
+    their `{"detail": ...}`. Only error bodies are held (small); a success passes through untouched."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v2"):
+            await self.app(scope, receive, send)
+            return
+        start: MutableMapping[str, Any] | None = None
+        chunks: list[bytes] = []
+
+        async def rewritten(message: MutableMapping[str, Any]) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                kind = _media_type(dict(message.get("headers", [])).get(b"content-type", b""))
+                if message["status"] < 400 or kind != "application/json":
+                    await send(message)
+                    return
+                start = message  # held until the body is whole
+                return
+            if start is None:
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = _as_oip_error(b"".join(chunks))
+            headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, rewritten)
+
+
+def _as_oip_error(body: bytes) -> bytes:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return json.dumps({"error": body.decode("utf-8", "replace")}).encode()
+    if not isinstance(payload, dict) or "error" in payload:
+        return body
+    detail = payload.pop("detail", None)
+    if isinstance(detail, str):
+        payload["error"] = detail
+    elif detail is not None:
+        payload["error"] = json.dumps(detail)
+        payload["detail"] = detail  # the structured form stays for who reads it
+    else:  # a readiness answer: its reason is the message
+        payload["error"] = str(payload.get("reason") or "not ready")
+    return json.dumps(payload).encode()

@@ -191,6 +191,7 @@ def test_without_a_loadable_champion_the_service_refuses_to_score_and_says_why(s
     assert "no model to score with" in answer.json()["detail"] and CHAMPION_ALIAS in answer.json()["detail"]
     ready = server.client.get("/v2/health/ready")
     assert ready.status_code == 503 and CHAMPION_ALIAS in ready.json()["reason"]
+    assert ready.json()["error"] == ready.json()["reason"]  # the protocol's error object on /v2
 
     # the alias moved with MLflow's own client, outside the promotion history: not served, and said
     tracking = _tracking(registry_home)
@@ -689,8 +690,26 @@ def test_the_open_inference_protocol_scores_columns(server, champion):
     assert outputs["score"]["shape"] == [2] and len(outputs["decision"]["data"]) == 2
     assert server.client.get(f"/v2/models/{MODEL_NAME}/ready").json()["ready"] is True
     assert server.client.get("/v2/models/other/ready").status_code == 404
+    # as OIP clients send it: the JSON body with no Content-Type (the bearer token guards the route)
+    untyped = server.client.post(f"/v2/models/{MODEL_NAME}/infer", content=orjson.dumps(request))
+    assert "content-type" not in untyped.request.headers
+    assert untyped.status_code == 200 and untyped.json()["id"] == "req-1", untyped.text
+    # every /v2 error is the protocol's error object, whoever answered it; other routes keep `detail`
+    unknown = server.client.get("/v2/models/other/ready")
+    assert unknown.status_code == 404 and "no model 'other' here" in unknown.json()["error"]
+    assert server.client.get("/v2/nothing/here").json() == {"error": "Not Found"}
+    anonymous = httpx.post(f"{server.url}/v2/models/{MODEL_NAME}/infer", json=request)
+    assert anonymous.status_code == 401 and "a token is needed" in anonymous.json()["error"]
+    texted = server.client.post(
+        f"/v2/models/{MODEL_NAME}/infer", content=b"{}", headers={"content-type": "text/plain"}
+    )
+    assert texted.status_code == 415 and "Content-Type: application/json" in texted.json()["error"]
     request["inputs"][0]["data"] = ["nope", "nope"]
-    assert server.client.post(f"/v2/models/{MODEL_NAME}/infer", json=request).status_code == 422
+    refused = server.client.post(f"/v2/models/{MODEL_NAME}/infer", json=request)
+    assert refused.status_code == 422 and refused.json()["error"], refused.text
+    assert (
+        "detail" in server.client.post("/score", content=b"{}", headers={"content-type": "text/plain"}).json()
+    )
     assert server.client.get("/openapi.json").json()["paths"]["/score"]["post"]["requestBody"]
 
 
