@@ -541,6 +541,10 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "shadow_threshold": _decides(loaded.shadow),
             "problem": service.models.problem,
             "alias_out_of_band": service.models.alias_problem,
+            # the tokens file, read again when it changes (serving/auth.py RotatingCallers)
+            "tokens": None
+            if callers is None
+            else {"callers": len(callers), "reloads": callers.reloads, "problem": callers.problem},
             "model_reloads": service.models.reloads,
             "transactions": counters.transactions,
             "batches": counters.batches,

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from core.settings import Settings
+
+log = logging.getLogger(__name__)
 
 ROLES = ("score", "chargebacks", "read")
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
@@ -149,16 +153,66 @@ def generate_local_tokens(path: Path) -> None:
     os.replace(temp, path)
 
 
-def open_callers(settings: Settings) -> Callers | None:
-    """The callers the service admits (None when `serving.auth` is off). The default file
-    ($MLOPS_HOME/serving/tokens.json) is generated where it is missing; a file `serving.tokens_file` names
-    (a mounted Secret) must exist."""
+def open_callers(settings: Settings) -> RotatingCallers | None:
+    """The callers the service admits (None when `serving.auth` is off), from a tokens file read again when
+    it changes (RotatingCallers). The default file ($MLOPS_HOME/serving/tokens.json) is generated where it is
+    missing; a file `serving.tokens_file` names (a mounted Secret) must exist."""
     if not settings.serving.auth:
         return None
     path = tokens_path(settings)
     if settings.serving.tokens_file is None and not path.exists():
         generate_local_tokens(path)
-    return Callers.load(path)
+    return RotatingCallers(path)
+
+
+class RotatingCallers:
+    """The callers of a tokens file that may change while the service runs: a rotated Secret (the kubelet
+    swaps the mounted file for a new one) or an operator's edit takes effect without a restart. At most every
+    CHECK_S seconds a request's check looks at the file (a stat: its inode, time and size; read only when
+    they changed). A new file that cannot be used leaves the callers as they were, logged and kept in
+    `problem` (/status), never an open door nor a service locked to everyone."""
+
+    CHECK_S = 1.0
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.callers = Callers.load(path)  # the first read must work: the service does not start otherwise
+        self.signature = self._signature()
+        self.checked = time.monotonic()
+        self.reloads = 0
+        self.problem: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.callers)
+
+    def who(self, token: str) -> Caller | None:
+        now = time.monotonic()
+        if now - self.checked >= self.CHECK_S:
+            self.checked = now
+            self._follow()
+        return self.callers.who(token)
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return None
+        return found.st_ino, found.st_mtime_ns, found.st_size
+
+    def _follow(self) -> None:
+        signature = self._signature()
+        if signature == self.signature:
+            return
+        self.signature = signature
+        try:
+            self.callers = Callers.load(self.path)
+        except TokensFileError as exc:
+            self.problem = f"the tokens file changed but cannot be used, the previous callers stay: {exc}"
+            log.error("%s", self.problem)
+            return
+        self.reloads += 1
+        self.problem = None
+        log.warning("tokens file %s read again: %d callers", self.path, len(self.callers))
 
 
 def plain_tokens(path: Path) -> dict[str, str]:
@@ -199,7 +253,7 @@ class Guard:
     def __init__(
         self,
         app: Callable[[Scope, Receive, Send], Awaitable[None]],
-        callers: Callers | None,
+        callers: Callers | RotatingCallers | None,
         public_read: bool,
         allowed_hosts: Iterable[str],
         max_in_flight: int | None = None,

@@ -509,6 +509,46 @@ def test_callers_need_a_token_with_the_routes_role_a_json_body_and_a_served_host
     ]
 
 
+def test_a_rotated_tokens_file_takes_effect_without_a_restart(server, champion, registry_home):
+    """A rotated Secret (the file swapped under the service) admits the new token and no longer the old
+    one within seconds; a new file that cannot be used leaves the callers as they were, and says so."""
+    path = registry_home / "serving" / "tokens.json"
+    original = path.read_text()
+    rotated = json.loads(original)
+    new_token = "rotated-scorer-token-0123456789abcdef"
+    rotated["callers"] = [c for c in rotated["callers"] if c["name"] != "test-scorer"]
+    rotated["callers"].append({"name": "test-scorer-2", "roles": ["score"], "token": new_token})
+
+    def answered(token: str) -> int:
+        headers = {"authorization": f"Bearer {token}"}
+        return httpx.post(f"{server.url}/score", json=transaction(610), headers=headers).status_code
+
+    def swap(text: str) -> None:  # as the kubelet does: a new file renamed into place
+        staged = path.with_suffix(".staged")
+        staged.write_text(text)
+        staged.replace(path)
+
+    try:
+        assert answered(TOKENS["test-scorer"]) == 200
+        swap(json.dumps(rotated))
+        wait_for(lambda: answered(new_token) == 200, 30, "the rotated token to be admitted")
+        assert answered(TOKENS["test-scorer"]) == 401  # the old one is out, with no restart
+        tokens = server.client.get("/status").json()["tokens"]
+        assert tokens["reloads"] >= 1 and tokens["problem"] is None
+        swap("{not json")
+        wait_for(
+            lambda: (server.client.get("/status").json()["tokens"]["problem"] or "").startswith(
+                "the tokens file changed but cannot be used"
+            ),
+            30,
+            "the broken file to be said",
+        )
+        assert answered(new_token) == 200  # the callers stayed as they were
+    finally:
+        swap(original)
+    wait_for(lambda: answered(TOKENS["test-scorer"]) == 200, 30, "the original tokens back")
+
+
 def test_a_tokens_file_the_service_cannot_use_stops_its_start_with_what_to_fix(tmp_path):
     from core.settings import Settings
     from serving.auth import TokensFileError, open_callers
