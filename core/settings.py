@@ -295,6 +295,19 @@ class ServingSettings(BaseModel):
     tokens_file: Path | None = None
     public_read: bool = Field(default=False, description="/status, /docs and metadata without a token")
     allowed_hosts: list[str] = Field(default=["127.0.0.1", "localhost", "::1"], min_length=1)
+    # TLS: the service answers HTTPS with this certificate (chain, PEM) and key (in the cluster, files of a
+    # kubernetes.io/tls Secret mounted into the pod). Both or neither.
+    tls_cert_file: Path | None = Field(default=None, description="PEM certificate (chain) for HTTPS")
+    tls_key_file: Path | None = Field(default=None, description="PEM private key for HTTPS")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServingSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                "serving.tls_cert_file and serving.tls_key_file go together: set both "
+                "(MLOPS_SERVING__TLS_CERT_FILE, MLOPS_SERVING__TLS_KEY_FILE) for HTTPS, or neither"
+            )
+        return self
 
 
 class MonitoringSettings(BaseModel):

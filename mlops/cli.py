@@ -591,10 +591,16 @@ def serve(
     from serving.auth import tokens_path
 
     application = create_app(settings, start)  # generates the local profile's tokens file where missing
+    scheme = "https" if settings.serving.tls_cert_file else "http"
     err.print(
-        f"scoring service on http://{listen_host}:{listen_port} (docs at /docs)"
+        f"scoring service on {scheme}://{listen_host}:{listen_port} (docs at /docs)"
         + (f"; callers' tokens in {tokens_path(settings)}" if settings.serving.auth else "; no caller checks")
     )
+    tls = settings.serving
+    for setting, path in (("tls_cert_file", tls.tls_cert_file), ("tls_key_file", tls.tls_key_file)):
+        if path is not None and not path.is_file():
+            err.print(f"[red]no file at {path}[/] (serving.{setting}): the service would not start its TLS")
+            raise typer.Exit(code=2)
     uvicorn.run(
         application,
         host=listen_host,
@@ -602,6 +608,8 @@ def serve(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=10,
+        ssl_certfile=str(tls.tls_cert_file) if tls.tls_cert_file else None,
+        ssl_keyfile=str(tls.tls_key_file) if tls.tls_key_file else None,
     )
 
 

@@ -228,6 +228,9 @@ UNSET_MEANS = {
     # Lineage events go to files on the shared filesystem ($MLOPS_HOME/lineage) until an operator names an
     # OpenLineage consumer (Marquez: docs/lineage.md).
     "MLOPS_LINEAGE__URL": "no consumer: events are written to files only",
+    # HTTPS once an operator mounts a kubernetes.io/tls Secret and names its files (docs/serving.md, "TLS").
+    "MLOPS_SERVING__TLS_CERT_FILE": "plain HTTP inside the cluster until a certificate is mounted",
+    "MLOPS_SERVING__TLS_KEY_FILE": "plain HTTP inside the cluster until a certificate is mounted",
     # The label maturity is the constant until an operator has the wait follow the feed (0.95).
     "MLOPS_TRAINING__LABEL_MATURITY_QUANTILE": "training.label_maturity_days, the constant",
     # Only the scoring pod reads the promotion history with a login of its own (read-only).
