@@ -125,7 +125,9 @@ class LedgerReader:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        # One connection kept for the reads every few seconds (checked before use: a restarted database is
+        # reconnected), not one opened per read.
+        self.engine = sa.create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
 
     def champion(self, model_name: str) -> tuple[str | None, int | None]:
         """The champion the history replays and the id of the last row that moved it; (None, None) before
