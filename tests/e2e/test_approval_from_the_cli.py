@@ -3,7 +3,10 @@ approval on for the command, `mlops retrain` as of the demo's last day (forced: 
 already) against the demo's first champion, put back by hand, records `awaiting_approval` and starts the
 approval DAG's run through the candidate event, as the retrain DAG's ask_approval does; the command's user
 cannot answer, the stack's approver does (through Airflow's REST API: the browser test answers in the UI),
-and the candidate becomes the champion."""
+and the candidate becomes the champion. Cost: the shared demo stack (`demo_stack`, paid once for every e2e
+test on it) plus one retrain of the demo's 3-day feed in process and one approval run, about 2 minutes here;
+the gate of an existing version would be cheaper, but the demo's versions cannot pass it again (the first
+was its floor's, the second rejected on the first's holdout)."""
 
 from __future__ import annotations
 
