@@ -5,8 +5,9 @@ approval DAG's run through the candidate event, as the retrain DAG's ask_approva
 cannot answer, the stack's approver does (through Airflow's REST API: the browser test answers in the UI),
 and the candidate becomes the champion. Cost: the shared demo stack (`demo_stack`, paid once for every e2e
 test on it) plus one retrain of the demo's 3-day feed in process and one approval run, about 2 minutes here;
-the gate of an existing version would be cheaper, but the demo's versions cannot pass it again (the first
-was its floor's, the second rejected on the first's holdout)."""
+gating a version the demo made would save the training, but whether one passes again depends on the demo's
+own decisions, where a retrain as of the last day against the first champion passes (the browser test relies
+on the same)."""
 
 from __future__ import annotations
 
