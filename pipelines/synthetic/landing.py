@@ -243,7 +243,8 @@ def _write_day_files(request, world, day: date, staging: Path, progress) -> dict
     plan = _plan_row_faults(fault_rng, rows, request.faults)
     file_faults = {k: fault_rng.random() < request.faults.get(k, 0.0) for k in FILE_FAULTS}
     missing = REQUIRED_TRANSACTION_COLUMNS[day.toordinal() % len(REQUIRED_TRANSACTION_COLUMNS)]
-    counts = {k.value: 0 for k in FaultKind}
+    # Counted per row or file; camouflage changes how fraud is drawn, not a row: its rate is in the spec.
+    counts = {k.value: 0 for k in FaultKind if k is not FaultKind.CAMOUFLAGE}
     files: list[dict] = []
     file_fault_records: list[dict] = []
     fraud = 0
