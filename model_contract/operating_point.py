@@ -71,6 +71,21 @@ def decline_rate(scores: np.ndarray, threshold: float, weights: np.ndarray | Non
     return float(w[declined].sum() / w.sum()) if w.sum() else 0.0
 
 
+def precision_recall(
+    labels: np.ndarray, scores: np.ndarray, threshold: float, weights: np.ndarray | None = None
+) -> tuple[float, float]:
+    """(precision, recall) of declining at or above `threshold`, weighted; NaN where undefined (nothing
+    declined, no fraud)."""
+    w = np.ones(len(scores)) if weights is None else np.asarray(weights, dtype="float64")
+    y = np.asarray(labels).astype(bool)
+    declined = np.asarray(scores) >= threshold
+    caught, flagged, fraud = w[declined & y].sum(), w[declined].sum(), w[y].sum()
+    return (
+        float(caught / flagged) if flagged else math.nan,
+        float(caught / fraud) if fraud else math.nan,
+    )
+
+
 def choose(
     labels: np.ndarray,
     scores: np.ndarray,
@@ -85,17 +100,14 @@ def choose(
         if review_rate > 0
         else None
     )
-    w = np.ones(len(scores)) if weights is None else np.asarray(weights, dtype="float64")
-    y = np.asarray(labels).astype(bool)
-    declined = np.asarray(scores) >= threshold
-    caught, flagged, fraud = w[declined & y].sum(), w[declined].sum(), w[y].sum()
+    precision, recall = precision_recall(labels, scores, threshold, weights)
     return OperatingPoint(
         threshold=threshold,
         review_threshold=review,
         target_decline_rate=target_decline_rate,
         decline_rate=decline_rate(scores, threshold, weights),
-        precision=float(caught / flagged) if flagged else 0.0,
-        recall=float(caught / fraud) if fraud else 0.0,
+        precision=0.0 if math.isnan(precision) else precision,
+        recall=0.0 if math.isnan(recall) else recall,
     )
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import sqlalchemy as sa
 
@@ -136,8 +137,10 @@ class LedgerReader:
             path = self.engine.url.database
             if path and path != ":memory:" and not os.path.exists(path):
                 return None, None  # connecting would create the file
+        columns = history_table.c
+        # only what the replay reads, not each row's metrics
         query = (
-            sa.select(history_table)
+            sa.select(columns.id, columns.decision, columns.champion_after)
             .where(history_table.c.model_name == model_name)
             .where(history_table.c.decision.in_(("promoted", "rolled_back")))
             .order_by(history_table.c.id)
@@ -145,7 +148,7 @@ class LedgerReader:
         with access(self.engine, "read"), self.engine.connect() as conn:
             if not sa.inspect(conn).has_table(TABLE):
                 return None, None
-            moves = [decision_of(row) for row in conn.execute(query).mappings().all()]
+            moves = conn.execute(query).all()
         stack = champion_stack(moves)
         return (stack[-1] if stack else None), (moves[-1].id if moves else None)
 
@@ -153,7 +156,17 @@ class LedgerReader:
         self.engine.dispose()
 
 
-def champion_stack(history: list[Decision]) -> list[str]:
+class Move(Protocol):
+    """What the replay reads of a row: a Decision, or a row of just these columns."""
+
+    @property
+    def decision(self) -> str: ...
+
+    @property
+    def champion_after(self) -> str | None: ...
+
+
+def champion_stack(history: Sequence[Move]) -> list[str]:
     """Replay the history: a promotion pushes its version, a rollback pops the current champion.
     The last element is the champion; the one before it is what a rollback restores."""
     stack: list[str] = []

@@ -445,15 +445,6 @@ def apply_rollback_rule(
 # --- the label-free estimate -----------------------------------------------------------------------------
 
 
-def champion_threshold(settings: Settings, version: str) -> float:
-    """Where the service declines for `version`: its operating point's threshold, else `serving.threshold`
-    (serving/models.py decides the same way)."""
-    from training.registry import ModelRegistry
-
-    point = ModelRegistry(settings.mlflow_tracking_uri).operating_point(version)
-    return point.threshold if point is not None else settings.serving.threshold
-
-
 def performance_estimate(
     settings: Settings, day: date, champion: str, current: CurrentInputs, matured: tuple[date, date]
 ) -> dict[str, Any] | None:
@@ -465,10 +456,14 @@ def performance_estimate(
     from monitoring.performance import fraud_reports
     from training.dataset import NothingToTrainError
     from training.metrics import average_precision
+    from training.registry import ModelRegistry
 
     policy = settings.monitoring
     fitted = calibration(settings, champion)
-    threshold = champion_threshold(settings, champion)
+    # where the service declines for the champion (its operating point, else serving.threshold)
+    threshold = ModelRegistry(settings.mlflow_tracking_uri).decision_threshold(
+        champion, settings.serving.threshold
+    )
 
     def of(scores: np.ndarray, seed: int):
         probabilities = fitted.apply(scores)

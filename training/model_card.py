@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model_contract.operating_point import decline_rate
+from model_contract.operating_point import decline_rate, precision_recall
 from training.metrics import average_precision
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def render(
     model = registry.load(version)
     inputs = model_inputs_of(model)
     scores = score_holdout(model, holdout.matrix(inputs, f"v{version}"))
-    threshold = _threshold(registry, version, settings.serving.threshold)
+    threshold = registry.decision_threshold(version, settings.serving.threshold)
     compared: dict[str, tuple[np.ndarray, float]] = {f"v{version}": (scores, threshold)}
     if champion and champion != version:
         try:
@@ -110,7 +110,7 @@ def render(
             champion_scores = score_holdout(other, holdout.matrix(model_inputs_of(other), f"v{champion}"))
             compared[f"v{champion} (champion)"] = (
                 champion_scores,
-                _threshold(registry, champion, settings.serving.threshold),
+                registry.decision_threshold(champion, settings.serving.threshold),
             )
         except Exception as exc:  # a champion on inputs this holdout lacks: said, not fatal to the card
             log.warning("model card of v%s: champion v%s not scored: %s", version, champion, exc)
@@ -305,11 +305,6 @@ def _segments(holdout: Holdout) -> list[tuple[str, np.ndarray]]:
     return found
 
 
-def _threshold(registry: ModelRegistry, version: str, default: float) -> float:
-    point = registry.operating_point(version)
-    return point.threshold if point is not None else default
-
-
 def _champion(history: list[Decision]) -> str | None:
     from training.ledger import champion_stack
 
@@ -322,17 +317,11 @@ def _w(weights: np.ndarray | None, idx: np.ndarray) -> np.ndarray | None:
 
 
 def _recall(labels, scores, weights, threshold) -> float:
-    w = np.ones(len(labels)) if weights is None else weights
-    fraud = labels.astype(bool)
-    total = w[fraud].sum()
-    return float(w[fraud & (scores >= threshold)].sum() / total) if total else float("nan")
+    return precision_recall(labels, scores, threshold, weights)[1]
 
 
 def _precision(labels, scores, weights, threshold) -> float:
-    w = np.ones(len(labels)) if weights is None else weights
-    flagged = scores >= threshold
-    total = w[flagged].sum()
-    return float(w[flagged & labels.astype(bool)].sum() / total) if total else float("nan")
+    return precision_recall(labels, scores, threshold, weights)[0]
 
 
 def _num(value: Any) -> str:

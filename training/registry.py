@@ -215,6 +215,12 @@ class ModelRegistry:
         """The threshold (and what it was chosen for) recorded on the version at training; None if none."""
         return operating_point.from_tags(self.client.get_model_version(self.name, version).tags)
 
+    def decision_threshold(self, version: str, default: float) -> float:
+        """Where the service declines for `version`: its operating point's threshold, else `default`
+        (`serving.threshold`), as serving/models.py decides."""
+        point = self.operating_point(version)
+        return point.threshold if point is not None else default
+
     def set_champion(self, version: str) -> None:
         self.client.set_registered_model_alias(self.name, CHAMPION_ALIAS, version)
 
