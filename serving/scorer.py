@@ -21,15 +21,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from serving.clock import ServiceClock
 from serving.features import Assembled, EntityState, Rows, assemble
-from serving.metrics import ServiceMetrics
 from serving.models import Loaded, LoadedModel, Models, ModelUnavailableError
 from serving.scoring_log import ScoringLog
+
+if TYPE_CHECKING:  # prometheus_client is the scoring image's alone; the monitor pod imports this module
+    from serving.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ checkov's dockerfile framework lints all three (tests/integration/test_infra_k8s
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -21,6 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from orchestration import k8s_contract as contract
+from orchestration.tasks import MONITORING_COMMAND
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "infra" / "docker"
@@ -218,6 +220,121 @@ def test_the_import_guard_refuses_a_module_outside_the_scoring_image():
     )
     assert done.returncode == 1
     assert "torch is not in the scoring image" in done.stderr
+
+
+def copied_packages(dockerfile: Path) -> set[str]:
+    """Our packages the image's final stage (or the stage it copies its environment from) holds."""
+    return {
+        args.split()[0]
+        for op, args in instructions(dockerfile)
+        if op == "COPY" and args.split()[0] in OUR_PACKAGES
+    }
+
+
+def module_file(name: str) -> Path | None:
+    base = REPO.joinpath(*name.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def runtime_imports(source: str) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names) of every absolute import that can run: at module level and inside functions
+    alike (a lazy import runs the first time its function does), not under `if TYPE_CHECKING:`."""
+    found: list[tuple[int, str, list[str]]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, [alias.name for alias in node.names]))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def third_party_reached(entries: list[str], copied: set[str]) -> dict[str, set[str]]:
+    """Every third-party top-level module that the entry modules can import, followed through our own modules
+    statically (every import inside every function counts), mapped to the files that import it. Importing one
+    of our packages the image does not copy counts too, as `<package> (not copied)`."""
+    reached: dict[str, set[str]] = {}
+    seen: set[str] = set()
+    pending = list(entries)
+    while pending:
+        name = pending.pop()
+        if name in seen or (path := module_file(name)) is None:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        pending.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # a package's __init__ runs first
+        where = str(path.relative_to(REPO))
+        for _, module, names in runtime_imports(path.read_text()):
+            top = module.split(".")[0]
+            if top not in OUR_PACKAGES:
+                if top not in sys.stdlib_module_names and top != "__future__":
+                    reached.setdefault(top, set()).add(where)
+            elif top not in copied:
+                reached.setdefault(f"{top} (not copied)", set()).add(where)
+            else:
+                pending.append(module)
+                pending.extend(f"{module}.{n}" for n in names if module_file(f"{module}.{n}"))
+    return reached
+
+
+# What each image runs (its pods' commands, its CMD), as the modules that start.
+IMAGE_ENTRIES = {
+    TRAINING: [f"{contract.TRAINING_COMMAND[2]}.__main__", f"{MONITORING_COMMAND[2]}.__main__"],
+    SERVING: ["serving.app", "serving.auth"],  # `mlops serve` imports these two (mlops/cli.py serve)
+}
+# Libraries outside an image that our code in it imports inside functions the image never runs, by the files
+# allowed to: a new file reaching one (or a new library) fails the test until it is judged here.
+NOT_RUN_IN_THE_IMAGE = {
+    TRAINING: {
+        # DVC versions datasets in the Airflow image's tasks; the pods read a revision's files by path.
+        "dvc": {"pipelines/versioning.py"},
+        # Feast materializes and serves in the Airflow and scoring images; training reads only the view names.
+        "feast": {
+            "features/definitions.py",
+            "features/feast_private.py",
+            "features/online_store.py",
+            "features/repo.py",
+        },
+    },
+    SERVING: {},
+}
+
+
+@pytest.mark.parametrize("dockerfile", list(IMAGE_ENTRIES), ids=lambda path: path.stem)
+def test_every_import_the_images_commands_can_reach_is_in_the_image(dockerfile):
+    """Statically, so an import inside a function counts before a pod first runs it: the monitor pod (training
+    image) once reached prometheus_client, a scoring-image library, through serving.scorer, and failed only
+    there, in the podman test."""
+    distributions = closure(installed_extras(dockerfile))
+    owners = metadata.packages_distributions()
+    outside = {}
+    for top, files in third_party_reached(IMAGE_ENTRIES[dockerfile], copied_packages(dockerfile)).items():
+        if any(canonicalize_name(name) in distributions for name in owners.get(top, [])):
+            continue
+        unexplained = files - NOT_RUN_IN_THE_IMAGE[dockerfile].get(top, set())
+        if unexplained:
+            outside[top] = sorted(unexplained)
+    assert not outside, f"{dockerfile.name}: imports of libraries the image does not install: {outside}"
+
+
+def test_the_static_walk_follows_lazy_imports_into_our_packages():
+    # monitoring.performance imports serving.scoring_log inside a function: the walk must reach it, and what
+    # it imports (pyarrow), from the monitor's entry point.
+    reached = third_party_reached(["monitoring.__main__"], OUR_PACKAGES)
+    assert "pyarrow" in reached
+    assert "serving/scoring_log.py" in reached["pyarrow"]
+    assert third_party_reached(["monitoring.__main__"], {"monitoring"}).keys() >= {"serving (not copied)"}
 
 
 def test_the_closure_follows_transitive_dependencies_and_extras():
