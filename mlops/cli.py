@@ -614,6 +614,40 @@ def serve(
 
 
 @app.command()
+def score(
+    day: Annotated[
+        datetime, typer.Option("--date", formats=["%Y-%m-%d"], help="the day whose transactions to score")
+    ],
+    version: Annotated[
+        str | None, typer.Option(help="a registered version to score with (default: the champion)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
+) -> None:
+    """Batch scoring: score a day's transactions as the scoring service would have that day (its live state
+    from the lake as of the day's start, the day's transactions and chargebacks in event-time order), and
+    write the decisions to lake/decisions/date=DAY/vVERSION.parquet (docs/serving.md)."""
+    from dataclasses import asdict
+
+    from core.errors import PipelineError
+    from serving.batch import score_day
+    from serving.models import ModelUnavailableError
+
+    try:
+        report = score_day(get_settings(), _date(day), version)
+    except (PipelineError, ModelUnavailableError) as exc:
+        err.print(f"[red]score {_date(day)} failed:[/] {exc}")
+        _emit({"status": "failed", "date": _date(day).isoformat(), "message": str(exc)}, as_json)
+        raise typer.Exit(code=1) from None
+    err.print(
+        f"{report.day}: {report.scored} of {report.transactions} transactions scored with "
+        f"v{report.model_version} ({report.declined} declined, {report.refused} refused as too late for "
+        "their entities' history), "
+        f"{report.chargebacks} chargebacks fed; decisions in {report.path}"
+    )
+    _emit({"status": "ok", **asdict(report)}, as_json)
+
+
+@app.command()
 def rollback(
     reason: Annotated[str, typer.Option(help="why; kept in the promotion history")] = "rollback",
     expect: Expect = None,

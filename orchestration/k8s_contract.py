@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import PurePosixPath
 from typing import Any
 
 from core.pod_results import POD_NAME_ENV
@@ -520,6 +521,23 @@ def as_promoter(manifest: dict[str, Any]) -> dict[str, Any]:
     """`manifest` (a step pod) run with the promoter's identity: the one pod kind that may write the promotion
     history. The operator gives it the promoter's Secret (orchestration/training_task.py)."""
     manifest["spec"]["serviceAccountName"] = PROMOTER_SERVICE_ACCOUNT
+    return manifest
+
+
+def writable_folder(manifest: dict[str, Any], folder: str) -> dict[str, Any]:
+    """`manifest` (a training-image pod) with `folder` of the shared volume (relative to it: `lake/decisions`)
+    mounted read-write over its read-only mount, and nothing else of the volume writable: the same claim,
+    a second volume of it, a subPath mount."""
+    parts = PurePosixPath(folder).parts
+    if not parts or PurePosixPath(folder).is_absolute() or ".." in parts:
+        raise ValueError(f"a writable folder is a path inside the shared volume, got {folder!r}")
+    spec = manifest["spec"]
+    name = "data-" + "-".join(parts).replace("_", "-")[:40]
+    if not any(volume["name"] == name for volume in spec["volumes"]):
+        spec["volumes"].append({"name": name, "persistentVolumeClaim": {"claimName": DATA_CLAIM}})
+    spec["containers"][0]["volumeMounts"].append(
+        {"name": name, "mountPath": f"{DATA_MOUNT}/{folder}", "subPath": folder}
+    )
     return manifest
 
 

@@ -6,7 +6,7 @@ Imported at DAG parse time, so it imports nothing heavier than the Airflow SDK a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import date, timedelta
 from pathlib import Path
@@ -228,28 +228,45 @@ def start_reason(
 
 
 MONITORING_COMMAND = ("python", "-m", "monitoring")
+BATCH_SCORING_COMMAND = ("python", "-m", "serving.batch")
 
 
-def monitor_pod_operator(settings: Settings, dates: str, **operator_args: Any):
-    """The cluster profile's monitoring check: `python -m monitoring check --dates ...` as a CPU pod of the
-    training image (MLflow, onnxruntime, scikit-learn, SciPy: the Airflow image has none of them), with the
-    promoter's identity (a rollback writes the promotion history) and the step pods' hardening, settings and
-    read-only shared volume; its result comes back through the pod results table (core/pod_results.py).
-    `dates`: comma-separated, usually a template of an upstream XCom."""
-    from datetime import timedelta
-
+def cpu_pod_operator(
+    settings: Settings,
+    task_id: str,
+    pod_name: str,
+    command: Sequence[str],
+    arguments: list[str],
+    *,
+    promoter: bool = False,
+    writable: Sequence[str] = (),
+    **operator_args: Any,
+):
+    """A CPU pod of the training image running `command arguments` (MLflow, onnxruntime, scikit-learn, SciPy:
+    the Airflow image has none of them), with the step pods' hardening, settings and read-only shared volume;
+    its result comes back through the pod results table (core/pod_results.py). `promoter`: with the
+    promoter's identity (it writes the promotion history). `writable`: folders under the shared volume
+    (relative to it) the pod may write, each mounted read-write on its own; the rest stays read-only."""
     from orchestration import k8s_contract as contract
     from orchestration.training_task import _pod_operator, pod_environment
 
-    arguments = ["check", "--dates", dates, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}"]
     manifest = contract.training_pod_manifest(
-        "fraud-monitor",
-        settings.training.image,
-        arguments,
-        step=True,
-        env=pod_environment(settings),
+        pod_name, settings.training.image, arguments, step=True, env=pod_environment(settings)
     )
-    manifest["spec"]["containers"][0]["command"] = list(MONITORING_COMMAND)
-    contract.as_promoter(manifest)  # its rollback writes the promotion history
+    manifest["spec"]["containers"][0]["command"] = list(command)
+    for folder in writable:
+        contract.writable_folder(manifest, folder)
+    if promoter:
+        contract.as_promoter(manifest)
     timeout = timedelta(seconds=manifest["spec"]["activeDeadlineSeconds"])
-    return _pod_operator(settings, "check", manifest, execution_timeout=timeout, **operator_args)
+    return _pod_operator(settings, task_id, manifest, execution_timeout=timeout, **operator_args)
+
+
+def monitor_pod_operator(settings: Settings, dates: str, **operator_args: Any):
+    """The cluster profile's monitoring check: `python -m monitoring check --dates ...` as a CPU pod, with the
+    promoter's identity (a rollback writes the promotion history). `dates`: comma-separated, usually a
+    template of an upstream XCom."""
+    arguments = ["check", "--dates", dates, "--dag-id", "{{ dag.dag_id }}", "--dag-run-id", "{{ run_id }}"]
+    return cpu_pod_operator(
+        settings, "check", "fraud-monitor", MONITORING_COMMAND, arguments, promoter=True, **operator_args
+    )

@@ -34,10 +34,11 @@ def _python_pattern(java: str) -> re.Pattern[str]:
 
 
 _PATTERNS = {
-    f.pattern: _python_pattern(f.pattern)
+    pattern: _python_pattern(pattern)
     for contract in (TRANSACTIONS_CONTRACT, LABELS_CONTRACT)
     for f in contract.fields
-    if f.pattern
+    for pattern in (f.pattern, f.stored_pattern)
+    if pattern
 }
 _DECIMAL = _python_pattern(DECIMAL_TEXT)
 _INTEGER = _python_pattern(INTEGER_TEXT)
@@ -83,8 +84,11 @@ def _show(value: Any) -> Any:
     return _SHOWN.repr(value)[:SHOWN_CHARACTERS]
 
 
-def _check_field(spec: FieldContract, value: Any, item: int | None) -> tuple[Any, list[Violation]]:
-    """(parsed value, violations) of one field's value."""
+def _check_field(
+    spec: FieldContract, value: Any, item: int | None, stored: bool = False
+) -> tuple[Any, list[Violation]]:
+    """(parsed value, violations) of one field's value; `stored`: an identifier as bronze onward stores it
+    (its pseudonym), not as a caller sends it."""
 
     def bad(rule: str) -> tuple[Any, list[Violation]]:
         return None, [Violation(item, spec.name, rule, _show(value))]
@@ -94,10 +98,13 @@ def _check_field(spec: FieldContract, value: Any, item: int | None) -> tuple[Any
     if spec.kind == "string":
         if not isinstance(value, str):
             return bad("type: must be a string")
-        if spec.max_length is not None and len(value) > spec.max_length:
-            return bad(f"max_length: at most {spec.max_length} characters")
-        if spec.pattern and not _PATTERNS[spec.pattern].match(value):
-            return bad(f"pattern: must match {spec.pattern}")
+        longest, pattern = (
+            (spec.stored_max_length, spec.stored_pattern) if stored else (spec.max_length, spec.pattern)
+        )
+        if longest is not None and len(value) > longest:
+            return bad(f"max_length: at most {longest} characters")
+        if pattern and not _PATTERNS[pattern].match(value):
+            return bad(f"pattern: must match {pattern}")
         if spec.allowed is not None and value not in spec.allowed:
             return bad(f"allowed: one of {', '.join(spec.allowed)}")
         return value, []
@@ -155,10 +162,11 @@ def _check_field(spec: FieldContract, value: Any, item: int | None) -> tuple[Any
 
 
 def validate_item(
-    contract: TableContract, raw: Any, item: int | None = None
+    contract: TableContract, raw: Any, item: int | None = None, stored: bool = False
 ) -> tuple[dict[str, Any], list[Violation]]:
     """One request item against `contract`: (parsed values, violations). Unknown fields are violations too:
-    a misspelt optional field would otherwise be scored as missing without a word."""
+    a misspelt optional field would otherwise be scored as missing without a word. `stored`: identifiers as
+    the lake stores them (pseudonyms: batch scoring reads silver), not as a caller sends them."""
     if not isinstance(raw, dict):
         return {}, [Violation(item, "(item)", "type: each item must be a JSON object", _show(raw))]
     known = {f.name: f for f in contract.fields}
@@ -180,21 +188,23 @@ def validate_item(
         if name not in raw:
             violations.append(Violation(item, name, "required: the field is missing"))
             continue
-        parsed[name], problems = _check_field(spec, raw[name], item)
+        parsed[name], problems = _check_field(spec, raw[name], item, stored)
         violations += problems
     return parsed, violations
 
 
-def validate_request(contract: TableContract, body: Any) -> tuple[list[dict[str, Any]], bool]:
+def validate_request(
+    contract: TableContract, body: Any, stored: bool = False
+) -> tuple[list[dict[str, Any]], bool]:
     """A single object or a list of them -> (parsed items, whether the body was a list). Raises
-    ContractError with every violation."""
+    ContractError with every violation. `stored`: see validate_item."""
     many = isinstance(body, list)
     items = body if many else [body]
     if many and not items:
         raise ContractError([Violation(None, "(body)", "length: the list is empty")])
     parsed, violations = [], []
     for index, raw in enumerate(items):
-        values, problems = validate_item(contract, raw, index if many else None)
+        values, problems = validate_item(contract, raw, index if many else None, stored)
         parsed.append(values)
         violations += problems
     if violations:

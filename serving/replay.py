@@ -112,14 +112,15 @@ def _iso(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def day_events(settings: Settings, day: date) -> list[tuple[str, dict[str, Any]]]:
+def day_events(settings: Settings, day: date, raw_ids: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """("chargeback" | "transaction", request item) of `day`, in the order they happened: the silver
     transactions with an event time on `day` (whatever date they arrived), and the fraud reports with a
     label time on `day`.
 
     Silver holds pseudonyms; a caller of the service sends raw ids, which the service pseudonymises on
-    arrival. So each transaction is sent with the raw ids of its landing files (`raw_ids`), as its producer
-    sent them, and the replay also proves that the service's pseudonyms are ingestion's."""
+    arrival. So each transaction is sent with the raw ids of its landing files (`original_ids`), as its
+    producer sent them, and the replay also proves that the service's pseudonyms are ingestion's. With
+    `raw_ids` False the items keep silver's pseudonyms (batch scoring, which feeds the state directly)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
@@ -132,11 +133,13 @@ def day_events(settings: Settings, day: date) -> list[tuple[str, dict[str, Any]]
         rows = silver.to_table(
             columns=[*TRANSACTION_COLUMNS, "arrival_date"], filter=(stamp >= start) & (stamp < end)
         ).to_pylist()
-        raw = raw_ids(settings, sorted({_as_date(row["arrival_date"]) for row in rows}))
+        raw = (
+            original_ids(settings, sorted({_as_date(row["arrival_date"]) for row in rows})) if raw_ids else {}
+        )
         for row in rows:
             when = row["event_timestamp"].astimezone(UTC)
             item = {name: row[name] for name in TRANSACTION_COLUMNS}
-            for column in pseudonym.COLUMNS:
+            for column in pseudonym.COLUMNS if raw_ids else ():
                 try:
                     item[column] = raw[item[column]]
                 except KeyError:
@@ -169,7 +172,7 @@ def _as_date(value: Any) -> date:
     return value if isinstance(value, date) else date.fromisoformat(str(value))
 
 
-def raw_ids(settings: Settings, arrivals: list[date]) -> dict[str, str]:
+def original_ids(settings: Settings, arrivals: list[date]) -> dict[str, str]:
     """pseudonym -> raw id of every customer and merchant id in the transactions files that landed on
     `arrivals` (gzipped or not, any format: the ids are found by their contract patterns). An operator's
     tool: it needs the landing files and the pseudonym key, as ingestion does."""

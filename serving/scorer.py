@@ -21,11 +21,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from serving.clock import ServiceClock
 from serving.features import Assembled, EntityState, Rows, assemble
 from serving.models import Loaded, LoadedModel, Models, ModelUnavailableError
 from serving.scoring_log import ScoringLog
@@ -65,6 +64,10 @@ def _missing_note(keys: list[str], txn: dict[str, Any]) -> str:
     )
 
 
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
 class OverloadedError(Exception):
     """The scorer's queue is full: the request is refused (503, Retry-After) rather than left to wait."""
 
@@ -100,7 +103,7 @@ class Scorer:
     models: Models
     state: EntityState
     scoring_log: ScoringLog | None
-    clock: ServiceClock | None = None
+    clock: Clock | None = None  # the service's (serving/clock.py), a batch's event time (serving/batch.py)
     counters: Counters = field(default_factory=Counters)
     metrics: ServiceMetrics | None = None  # decisions counted for /metrics
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -92,3 +92,45 @@ def test_every_served_score_equals_the_champions_offline_score(replayed, setting
     )
     assert len(pairs) >= 0.95 * len(report.results)
     assert np.max(np.abs(pairs[:, 0] - pairs[:, 1])) < 1e-5
+
+
+def test_batch_scoring_of_the_day_equals_the_replay_through_the_service(replayed, demo_stack, settings):
+    """`mlops score --date D` (serving/batch.py: the service's scorer and state in process, no HTTP, silver's
+    pseudonyms) decides every transaction of the day as the running service did in the replay."""
+    import pyarrow.parquet as pq
+
+    from features.definitions import INTEGER_FEATURES
+    from tests.e2e.conftest import mlops_json
+    from training.dataset import NUMERIC_FEATURES
+
+    day, report = replayed
+    (version,) = {r["model"]["version"] for r in report.results}
+    summary = mlops_json(demo_stack, "score", "--date", day.isoformat(), "--version", version)
+    assert summary["status"] == "ok" and summary["model_version"] == version
+    assert summary["refused"] == 0 and summary["chargebacks"] == report.chargebacks > 0
+    assert summary["transactions"] == summary["scored"] == report.transactions
+    rows = {r["transaction_id"]: r for r in pq.read_table(summary["path"]).to_pylist()}
+    served = {r["transaction_id"]: r for r in report.results}
+    assert rows.keys() == served.keys()
+    differ = []
+    for tid, answer in served.items():
+        row = rows[tid]
+        if not math.isclose(row["score"], answer["score"], rel_tol=1e-6, abs_tol=1e-7):
+            differ.append((tid, "score", answer["score"], row["score"]))
+        elif row["decision"] != answer["decision"] and abs(answer["score"] - answer["threshold"]) > 1e-6:
+            differ.append((tid, "decision", answer["decision"], row["decision"]))
+        for name in NUMERIC_FEATURES:
+            got, expected = row[name], answer["features"][name]
+            if got is None or expected is None:
+                same = got is None and expected is None
+            elif name in INTEGER_FEATURES:
+                same = got == expected
+            else:
+                same = math.isclose(got, expected, rel_tol=1e-9)
+            if not same:
+                differ.append((tid, name, expected, got))
+        assert row["caller"] == "batch" and row["scored_at"] == row["event_timestamp"]
+    assert not differ, f"{len(differ)} values differ from the service's, first: {differ[:10]}"
+    # a rerun replaces the day's file of that version, it does not add to it
+    again = mlops_json(demo_stack, "score", "--date", day.isoformat(), "--version", version)
+    assert again["path"] == summary["path"] and pq.read_table(again["path"]).num_rows == len(rows)

@@ -231,10 +231,12 @@ DATA_WRITABLE = {
 }
 # The scoring service's log, $MLOPS_HOME/scoring_log (core.settings.Settings.scoring_log_dir).
 SCORING_LOG_SUBPATH = "scoring_log"
+# Batch scoring's decisions, $MLOPS_HOME/lake/decisions (serving/batch.py), written by its training-image pod.
+DECISIONS_SUBPATH = "lake/decisions"
 # Folders a namespace that otherwise only reads may write: each mounted on its own (a subPath), read-write.
 DATA_WRITABLE_SUBPATHS: dict[str, frozenset[str]] = {
     contract.ORCHESTRATION_NAMESPACE: frozenset(),
-    contract.TRAINING_NAMESPACE: frozenset(),
+    contract.TRAINING_NAMESPACE: frozenset({DECISIONS_SUBPATH}),
     contract.SERVING_NAMESPACE: frozenset({SCORING_LOG_SUBPATH}),
 }
 # Whether each namespace's volume of the export is writable at all (read-only on the volume itself otherwise).
@@ -247,6 +249,7 @@ DATA_VOLUME_WRITABLE = {
 DATA_SUBPATH_MOUNTS = {
     contract.MLFLOW_ARTIFACTS_SUBPATH: f"/{contract.MLFLOW_ARTIFACTS_SUBPATH}",
     SCORING_LOG_SUBPATH: f"{contract.DATA_MOUNT}/{SCORING_LOG_SUBPATH}",
+    DECISIONS_SUBPATH: f"{contract.DATA_MOUNT}/{DECISIONS_SUBPATH}",
 }
 
 

@@ -44,6 +44,7 @@ DAG_IDS = {
     "synthetic_landing",
     "tune_fraud_model",
     "enforce_retention",
+    "score_fraud_batch",
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"skip_identical", "train", "evaluate", "register", "promote", "export", "compress"}

@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from orchestration import k8s_contract as contract
-from orchestration.tasks import MONITORING_COMMAND
+from orchestration.tasks import BATCH_SCORING_COMMAND, MONITORING_COMMAND
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "infra" / "docker"
@@ -290,7 +290,11 @@ def third_party_reached(entries: list[str], copied: set[str]) -> dict[str, set[s
 
 # What each image runs (its pods' commands, its CMD), as the modules that start.
 IMAGE_ENTRIES = {
-    TRAINING: [f"{contract.TRAINING_COMMAND[2]}.__main__", f"{MONITORING_COMMAND[2]}.__main__"],
+    TRAINING: [
+        f"{contract.TRAINING_COMMAND[2]}.__main__",
+        f"{MONITORING_COMMAND[2]}.__main__",
+        BATCH_SCORING_COMMAND[2],  # a module run as a script
+    ],
     SERVING: ["serving.app", "serving.auth"],  # `mlops serve` imports these two (mlops/cli.py serve)
 }
 # Libraries outside an image that our code in it imports inside functions the image never runs, by the files
@@ -306,6 +310,9 @@ NOT_RUN_IN_THE_IMAGE = {
             "features/online_store.py",
             "features/repo.py",
         },
+        # The replay's raw ids come from the landing files (serving/replay.py original_ids, Spark's reader
+        # module); batch scoring reads silver's pseudonyms (day_events(raw_ids=False)) and never calls it.
+        "pyspark": {"pipelines/ingest/landing.py", "pipelines/spark.py"},
     },
     SERVING: {},
 }

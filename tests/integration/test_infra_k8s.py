@@ -605,9 +605,26 @@ def _airflow_pod_spec() -> dict[str, Any]:
     return {"volumes": values["volumes"], "containers": [container]}
 
 
+def _batch_scoring_pod() -> dict[str, Any]:
+    """The pod the batch scoring DAG's task runs under the cluster profile (dags/score_fraud_batch.py)."""
+    from core.settings import Settings
+    from orchestration.tasks import BATCH_SCORING_COMMAND, cpu_pod_operator
+
+    operator = cpu_pod_operator(
+        Settings(profile="cluster"),
+        "score",
+        "fraud-batch-score",
+        BATCH_SCORING_COMMAND,
+        ["--date", "2026-01-08", "--version", ""],
+        writable=["lake/decisions"],
+    )
+    return operator.pod_template_dict
+
+
 def _pods_mounting_the_data_claim(objects) -> dict[str, tuple[str, dict[str, Any]]]:
     pods = {"airflow (Helm)": (contract.ORCHESTRATION_NAMESPACE, _airflow_pod_spec())}
     pods["training pod (contract)"] = (contract.TRAINING_NAMESPACE, training_manifest()["spec"])
+    pods["batch scoring pod"] = (contract.TRAINING_NAMESPACE, _batch_scoring_pod()["spec"])
     for obj, spec in workloads(objects):
         pods[obj["metadata"]["name"]] = (obj["metadata"]["namespace"], spec)
     return {name: pod for name, pod in pods.items() if data_claim_mounts(pod[1])}
@@ -622,6 +639,7 @@ def test_every_pod_mounting_the_shared_filesystem_mounts_it_where_and_how_the_de
         "feast-feature-server",
         "fraud-scoring",
         "training pod (contract)",
+        "batch scoring pod",
     } <= set(pods)
     for name, (namespace, spec) in pods.items():
         assert data_claim_mount_problems(namespace, spec) == [], name
