@@ -264,6 +264,13 @@ class ServingSettings(BaseModel):
     # Unset: the profile's promotion history (promotion_ledger_url), the database the promotions write.
     ledger_url: str | None = Field(default=None, description="read-only URL of the promotion history")
     shadow: bool = Field(default=True, description="score the latest challenger in shadow (logged only)")
+    # A decision's reasons (serving/reasons.py): the inputs whose own value moved its score most, measured
+    # against the version's baseline. One model call per input per explained transaction, so by default only
+    # the transactions not approved are explained (a few percent of traffic; docs/benchmarks.md has the cost).
+    reasons: Literal["not_approved", "all", "off"] = Field(
+        default="not_approved", description="which decisions carry reasons"
+    )
+    reason_count: int = Field(default=3, ge=1, le=10, description="reasons per explained decision, at most")
     # The scoring log: Parquet under $MLOPS_HOME/scoring_log/date=YYYY-MM-DD, written by a background thread
     # in files of up to this many rows, or what came in this many seconds.
     scoring_log: bool = Field(default=True, description="write the scoring log (monitoring reads it)")

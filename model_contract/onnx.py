@@ -14,6 +14,10 @@ INPUT_NAME = "features"  # the ONNX graph's input: float32 rows, one column per 
 # The ONNX model's metadata entry listing its input columns by name (JSON), in the matrix's order: the
 # names the version was trained on (ModelConfig.inputs), which every reader selects its columns by.
 INPUTS_METADATA = "mlops.model_inputs"
+# Each input's reference value (JSON {name: value}): the training mean of a numeric input (what the model's
+# normalization centres on), the most frequent code of a categorical one. A decision's reasons are the inputs
+# whose own value, put back to this, moves its score most (serving/reasons.py).
+BASELINE_METADATA = "mlops.baseline_inputs"
 ONNX_DIR = "onnx"  # the run's artifact folder of the export
 SERVING_FILE_TAG = f"{ONNX_DIR}.serving_file"  # which file of ONNX_DIR the export chose to serve
 
@@ -38,6 +42,22 @@ def recorded_inputs(sess) -> tuple[str, ...] | None:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"ONNX metadata {INPUTS_METADATA} is not a list of names: {raw[:200]!r}")
     return tuple(names)
+
+
+def recorded_baseline(sess, inputs: tuple[str, ...]) -> tuple[float, ...] | None:
+    """The reference value of each of `inputs` the export recorded (BASELINE_METADATA), in their order;
+    None for a file without one (exported before baselines were recorded), or one that is not JSON or misses
+    an input: reasons are then not given, the version still serves."""
+    raw = sess.get_modelmeta().custom_metadata_map.get(BASELINE_METADATA)
+    if raw is None:
+        return None
+    try:
+        values = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(values, dict) or not all(isinstance(values.get(name), int | float) for name in inputs):
+        return None
+    return tuple(float(values[name]) for name in inputs)
 
 
 def input_width(sess) -> int | None:

@@ -161,7 +161,13 @@ class Service:
         # Prometheus metrics (GET /metrics): a registry of this service's own (serving/metrics.py).
         self.metrics = ServiceMetrics()
         self.scorer = Scorer(
-            self.models, PendingState(), self.scoring_log, clock=self.clock, metrics=self.metrics
+            self.models,
+            PendingState(),
+            self.scoring_log,
+            clock=self.clock,
+            metrics=self.metrics,
+            reasons=settings.serving.reasons,
+            reason_count=settings.serving.reason_count,
         )
         self.metrics.attach(self)
         # Every response counted per minute, beside the scoring log (serving/outcomes.py).

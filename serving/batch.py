@@ -110,7 +110,15 @@ def _scorer(settings: Settings, day: date, version: str | None) -> tuple[Scorer,
     live = LiveState.from_lake(settings, start, max_bytes=settings.serving.max_state_bytes)
     state = LiveFeatures(live, None)
     sink = _Rows()  # the scorer's scoring log: it only appends
-    return Scorer(models, state, sink, clock=clock), sink, clock  # type: ignore[arg-type]
+    scorer = Scorer(
+        models,
+        state,
+        sink,  # type: ignore[arg-type]
+        clock=clock,
+        reasons=settings.serving.reasons,
+        reason_count=settings.serving.reason_count,
+    )
+    return scorer, sink, clock
 
 
 def score_day(settings: Settings, day: date, version: str | None = None) -> BatchReport:

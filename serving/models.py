@@ -41,6 +41,7 @@ from model_contract.onnx import (
     MODEL_NAME,
     SERVING_FILE_TAG,
     input_width,
+    recorded_baseline,
     recorded_inputs,
     session,
 )
@@ -72,6 +73,9 @@ class LoadedModel:
     threshold: float = 0.5
     review_threshold: float | None = None  # a review band from here up to `threshold`; None: none
     threshold_source: str = "serving.threshold"
+    # Each of its inputs' reference value, in `inputs` order (model_contract/onnx.py BASELINE_METADATA): what
+    # a decision's reasons are measured against (serving/reasons.py). None: its export recorded none.
+    baseline: tuple[float, ...] | None = None
 
     @functools.cached_property
     def columns(self) -> list[int] | None:
@@ -241,14 +245,16 @@ class ModelSource:
             raise ModelUnavailableError(
                 f"{self.name} v{version}: {ONNX_DIR}/{file} cannot be loaded: {exc}"
             ) from exc
+        servable = servable_inputs(self.name, version, file, sess, inputs)
         return LoadedModel(
             self.name,
             version,
             run_id,
             file,
             sess,
-            servable_inputs(self.name, version, file, sess, inputs),
+            servable,
             **decides,
+            baseline=recorded_baseline(sess, servable),
         )
 
 

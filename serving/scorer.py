@@ -27,6 +27,7 @@ import numpy as np
 
 from serving.features import Assembled, EntityState, Rows, assemble
 from serving.models import Loaded, LoadedModel, Models, ModelUnavailableError
+from serving.reasons import as_text, explain
 from serving.scoring_log import ScoringLog
 
 if TYPE_CHECKING:  # prometheus_client is the scoring image's alone; the monitor pod imports this module
@@ -106,6 +107,8 @@ class Scorer:
     clock: Clock | None = None  # the service's (serving/clock.py), a batch's event time (serving/batch.py)
     counters: Counters = field(default_factory=Counters)
     metrics: ServiceMetrics | None = None  # decisions counted for /metrics
+    reasons: str = "off"  # which decisions carry reasons: not_approved, all, off (serving.reasons)
+    reason_count: int = 3
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The shadow challenger scores on a thread of its own, after the answers are out: its cost is never a
     # request's. At most MAX_SHADOW_BACKLOG batches wait for it; past that a batch goes unshadowed (counted).
@@ -207,10 +210,23 @@ class Scorer:
         scored_at = self.clock.now() if self.clock is not None else datetime.now(UTC)
         results, rows = [], []
         non_finite_before = self.counters.non_finite_scores
+        decisions = [decide(float(score), champion) for score in scores]
+        explained = (
+            {}
+            if self.reasons == "off"
+            else explain(
+                champion,
+                assembled.x,
+                scores,
+                [i for i, d in enumerate(decisions) if self.reasons == "all" or d != APPROVE],
+                self.reason_count,
+            )
+        )
         for i, txn in enumerate(txns):
             score = float(scores[i])
             finite = math.isfinite(score)
-            decision = decide(score, champion)
+            decision = decisions[i]
+            reasons = explained.get(i)
             latency_ms = (done - received[i]) * 1000.0
             features = assembled.features[i]
             missing = assembled.missing[i]
@@ -230,6 +246,7 @@ class Scorer:
                     "model": {"name": champion.name, "version": champion.version},
                     "features": features,
                     "missing_entities": missing,
+                    "reasons": reasons,
                     "notes": notes,
                 }
             )
@@ -256,6 +273,7 @@ class Scorer:
                     "shadow_threshold": None,
                     "shadow_decision": None,
                     "missing_entities": ",".join(missing) or None,
+                    "reasons": as_text(reasons),
                     "latency_ms": latency_ms,
                     "caller": callers[i],
                 }

@@ -77,6 +77,8 @@ def schema() -> pa.Schema:
             pa.field("shadow_threshold", pa.float64()),
             pa.field("shadow_decision", pa.string()),
             pa.field("missing_entities", pa.string()),  # comma-separated join keys not in the store
+            # the decision's reasons, `input:+effect;...` (serving/reasons.py); null: not explained
+            pa.field("reasons", pa.string()),
             pa.field("latency_ms", pa.float64(), nullable=False),
             pa.field("caller", pa.string()),  # the token's caller (serving/auth.py); null without auth
         ]

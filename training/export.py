@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from model_contract.onnx import BASELINE_METADATA
+
 # The names training writes and serving reads (model_contract.onnx), also this module's.
 from model_contract.onnx import INPUT_NAME as INPUT_NAME
 from model_contract.onnx import INPUTS_METADATA as INPUTS_METADATA
@@ -96,13 +98,40 @@ def model_inputs(model: torch.nn.Module) -> tuple[str, ...]:
 def record_inputs(path: Path, inputs: tuple[str, ...]) -> Path:
     """Write the input names into the ONNX file's metadata (INPUTS_METADATA), so whoever loads the file
     selects its columns by name (serving/models.py, monitoring/reference.py)."""
+    return record_metadata(path, {INPUTS_METADATA: json.dumps(list(inputs))})
+
+
+def record_metadata(path: Path, entries: Mapping[str, str]) -> Path:
+    """Set `entries` in the ONNX file's metadata, keeping its other entries."""
     import onnx
 
     proto = onnx.load(str(path))
-    kept = {p.key: p.value for p in proto.metadata_props if p.key != INPUTS_METADATA}
-    onnx.helper.set_model_props(proto, {**kept, INPUTS_METADATA: json.dumps(list(inputs))})
+    kept = {p.key: p.value for p in proto.metadata_props if p.key not in entries}
+    onnx.helper.set_model_props(proto, {**kept, **entries})
     onnx.save(proto, str(path))
     return path
+
+
+def baseline_inputs(model: torch.nn.Module, x: np.ndarray) -> dict[str, float]:
+    """Each input's reference value (BASELINE_METADATA): a numeric input's training mean (the model's own
+    normalization mean where it has one, else the mean of `x` where present), a categorical code's most
+    frequent value in `x` (the rows the export is checked on, drawn as training's were)."""
+    inputs = model_inputs(model)
+    numeric = int(getattr(getattr(model, "config", None), "numeric", len(inputs)))
+    means = getattr(model, "mean", None)
+    baseline: dict[str, float] = {}
+    for index, name in enumerate(inputs):
+        column = x[:, index] if len(x) else np.zeros(0, dtype="float32")
+        present = column[~np.isnan(column)]
+        if index < numeric:
+            if means is not None and len(means) == numeric:
+                baseline[name] = float(means[index])
+            else:
+                baseline[name] = float(present.mean()) if len(present) else 0.0
+        else:
+            codes, counts = np.unique(present, return_counts=True)
+            baseline[name] = float(codes[np.argmax(counts)]) if len(codes) else 0.0
+    return baseline
 
 
 def onnx_scores(sess, x: np.ndarray, batch: int = 8192) -> np.ndarray:
@@ -129,8 +158,9 @@ def quantize(source: Path, target: Path) -> Path:
     quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
     import onnx
 
-    names = {p.key: p.value for p in onnx.load(str(source)).metadata_props}.get(INPUTS_METADATA)
-    return record_inputs(target, tuple(json.loads(names))) if names else target
+    # the quantized graph keeps the source's input names and baseline (the quantizer drops metadata)
+    ours = {p.key: p.value for p in onnx.load(str(source)).metadata_props if p.key.startswith("mlops.")}
+    return record_metadata(target, ours) if ours else target
 
 
 def export_checked(model: torch.nn.Module, x: np.ndarray, path: Path) -> float:
@@ -141,6 +171,7 @@ def export_checked(model: torch.nn.Module, x: np.ndarray, path: Path) -> float:
     from training.loop import predict
 
     to_onnx(model, torch.from_numpy(x[:2]), path)
+    record_metadata(path, {BASELINE_METADATA: json.dumps(baseline_inputs(model, x))})
     if not len(x):
         return 0.0
     torch_scores = predict(model, torch.from_numpy(x)).numpy()

@@ -5,6 +5,7 @@ within 1e-9) and the score the champion gives that row offline."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from datetime import date
@@ -131,6 +132,44 @@ def test_batch_scoring_of_the_day_equals_the_replay_through_the_service(replayed
                 differ.append((tid, name, expected, got))
         assert row["caller"] == "batch" and row["scored_at"] == row["event_timestamp"]
     assert not differ, f"{len(differ)} values differ from the service's, first: {differ[:10]}"
-    # a rerun replaces the day's file of that version, it does not add to it
-    again = mlops_json(demo_stack, "score", "--date", day.isoformat(), "--version", version)
-    assert again["path"] == summary["path"] and pq.read_table(again["path"]).num_rows == len(rows)
+    # The DAG, as a user starts it from the UI or the REST API (its own run of the stack's scheduler): the
+    # same decisions; its rerun replaces the day's file of that version, it does not add to it.
+    again = _run_batch_dag(demo_stack, {"date": day.isoformat(), "version": version})
+    assert again["path"] == summary["path"] and again["scored"] == summary["scored"]
+    table = pq.read_table(again["path"])
+    assert table.num_rows == len(rows)
+    assert dict(zip(table["transaction_id"].to_pylist(), table["score"].to_pylist(), strict=True)) == {
+        tid: row["score"] for tid, row in rows.items()
+    }
+
+
+def _run_batch_dag(demo_stack, conf: dict) -> dict:
+    """Unpause score_fraud_batch, start a run with `conf` over Airflow's REST API, wait for it, and return
+    what its task returned (its XCom)."""
+    import time
+
+    import httpx
+
+    dag_id = "score_fraud_batch"
+    client = httpx.Client(
+        base_url=f"{demo_stack.airflow_url}/api/v2",
+        headers={"Authorization": f"Bearer {demo_stack.token()}"},
+        timeout=30,
+    )
+    with client:
+        assert client.patch(f"/dags/{dag_id}", json={"is_paused": False}).status_code == 200
+        started = client.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        assert started.status_code == 200, started.text
+        run_id = started.json()["dag_run_id"]
+        deadline = time.monotonic() + 600
+        while (state := client.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]) not in (
+            "success",
+            "failed",
+        ):
+            assert time.monotonic() < deadline, f"{dag_id} run {run_id} still {state}"
+            time.sleep(1)
+        assert state == "success", client.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").text
+        answer = client.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/score/xcomEntries/return_value")
+        assert answer.status_code == 200, answer.text
+        value = answer.json()["value"]
+        return value if isinstance(value, dict) else json.loads(value)
