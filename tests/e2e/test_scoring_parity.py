@@ -131,6 +131,14 @@ def test_batch_scoring_of_the_day_equals_the_replay_through_the_service(replayed
             if not same:
                 differ.append((tid, name, expected, got))
         assert row["caller"] == "batch" and row["scored_at"] == row["event_timestamp"]
+        # reasons (serving/reasons.py): every decision not approved carries them, the same inputs in batch
+        if answer["decision"] == "approve":
+            assert answer["reasons"] is None and row["reasons"] is None
+        else:
+            assert 0 < len(answer["reasons"]) <= 3 and all(r["effect"] > 0 for r in answer["reasons"])
+            named = [part.split(":")[0] for part in row["reasons"].split(";")]
+            assert named == [r["input"] for r in answer["reasons"]], (tid, row["reasons"], answer["reasons"])
+    assert any(r["decision"] != "approve" for r in report.results), "the day has declines to explain"
     assert not differ, f"{len(differ)} values differ from the service's, first: {differ[:10]}"
     # The DAG, as a user starts it from the UI or the REST API (its own run of the stack's scheduler): the
     # same decisions; its rerun replaces the day's file of that version, it does not add to it.

@@ -316,7 +316,8 @@ def data_claim_mount_problems(namespace: str, pod_spec: dict[str, Any]) -> list[
 # No helm binary reaches this machine (nor CI's), so the chart is rendered by the small renderer below, which
 # knows exactly the template language the chart uses and refuses anything else: actions with Go's trim markers
 # (`{{- ` and ` -}}`), values (`.Values.a.b`, `.Release.Name|Namespace|Service`, `.Chart.Name|Version|
-# AppVersion`), `range $key, $value := <map>` (keys in sorted order, as Go ranges over a map) ... `end`, and
+# AppVersion`), `range $key, $value := <map>` (keys in sorted order, as Go ranges over a map) ... `end`,
+# `if <value's path>` ... [`else` ...] `end` (Go's truth: false, 0, nil and empty are false), and
 # the functions quote, toYaml, nindent and indent with Helm's (sprig's) meanings. A value printed or quoted
 # must be a string: Helm prints numbers of a values file as floats (2e+06), so the values file has none.
 # `helm lint` / `helm template` remain the deploy-time check (infra/README.md).
@@ -324,6 +325,7 @@ def data_claim_mount_problems(namespace: str, pod_spec: dict[str, Any]) -> list[
 CHART_DIR = INFRA / "helm" / "fraud-scoring"
 _ACTION = re.compile(r"\{\{(- )?(.*?)( -)?\}\}", re.DOTALL)
 _RANGE = re.compile(r"range \$(\w+), \$(\w+) := (\S+)")
+_IF = re.compile(r"\.[A-Za-z][\w.]*")
 
 
 class TemplateError(ValueError):
@@ -348,29 +350,39 @@ def _template_tree(text: str) -> list[Any]:
     if "{{" in "".join(p for p in pieces if isinstance(p, str)):
         raise TemplateError("an action without its trim markers' spaces or closing braces")
 
-    def nest(items: list[Any], inside_range: bool) -> tuple[list[Any], list[Any]]:
+    def nest(items: list[Any], inside: str | None) -> tuple[list[Any], list[Any], str | None]:
+        """(tree, the items after it, what closed it: `end` or `else`)."""
         tree: list[Any] = []
         while items:
             item, items = items[0], items[1:]
             if isinstance(item, str):
                 tree.append(item)
-            elif item[1] == "end":
-                if not inside_range:
-                    raise TemplateError("`end` without `range`")
-                return tree, items
+            elif item[1] in ("end", "else"):
+                if inside is None or (item[1] == "else" and inside != "if"):
+                    raise TemplateError(f"`{item[1]}` without `if` or `range`")
+                return tree, items, item[1]
             elif item[1].startswith("range "):
                 match = _RANGE.fullmatch(item[1])
                 if not match:
                     raise TemplateError(f"unsupported range: {item[1]}")
-                body, items = nest(items, True)
+                body, items, _ = nest(items, "range")
                 tree.append(("range", *match.groups(), body))
+            elif item[1].startswith("if "):
+                condition = item[1][3:].strip()
+                if not _IF.fullmatch(condition):
+                    raise TemplateError(f"unsupported if: {item[1]} (a value's path only)")
+                then, items, closed = nest(items, "if")
+                otherwise: list[Any] = []
+                if closed == "else":
+                    otherwise, items, _ = nest(items, "else")
+                tree.append(("if", condition, then, otherwise))
             else:
                 tree.append(item)
-        if inside_range:
-            raise TemplateError("`range` without `end`")
-        return tree, items
+        if inside is not None:
+            raise TemplateError(f"`{inside}` without `end`")
+        return tree, items, None
 
-    return nest(pieces, False)[0]
+    return nest(pieces, None)[0]
 
 
 def _lookup(path: str, scope: dict[str, Any]) -> Any:
@@ -434,6 +446,10 @@ def _render_tree(tree: list[Any], scope: dict[str, Any]) -> str:
             out.append(node)
         elif node[0] == "action":
             out.append(_evaluate(node[1], scope))
+        elif node[0] == "if":
+            # Go's truth: false, 0, nil and an empty string, list or map are false
+            _, path, then, otherwise = node
+            out.append(_render_tree(then if _lookup(path, scope) else otherwise, scope))
         else:
             _, key_name, value_name, path, body = node
             mapping = _lookup(path, scope)

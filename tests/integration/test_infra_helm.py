@@ -619,6 +619,34 @@ def test_the_chart_values_set_the_image_the_threshold_and_the_batching(monkeypat
     assert settings.serving.shadow is False
 
 
+def test_tls_from_a_secret_serves_https_probes_and_scrapes_it_and_validates(infra_tools, monkeypatch):
+    """`--set tls.secretName=...`: the certificate and key of a kubernetes.io/tls Secret, mounted read-only,
+    become the service's TLS settings (serving on HTTPS, tested with a real TLS client in
+    test_scoring_service.py); the probes and Prometheus's scrape switch to HTTPS. Default: none of it."""
+    objects = render_chart(overrides={"tls": {"secretName": "fraud-scoring-tls"}})
+    assert schema_errors(infra_tools, objects) == []
+    deployment = one(objects, "Deployment", "fraud-scoring", contract.SERVING_NAMESPACE)
+    pod = deployment["spec"]["template"]
+    spec = pod["spec"]
+    assert contract.restricted_profile_violations(spec) == []
+    container = _scoring_container(objects)
+    settings = settings_from(monkeypatch, container_environment(container))
+    (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "fraud-scoring-tls"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    files = {item["key"]: f"{mount['mountPath']}/{item['path']}" for item in volume["secret"]["items"]}
+    assert str(settings.serving.tls_cert_file) == files["tls.crt"]
+    assert str(settings.serving.tls_key_file) == files["tls.key"]
+    probes = [container[p]["httpGet"] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
+    assert all(probe.get("scheme") == "HTTPS" for probe in probes)
+    assert pod["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+    plain = _scoring_container(render_chart())
+    assert not any(p["httpGet"].get("scheme") for p in (plain["startupProbe"], plain["readinessProbe"]))
+    assert not {"MLOPS_SERVING__TLS_CERT_FILE", "MLOPS_SERVING__TLS_KEY_FILE"} & set(
+        container_environment(plain)
+    )
+
+
 def test_the_chart_values_hold_no_credential_and_give_settings_as_strings():
     assert inline_secrets(CHART_VALUES) == []
     image = CHART_VALUES["image"]
@@ -646,10 +674,13 @@ def test_the_chart_values_hold_no_credential_and_give_settings_as_strings():
         ("{{ .Values.s | quote }}", '"say \\"hi\\""'),
         ("l:\n  {{- range $k, $v := .Values.m }}\n  - {{ $k }}\n  {{- end }}\nend", "l:\n  - x\n  - y\nend"),
         ("{{ .Release.Namespace }}-{{ .Chart.Name }}", "ns-chart"),
+        ("a{{ if .Values.s }}+{{ .Values.s }}{{ end }}b", 'a+say "hi"b'),
+        ("a{{ if .Values.e }}+{{ else }}-{{ end }}b", "a-b"),
+        ("x:\n  {{- if .Values.m }}\n  y: 1\n  {{- end }}", "x:\n  y: 1"),
     ],
 )
 def test_the_renderer_follows_helms_trim_markers_ranges_and_functions(template, expected):
-    values = {"m": {"y": "2", "x": 1}, "s": 'say "hi"'}
+    values = {"m": {"y": "2", "x": 1}, "s": 'say "hi"', "e": ""}
     rendered = render_helm_template(template, values, {"Namespace": "ns"}, {"Name": "chart"})
     assert rendered == expected
 
@@ -664,6 +695,9 @@ def test_the_renderer_follows_helms_trim_markers_ranges_and_functions(template, 
         ("{{ .Values.s | upper }}", "unsupported command"),
         ("{{ range $k, $v := .Values.m }}x", "without `end`"),
         ("{{-.Values.s}}", "unsupported term"),
+        ("{{ if .Values.s }}x", "`if` without `end`"),
+        ("{{ if eq .Values.s 1 }}x{{ end }}", "unsupported if"),
+        ("x{{ else }}y", "`else` without `if`"),
     ],
 )
 def test_the_renderer_refuses_what_it_does_not_know(template, error):
