@@ -271,6 +271,15 @@ class ServingSettings(BaseModel):
         default="not_approved", description="which decisions carry reasons"
     )
     reason_count: int = Field(default=3, ge=1, le=10, description="reasons per explained decision, at most")
+    # Several replicas with one exact live state (serving/replication.py): each applies the same ordered log
+    # of observations, a Redis stream on `cluster.redis_url`. Off: one process, its own state.
+    replicated: bool = Field(default=False, description="replicas share one ordered observation log")
+    replication_key: str = Field(
+        default="mlops:scoring:observations", min_length=1, description="the Redis stream of the log"
+    )
+    # Batches kept (Redis trims the oldest, roughly): enough for those since the last landing, which a
+    # starting replica needs (docs/serving.md, "Replicas").
+    replication_max_entries: int = Field(default=2_000_000, ge=1_000)
     # The scoring log: Parquet under $MLOPS_HOME/scoring_log/date=YYYY-MM-DD, written by a background thread
     # in files of up to this many rows, or what came in this many seconds.
     scoring_log: bool = Field(default=True, description="write the scoring log (monitoring reads it)")

@@ -36,6 +36,7 @@ from serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from serving.metrics import ServiceMetrics, TimeResponses
 from serving.models import Models, ModelUnavailableError
 from serving.outcomes import CountOutcomes, RequestOutcomes
+from serving.replication import ReplicationUnavailableError
 from serving.scorer import MicroBatcher, OverloadedError, Scorer, TransactionRefusedError
 
 if TYPE_CHECKING:
@@ -170,6 +171,15 @@ class Service:
             reason_count=settings.serving.reason_count,
         )
         self.metrics.attach(self)
+        if settings.serving.replicated:
+            from serving.replication import Replication, wait_for_redis
+
+            wait_for_redis(settings.cluster.redis_url)
+            self.scorer.replication = Replication.connect(
+                settings.cluster.redis_url,
+                settings.serving.replication_key,
+                settings.serving.replication_max_entries,
+            )
         # Every response counted per minute, beside the scoring log (serving/outcomes.py).
         self.outcomes = (
             RequestOutcomes(settings.scoring_log_dir, self.clock, settings.serving.log_retention_days)
@@ -213,6 +223,17 @@ class Service:
         # What loading built (the state's columns, the models, the imports) lives as long as the process:
         # frozen out of the cyclic collector, whose full passes would otherwise walk all of it and stall
         # requests for as long (docs/benchmarks.md, "Scoring service").
+        replication = self.scorer.replication
+        if replication is not None:
+            # the whole log since what the lake holds: what the other replicas observed (a transaction this
+            # state already has is a resend to it and changes nothing)
+            try:
+                caught_up = replication.catch_up(state, getattr(state, "live", None))
+            except Exception as exc:
+                log.exception("the replication log could not be applied")
+                self.loading = f"the replication log could not be applied ({exc}); see the service's log"
+                return
+            log.info("replication: %d entries of the log applied at start", caught_up)
         gc.collect()
         gc.freeze()
         with self.scorer._lock:
@@ -325,7 +346,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             return await service.batcher.submit(items, received, caller_of(request)), None
         except ModelUnavailableError as exc:
             return None, _error(503, f"no model to score with: {exc}")
-        except OverloadedError as exc:
+        except (OverloadedError, ReplicationUnavailableError) as exc:
             return None, ORJSONResponse({"detail": str(exc)}, status_code=503, headers=RETRY_AFTER)
         except TransactionRefusedError as exc:
             violation = Violation(exc.index if many else None, exc.field, exc.rule)
@@ -393,7 +414,10 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         if refused:
             return refused
         reported = [i for i in items if i["is_fraud"] == 1]
-        loop_result = await _in_scorer(service, reported)
+        try:
+            loop_result = await _in_scorer(service, reported)
+        except ReplicationUnavailableError as exc:
+            return ORJSONResponse({"detail": str(exc)}, status_code=503, headers=RETRY_AFTER)
         answer = {
             "received": len(items),
             "fraud_reports": len(reported),
@@ -426,6 +450,9 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             )
         if service.loading:
             return ORJSONResponse({"ready": False, "reason": service.loading}, status_code=503)
+        broken = service.scorer.replication.problem if service.scorer.replication is not None else None
+        if broken:  # its state can no longer be exact: no traffic until it is restarted
+            return ORJSONResponse({"ready": False, "reason": broken}, status_code=503)
         behind = service.scoring_log.problem if service.scoring_log is not None else None
         if behind:  # decisions would go unrecorded: take no traffic until the log catches up
             return ORJSONResponse({"ready": False, "reason": behind}, status_code=503)
@@ -569,6 +596,10 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "pseudonym_key_id": service.pseudonyms.key_id,
             "live_state_loading": service.loading,
             "restored_from_scoring_log": service.restored,
+            # several replicas, one ordered log (serving/replication.py); None: a single process
+            "replication": None
+            if service.scorer.replication is None
+            else service.scorer.replication.status(),
             # Objects the cyclic collector no longer walks: what loading built (Service._load).
             "gc_frozen_objects": gc.get_freeze_count(),
             "clock": {
@@ -642,6 +673,13 @@ async def _in_scorer(service: Service, reports: list[dict[str, Any]]) -> list[bo
         # The journal's write and sync are done outside the lock: small batches are scored on the event
         # loop under the same lock (serving/scorer.py), which must not wait on a disk.
         with service.scorer._lock:
+            if service.scorer.replication is not None:
+                from serving.replication import encode_chargebacks
+
+                pairs = [(r["transaction_id"], r["label_timestamp"]) for r in reports]
+                service.scorer.replication.sync(
+                    service.state, service.scorer.live, encode_chargebacks(pairs, now)
+                )
             service.state.advance(now)
             if service.state.maintenance_due(now):
                 service.scorer.fold()  # on the executor's thread, as the scorer does

@@ -32,6 +32,7 @@ from serving.scoring_log import ScoringLog
 
 if TYPE_CHECKING:  # prometheus_client is the scoring image's alone; the monitor pod imports this module
     from serving.metrics import ServiceMetrics
+    from serving.replication import Replication
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,9 @@ class Scorer:
     metrics: ServiceMetrics | None = None  # decisions counted for /metrics
     reasons: str = "off"  # which decisions carry reasons: not_approved, all, off (serving.reasons)
     reason_count: int = 3
+    # Several replicas, one exact state: every batch goes through the replication log first
+    # (serving/replication.py); None for a single process.
+    replication: Replication | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The shadow challenger scores on a thread of its own, after the answers are out: its cost is never a
     # request's. At most MAX_SHADOW_BACKLOG batches wait for it; past that a batch goes unshadowed (counted).
@@ -118,6 +122,11 @@ class Scorer:
     _shadow_backlog: threading.BoundedSemaphore = field(
         default_factory=lambda: threading.BoundedSemaphore(MAX_SHADOW_BACKLOG)
     )
+
+    @property
+    def live(self) -> Any:
+        """The live state under the entity state (features.live.LiveState), None for another source."""
+        return getattr(self.state, "live", None)
 
     def fold(self) -> None:
         """The live state's daily fold, timed (a pause of scoring: /status and /metrics show it). Called
@@ -154,8 +163,13 @@ class Scorer:
         sent_by: list[str | None] = []
         state_rows: Rows = []
         with self._lock:
-            if self.clock is not None:
-                now = self.clock.now()
+            now = self.clock.now() if self.clock is not None else None
+            if self.replication is not None:
+                from serving.replication import encode_units
+
+                # every entry before this batch's in the log first, then the batch as every replica applies it
+                self.replication.sync(self.state, self.live, encode_units([list(u) for u in units], now))
+            if now is not None:
                 self.state.advance(now)
                 if not inline and self.state.maintenance_due(now):
                     self.fold()  # the daily fold: on the scorer's thread, never the loop's
@@ -397,7 +411,11 @@ class MicroBatcher:
                 size += len(unit.txns)
             try:
                 batch = ([u.txns for u in units], [u.received for u in units], [u.caller for u in units])
-                if size <= INLINE_TRANSACTIONS and not self.scorer.maintenance_due():
+                if (
+                    size <= INLINE_TRANSACTIONS
+                    and not self.scorer.maintenance_due()
+                    and self.scorer.replication is None  # a round trip to Redis: never on the loop
+                ):
                     outcomes = self.scorer.score(*batch, inline=True)
                 else:
                     outcomes = await loop.run_in_executor(self.executor, self.scorer.score, *batch)

@@ -107,7 +107,7 @@ class Server:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = home / "serve.log"
+        self.log = home / f"serve-{self.port}.log"  # one per process: replicas share a home
         tokens = home / "serving" / "tokens.json"
         tokens.parent.mkdir(parents=True, exist_ok=True)
         feed_digest = hashlib.sha256(TOKENS["test-feed"].encode()).hexdigest()
