@@ -128,11 +128,18 @@ def at_most_every(seconds: float, condition: Callable[[], bool]) -> Callable[[],
     return throttled
 
 
-def mlops_json(demo_stack: DemoStack, *arguments: str, timeout: float = 1800) -> dict:
-    """`mlops ARGUMENTS --json` against the stack's installation: its last stdout line, parsed."""
+def mlops_json(
+    demo_stack: DemoStack, *arguments: str, timeout: float = 1800, env: dict[str, str] | None = None
+) -> dict:
+    """`mlops ARGUMENTS --json` against the stack's installation (`env`: settings on top of its own): its
+    last stdout line, parsed."""
     mlops = str(Path(sys.executable).with_name("mlops"))
     done = subprocess.run(
-        [mlops, *arguments, "--json"], env=demo_stack.env, capture_output=True, text=True, timeout=timeout
+        [mlops, *arguments, "--json"],
+        env={**demo_stack.env, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert done.returncode == 0, f"mlops {' '.join(arguments)}: {done.stderr[-6000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -106,7 +106,10 @@ def test_batch_scoring_of_the_day_equals_the_replay_through_the_service(replayed
 
     day, report = replayed
     (version,) = {r["model"]["version"] for r in report.results}
-    summary = mlops_json(demo_stack, "score", "--date", day.isoformat(), "--version", version)
+    # every decision explained here (the service explains those not approved: the demo's day may have none)
+    explain_all = {"MLOPS_SERVING__REASONS": "all"}
+    arguments = ("score", "--date", day.isoformat(), "--version", version)
+    summary = mlops_json(demo_stack, *arguments, env=explain_all)
     assert summary["status"] == "ok" and summary["model_version"] == version
     assert summary["refused"] == 0 and summary["chargebacks"] == report.chargebacks > 0
     assert summary["transactions"] == summary["scored"] == report.transactions
@@ -131,14 +134,17 @@ def test_batch_scoring_of_the_day_equals_the_replay_through_the_service(replayed
             if not same:
                 differ.append((tid, name, expected, got))
         assert row["caller"] == "batch" and row["scored_at"] == row["event_timestamp"]
-        # reasons (serving/reasons.py): every decision not approved carries them, the same inputs in batch
-        if answer["decision"] == "approve":
-            assert answer["reasons"] is None and row["reasons"] is None
-        else:
-            assert 0 < len(answer["reasons"]) <= 3 and all(r["effect"] > 0 for r in answer["reasons"])
+        # reasons (serving/reasons.py): the service explains the decisions not approved, the same inputs as
+        # the batch's; the batch explained every one (`input:+effect;...`, largest first, each positive)
+        if answer["decision"] != "approve":
             named = [part.split(":")[0] for part in row["reasons"].split(";")]
             assert named == [r["input"] for r in answer["reasons"]], (tid, row["reasons"], answer["reasons"])
-    assert any(r["decision"] != "approve" for r in report.results), "the day has declines to explain"
+        else:
+            assert answer["reasons"] is None
+        if row["reasons"]:
+            effects = [float(part.split(":")[1]) for part in row["reasons"].split(";")]
+            assert 0 < len(effects) <= 3 and min(effects) > 0 and effects == sorted(effects, reverse=True)
+    assert sum(1 for row in rows.values() if row["reasons"]) > 0.5 * len(rows), "the champion has a baseline"
     assert not differ, f"{len(differ)} values differ from the service's, first: {differ[:10]}"
     # The DAG, as a user starts it from the UI or the REST API (its own run of the stack's scheduler): the
     # same decisions; its rerun replaces the day's file of that version, it does not add to it.

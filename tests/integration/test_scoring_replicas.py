@@ -127,6 +127,10 @@ def replicated(tmp_path_factory):
     redis.Redis.from_url(REDIS_URL).delete(key, f"{key}:seq")
 
 
+def _differences(got: dict, expected: dict) -> dict:
+    return {name: (value, expected[name]) for name, value in got.items() if value != expected[name]}
+
+
 def _send_all(router: Router, plan: list[tuple[str, object]], on_progress: Callable[[int], None]):
     """Send the plan with SENDERS threads, each request once (retried by the router until answered)."""
     answers: dict[int, dict] = {}
@@ -243,9 +247,16 @@ def test_replicas_answer_every_request_with_the_state_a_single_process_would_hav
                 got[result["transaction_id"]] = result["features"]
     assert got.keys() <= expected.keys(), "every answered transaction is in the log"
     differ = [
-        (tid, {name: (value, expected[tid][name]) for name, value in got[tid].items() if value != expected[tid][name]})
-        for tid in got
-        if got[tid] != expected[tid]
+        (
+            tid,
+            {
+                name: (value, expected[tid][name])
+                for name, value in features.items()
+                if value != expected[tid][name]
+            },
+        )
+        for tid, features in got.items()
+        if features != expected[tid]
     ]
     assert not differ, f"{len(differ)} of {len(got)} differ from the single process, first: {differ[:3]}"
     # the traffic did move state: velocity features were not all zero
