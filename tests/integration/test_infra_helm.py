@@ -253,6 +253,8 @@ CLUSTER_CHOICES = {
     # The scoring service's callers: the Secret's mount, and the Service's names as Host.
     "MLOPS_SERVING__TOKENS_FILE",
     "MLOPS_SERVING__ALLOWED_HOSTS",
+    # Two scoring replicas or more: they share one ordered log of observations (serving/replication.py).
+    "MLOPS_SERVING__REPLICATED",
 }
 # Variables read by libraries rather than by core.settings (each checked to exist in the library).
 MLFLOW_VARIABLES = {

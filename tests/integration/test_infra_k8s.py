@@ -688,19 +688,27 @@ def _probe_path(container: dict[str, Any], probe: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_scoring_service_is_one_hardened_replica_probed_on_the_inference_protocols_health(
+def test_the_scoring_service_is_hardened_replicas_rolled_without_an_outage_probed_on_the_protocols_health(
     rendered, overlay
 ):
     objects = rendered[overlay]
     deployment = one(objects, "Deployment", "fraud-scoring", contract.SERVING_NAMESPACE)
-    # One replica, replaced (not rolled) on a change: each replica keeps entity state in memory.
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas or more sharing one ordered log (serving/replication.py), rolled one at a time: a new pod
+    # is ready only once it has caught up, and no ready pod is taken away before it is.
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    budgets = [
+    (budget,) = [
         pdb for pdb in find(objects, "PodDisruptionBudget") if _selects(pdb["spec"]["selector"], labels)
     ]
-    assert budgets == [], "a budget on one replica blocks every node drain"
+    assert budget["spec"] == {"minAvailable": 1, "selector": budget["spec"]["selector"]}
+    assert budget["metadata"]["namespace"] == contract.SERVING_NAMESPACE
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    environment = {e["name"]: e.get("value") for e in container["env"]}
+    assert environment["MLOPS_SERVING__REPLICATED"] == "true", "replicas without the log would diverge"
     spec = deployment["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == contract.SERVING_PRIORITY_CLASS
     assert spec["serviceAccountName"] == "fraud-scoring"
