@@ -264,6 +264,44 @@ def serve(env: dict[str, str], day: date, **serving: str) -> tuple[Process, int]
     return process, port
 
 
+def replica_throughput(
+    env: dict[str, str], day: date, requests: list[bytes], seconds: float, processes: int, in_flight: int = 64
+) -> dict:
+    """Transactions per second of `processes` replicated services side by side (serving/replication.py: one
+    ordered log on the local Redis, a stream of this run's own), each sent every `processes`-th request by
+    in_flight / processes connections, at once; and what each answered."""
+    import uuid
+
+    import redis
+
+    key = f"mlops:bench:replicas:{uuid.uuid4().hex[:12]}"
+    replicated = {"replicated": "true", "replication_key": key, "max_batch_size": "64"}
+    started = [serve(env, day, **replicated) for _ in range(processes)]
+    try:
+
+        async def together() -> list[dict]:
+            return await asyncio.gather(
+                *(
+                    _closed_loop(port, requests[i::processes], max(1, in_flight // processes), seconds, 1)
+                    for i, (_, port) in enumerate(started)
+                )
+            )
+
+        each = asyncio.run(together())
+    finally:
+        for service, _ in started:
+            service.stop()
+        redis.Redis.from_url(env.get("MLOPS_CLUSTER__REDIS_URL", "redis://127.0.0.1:6379/0")).delete(
+            key, f"{key}:seq"
+        )
+    return {
+        "processes": processes,
+        "transactions_per_s": sum(r["transactions_per_s"] for r in each),
+        "failures": sum(r["failures"] for r in each),
+        "per_process": [round(r["transactions_per_s"], 1) for r in each],
+    }
+
+
 def floor(home: Path, items: list[dict], count: int) -> dict:
     """The in-process floor: the pseudonyms and online store read of the transaction's two entities and one
     ONNX call."""
@@ -526,6 +564,12 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
             )
         finally:
             service.stop()
+    # replicas sharing one exact state: 1 and 2 processes side by side (the same requests, split between them)
+    for processes in (1, 2):
+        results[f"replicas_{processes}"] = replica_throughput(env, day, score_requests, seconds, processes)
+    results["replica_scaling"] = (
+        results["replicas_2"]["transactions_per_s"] / results["replicas_1"]["transactions_per_s"]
+    )
     batched = results["throughput_batched"]["transactions_per_s"]
     caller_batched = results["throughput_caller_batched"]["transactions_per_s"]
     results["batching_speedup"] = batched / results["throughput_unbatched"]["transactions_per_s"]
@@ -598,6 +642,14 @@ def print_serving(console, results: dict) -> None:
         )
     table.add_row("batching speed-up", f"{results['batching_speedup']:.2f}x", "")
     table.add_row("scoring log cost", f"{results['scoring_log_cost']:.1%}", "<= 5 %")
+    for processes in (1, 2):
+        replicas = results[f"replicas_{processes}"]
+        table.add_row(
+            f"replicated, {processes} process{'es' if processes > 1 else ''}",
+            f"{replicas['transactions_per_s']:,.0f} tx/s",
+            "",
+        )
+    table.add_row("replica scaling (2 vs 1)", f"{results['replica_scaling']:.2f}x", "")
     table.add_row("service RSS after the replay", f"{results['service_rss_mib']:.0f} MiB", "")
     state = results["state_footprint"]
     table.add_row(

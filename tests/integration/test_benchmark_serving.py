@@ -36,3 +36,36 @@ def test_the_benchmarks_champion_and_floor_run_against_the_product(tmp_path, mon
     finally:
         mlflow.set_tracking_uri(None)
         get_settings.cache_clear()
+
+
+def test_the_benchmarks_replicas_run_side_by_side_against_the_product(tmp_path, monkeypatch):
+    """`replica_throughput` starts replicated services (serving.replicated) sharing one log on the machine's
+    Redis, splits the requests between them, and cleans its stream up; every request answered."""
+    import json
+    import os
+    from datetime import date
+
+    import redis
+
+    from benchmarks.serving import _request, register_champion, replica_throughput
+    from core.settings import Settings
+    from serving.auth import open_callers, token_for
+    from tests.integration.test_scoring_service import transaction
+
+    monkeypatch.setenv("MLOPS_HOME", str(tmp_path))
+    monkeypatch.setenv("MLOPS_PROFILE", "local")
+    get_settings.cache_clear()
+    try:
+        register_champion(tmp_path)
+        open_callers(Settings(home=tmp_path))
+        token = token_for(Settings(home=tmp_path), "score")
+        requests = [_request("/score", json.dumps(transaction(n)).encode(), token) for n in range(40)]
+        env = {**os.environ, "MLOPS_HOME": str(tmp_path), "MLOPS_PROFILE": "local"}
+        before = set(redis.Redis().keys("mlops:bench:replicas:*"))
+        figures = replica_throughput(env, date(2026, 1, 10), requests, 2.0, processes=2, in_flight=4)
+        assert figures["processes"] == 2 and figures["failures"] == 0
+        assert len(figures["per_process"]) == 2 and all(tps > 0 for tps in figures["per_process"])
+        assert set(redis.Redis().keys("mlops:bench:replicas:*")) == before, "the run's stream is removed"
+    finally:
+        mlflow.set_tracking_uri(None)
+        get_settings.cache_clear()
