@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from core import pseudonym
 from model_contract.onnx import MODEL_NAME
 from pipelines.contracts import LABELS_CONTRACT, TRANSACTIONS_CONTRACT, FieldContract
+from serving import oip_binary
 from serving.auth import Guard, OipErrors, open_callers
 from serving.clock import ServiceClock
 from serving.contract import ContractError, Violation, validate_request
@@ -57,6 +58,7 @@ OUTPUTS = (
     {"name": "score", "datatype": "FP64", "shape": [-1]},
     {"name": "decision", "datatype": "BYTES", "shape": [-1]},
 )
+OUTPUT_TYPES = {"score": "FP64", "decision": "BYTES"}
 
 
 def _json_type(spec: FieldContract) -> dict[str, Any]:
@@ -264,19 +266,25 @@ def _too_large(size: int, limit: int) -> ORJSONResponse:
     )
 
 
-async def _read_items(request: Request, limit: int) -> tuple[Any, ORJSONResponse | None]:
+async def _read_raw(request: Request, limit: int) -> tuple[bytes, ORJSONResponse | None]:
     most = limit * BYTES_PER_ITEM
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > most:
-        return None, _too_large(int(length), limit)
+        return b"", _too_large(int(length), limit)
     # Read as it comes, and stop at the limit: a chunked body (no length) is never held whole first.
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > most:
-            return None, _too_large(size, limit)
+            return b"", _too_large(size, limit)
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks), None
+
+
+async def _read_items(request: Request, limit: int) -> tuple[Any, ORJSONResponse | None]:
+    raw, refused = await _read_raw(request, limit)
+    if refused:
+        return None, refused
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -460,7 +468,7 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
 
     @app.get("/v2", summary="Open Inference Protocol: server metadata")
     async def server_metadata():
-        return {"name": SERVER_NAME, "version": "2", "extensions": []}
+        return {"name": SERVER_NAME, "version": "2", "extensions": [oip_binary.EXTENSION]}
 
     def _model_or_404(request: Request, name: str):
         service = service_of(request)
@@ -508,9 +516,17 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         _, missing = _model_or_404(request, name)
         if missing:
             return missing
-        body, refused = await _read_items(request, limit)
+        raw, refused = await _read_raw(request, limit)
         if refused:
             return refused
+        answered: list[str] = list(OUTPUT_TYPES)
+        try:  # the JSON header, and the binary tensor data after it (serving/oip_binary.py)
+            body, binary = oip_binary.split(raw, request.headers.get(oip_binary.HEADER))
+            if isinstance(body, dict):
+                oip_binary.fill_binary_inputs(body, binary)
+                answered = oip_binary.asked_outputs(body, tuple(OUTPUT_TYPES))
+        except oip_binary.ProtocolError as exc:
+            return ORJSONResponse({"error": str(exc)}, status_code=400)
         columns, problem = _oip_columns(body, limit)
         if problem:
             return ORJSONResponse({"error": problem[1]}, status_code=problem[0])
@@ -532,25 +548,20 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
         if failed:
             return ORJSONResponse({"error": failed.body.decode()}, status_code=failed.status_code)
         champion_version = results[0]["model"]["version"] if results else None
-        return {
-            "model_name": MODEL_NAME,
-            "model_version": champion_version,
-            "id": body.get("id") if isinstance(body, dict) else None,
-            "outputs": [
-                {
-                    "name": "score",
-                    "datatype": "FP64",
-                    "shape": [len(results)],
-                    "data": [r["score"] for r in results],
-                },
-                {
-                    "name": "decision",
-                    "datatype": "BYTES",
-                    "shape": [len(results)],
-                    "data": [r["decision"] for r in results],
-                },
-            ],
-        }
+        values = {"score": [r["score"] for r in results], "decision": [r["decision"] for r in results]}
+        outputs = [
+            {"name": name, "datatype": OUTPUT_TYPES[name], "shape": [len(results)], "data": values[name]}
+            for name in answered
+        ]
+        head = {"model_name": MODEL_NAME, "model_version": champion_version, "id": body.get("id")}
+        content, header_length = oip_binary.answer(head, outputs, oip_binary.wants_binary(body, answered))
+        if header_length is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_length)},
+        )
 
     @app.get(
         "/metrics",

@@ -298,7 +298,9 @@ class Guard:
         # The Open Inference Protocol's clients may send their JSON body with no Content-Type at all; with
         # callers to check, the bearer token guards the route (a page cannot add one without asking first).
         untyped_oip = media == "" and self.callers is not None and _is_oip_infer(path)
-        if method == "POST" and media != "application/json" and not untyped_oip:
+        # Its binary tensor data extension's body: a type a page cannot send without asking first either.
+        binary_oip = media == "application/octet-stream" and _is_oip_infer(path)
+        if method == "POST" and media != "application/json" and not (untyped_oip or binary_oip):
             await _answer(send, 415, "send the body as JSON with Content-Type: application/json")
             return
         scope.setdefault("state", {})["caller"] = caller.name if caller else None

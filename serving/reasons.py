@@ -48,17 +48,17 @@ def explain(
     moved = model.score_own(np.ascontiguousarray(occluded.reshape(n * k, k))).reshape(n, k)
     effects = scores[wanted][:, None] - moved
     out: dict[int, list[dict[str, Any]]] = {}
+    rounded = np.round(effects, EFFECT_DIGITS)  # what is shown; an effect that rounds to nothing is none
     for i, row in enumerate(wanted):
-        order = np.argsort(-effects[i], kind="stable")[:count]
+        order = [j for j in np.argsort(-rounded[i], kind="stable") if rounded[i, j] > 0][:count]
         out[row] = [
             {
                 "input": model.inputs[j],
                 "value": None if math.isnan(float(own[i, j])) else float(own[i, j]),
                 "baseline": float(reference[j]),
-                "effect": round(float(effects[i, j]), EFFECT_DIGITS),
+                "effect": float(rounded[i, j]),
             }
             for j in order
-            if effects[i, j] > 0
         ]
     return out
 

@@ -816,6 +816,80 @@ def test_the_open_inference_protocol_scores_columns(server, champion):
     assert server.client.get("/openapi.json").json()["paths"]["/score"]["post"]["requestBody"]
 
 
+def _oip_inputs(http, items: list[dict], binary: bool) -> list:
+    """One tensor per contract field, as tritonclient builds them (binary: the binary tensor extension)."""
+    import numpy as np
+
+    tensors = []
+    for name in items[0]:
+        values = [i[name] for i in items]
+        if name == "amount":
+            tensor = http.InferInput(name, [len(items)], "FP64")
+            tensor.set_data_from_numpy(np.array(values, dtype=np.float64), binary_data=binary)
+        else:
+            tensor = http.InferInput(name, [len(items)], "BYTES")
+            tensor.set_data_from_numpy(np.array(values, dtype=np.object_), binary_data=binary)
+        tensors.append(tensor)
+    return tensors
+
+
+def test_a_real_oip_client_library_scores_binary_and_json_tensors_and_reads_a_refusal(server, champion):
+    """tritonclient's HTTP client (the OIP client the issue saw fail: no Content-Type, `{"error"}` expected,
+    binary tensors by default): the same scores as /score, binary and JSON, and a refusal it can read."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    client = http.InferenceServerClient(url=server.url.removeprefix("http://"))
+    # tritonclient writes its own headers into the dict it is given: a copy each call
+    assert "binary_tensor_data" in client.get_server_metadata(headers=dict(BEARER))["extensions"]
+    items = [transaction(40 + n) for n in range(3)]
+    expected = server.client.post("/score", json=items).json()  # the same transactions: resends below
+    for binary in (True, False):
+        outputs = [http.InferRequestedOutput(name, binary_data=binary) for name in ("decision", "score")]
+        inputs = _oip_inputs(http, items, binary)
+        result = client.infer(MODEL_NAME, inputs, outputs=outputs, headers=dict(BEARER))
+        assert [o["name"] for o in result.get_response()["outputs"]] == ["decision", "score"]
+        assert result.as_numpy("score").tolist() == [r["score"] for r in expected]
+        decisions = [d.decode() if isinstance(d, bytes) else d for d in result.as_numpy("decision").tolist()]
+        assert decisions == [r["decision"] for r in expected]
+    broken = [dict(i, amount=-1.0) for i in items]
+    with pytest.raises(InferenceServerException, match="amount"):
+        client.infer(MODEL_NAME, _oip_inputs(http, broken, True), headers=dict(BEARER))
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "tail", "problem"),
+    [
+        ("12", 0, b"", "not JSON"),  # the header length cuts the JSON short
+        ("999", 0, b"", "not a byte count within the body"),
+        (None, 0, b"\x00\x00\x00\x00", "no input's binary_data_size accounts for"),
+        (None, 6, b"\x05\x00\x00\x00ab", "fewer are left"),
+        (None, 3, b"\x01\x00", "runs past"),
+    ],
+)
+def test_binary_tensor_data_that_does_not_add_up_is_refused_naming_it(
+    server, champion, header, size, tail, problem
+):
+    items = [transaction(60)]
+    country = {"name": "country", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": size}}
+    head = {
+        "inputs": [
+            {"name": name, "shape": [1], "datatype": "FP64" if name == "amount" else "BYTES", "data": [value]}
+            for name, value in items[0].items()
+            if name != "country"
+        ]
+        + [country]
+    }
+    raw = orjson.dumps(head)
+    answer = server.client.post(
+        f"/v2/models/{MODEL_NAME}/infer",
+        content=raw + tail,
+        headers={"inference-header-content-length": header or str(len(raw))},
+    )
+    assert answer.status_code == 400 and problem in answer.json()["error"], answer.text
+
+
 def _scrape(server) -> dict[tuple[str, tuple], float]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -104,3 +104,11 @@ def test_the_export_records_the_training_mean_and_the_most_frequent_code(tmp_pat
     assert baseline is not None
     np.testing.assert_allclose(baseline[:numeric], model.mean.numpy(), rtol=1e-6)
     assert baseline[numeric:] == (1.0,) * (len(MODEL_INPUTS) - numeric)
+
+
+def test_an_effect_too_small_to_show_is_not_a_reason(tmp_path):
+    model = _logistic(tmp_path, {name: 0.0 for name in MODEL_INPUTS})
+    x = np.zeros((1, len(MODEL_INPUTS)), dtype="float32")
+    x[0, 2] = 1e-6  # raises the score by about 1e-7: shown as +0.000000, so it is no reason
+    scores = model.score(x)
+    assert explain(model, x, scores, [0], count=3) == {0: []}
