@@ -23,8 +23,9 @@ with `extra={"event_dates": [...]}`). A manual run names its dates in the `date`
   - results: one row per check and input in the monitoring results table (`python -m monitoring results`),
     and an MLflow run in `fraud-monitoring` with metrics per input, psi.png and report.html.
 
-  Cluster profile: a CPU pod of the training image (`python -m monitoring check`), like the retrain DAG's
-  steps after training: the Airflow image carries neither MLflow nor onnxruntime nor SciPy.
+  With the kubernetes runner (`training.runner`, the cluster profile's default): a CPU pod of the training
+  image (`python -m monitoring check`), like the retrain DAG's steps after training: the Airflow image carries
+  neither MLflow nor onnxruntime nor SciPy.
 - **announce_drift**: emits `fraud_drift` (which starts `retrain_fraud_model`) with the drifted days, inputs
   and figures in its `extra` and a one-line `summary`; skipped (no event) when nothing drifted.
 """
@@ -76,7 +77,7 @@ with DAG(
             lambda: dates_from_param_or_events(params.get("date", ""), triggering_asset_events)
         )
 
-    if get_settings().profile.value == "cluster":
+    if get_settings().training_runner == "kubernetes":  # the one switch of every DAG that launches pods
         checked = monitor_pod_operator(get_settings(), DATES)
         dates_to_check() >> checked
         check_result = checked.output

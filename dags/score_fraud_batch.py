@@ -8,8 +8,8 @@ to score with (empty: the champion the promotion history records).
   `lake/decisions/date=<day>/v<version>.parquet` (a rerun replaces it), with a summary beside it. A
   transaction the state refuses as older than its entities' kept history is counted and named, not scored.
   Use it for a backtest, a back-fill, or a challenger's "what would it have decided".
-  Cluster profile: a CPU pod of the training image (`python -m serving.batch`), which may write
-  `lake/decisions` of the shared volume and nothing else of it.
+  With the kubernetes runner (`training.runner`): a CPU pod of the training image (`python -m serving.batch`),
+  which may write `lake/decisions` of the shared volume and nothing else of it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ with DAG(
         "version": Param("", type="string", description="a registered version; empty: the champion"),
     },
 ):
-    if get_settings().profile.value == "cluster":
+    if get_settings().training_runner == "kubernetes":  # the one switch of every DAG that launches pods
         cpu_pod_operator(
             get_settings(),
             "score",
