@@ -33,6 +33,9 @@ DEFAULT_ARGS = {
 with DAG(
     dag_id="synthetic_landing",
     schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
+    # Made-up arrivals for a demo or a test: never started by a deploy that makes the product's DAGs active
+    # (infra/helm/airflow/values.yaml, dags_are_paused_at_creation); unpause it by hand where it is wanted.
+    is_paused_upon_creation=True,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,

@@ -68,6 +68,17 @@ def inline_secrets(node: Any, path: str = "") -> list[str]:
     return found
 
 
+def test_the_product_dags_are_active_once_deployed_and_the_synthetic_feed_is_not():
+    """Airflow creates every DAG paused by default, so a fresh cluster ran nothing until someone unpaused each;
+    the chart makes them active at creation, except the synthetic feed, which pins itself paused."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    assert VALUES["config"]["core"]["dags_are_paused_at_creation"] == "False"
+    dags = DagBag(dag_folder=str(REPO / "dags")).dags
+    pinned = {dag_id for dag_id, dag in dags.items() if dag.is_paused_upon_creation is not None}
+    assert pinned == {"synthetic_landing"} and dags["synthetic_landing"].is_paused_upon_creation is True
+
+
 def test_the_executor_runs_each_task_in_its_own_pod():
     assert VALUES["executor"] == "KubernetesExecutor"
 
