@@ -178,6 +178,17 @@ class LiveFeatures:
     def maintain(self) -> None:
         self.live.fold()
 
+    # The fold beside the state (features/live/state.py): the scorer freezes and installs under its lock and
+    # builds on a thread of its own.
+    def begin_fold(self) -> Any:
+        return self.live.begin_fold()
+
+    def build_fold(self, job: Any) -> None:
+        self.live.build_fold(job)
+
+    def finish_fold(self, job: Any) -> None:
+        self.live.finish_fold(job)
+
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
         return self.live.observe_chargeback(transaction_id, label_time)
 

@@ -91,8 +91,9 @@ class Counters:
     shadow_skipped: int = 0  # batches not shadowed: the shadow was still busy with MAX_SHADOW_BACKLOG
     non_finite_scores: int = 0  # declined: a score that is not a number is never an approval
     folds: int = 0  # the live state's daily folds, each a pause of scoring (serving/features.py)
-    fold_last_s: float = 0.0
+    fold_last_s: float = 0.0  # a fold's pause of scoring (a fold beside the state: its freeze and install)
     fold_max_s: float = 0.0
+    fold_build_last_s: float = 0.0  # the last fold's columns built beside the state, without pausing scoring
 
     def folded(self, seconds: float) -> None:
         self.folds += 1
@@ -129,11 +130,36 @@ class Scorer:
         return getattr(self.state, "live", None)
 
     def fold(self) -> None:
-        """The live state's daily fold, timed (a pause of scoring: /status and /metrics show it). Called
-        under the scorer's lock."""
+        """The live state's daily fold, its pause of scoring timed (/status and /metrics show it). Called
+        under the scorer's lock. A live state folds beside itself: here only the freeze, the columns are built
+        on a thread of their own without the lock, and installed under it (features/live/state.py
+        begin_fold); a pause of a few milliseconds each, not seconds (docs/benchmarks.md)."""
         started = time.perf_counter()
-        self.state.maintain()
-        self.counters.folded(time.perf_counter() - started)
+        begin = getattr(self.state, "begin_fold", None)
+        if begin is None:
+            self.state.maintain()
+            self.counters.folded(time.perf_counter() - started)
+            return
+        job = begin()
+        if job is None:
+            return
+        paused = time.perf_counter() - started
+        beside = threading.Thread(target=self._fold_beside, args=(job, paused), name="live-state-fold")
+        beside.daemon = True
+        beside.start()
+
+    def _fold_beside(self, job: Any, paused: float) -> None:
+        state: Any = self.state  # a LiveFeatures: it has begun the fold
+        built = time.perf_counter()
+        try:
+            state.build_fold(job)
+        except Exception:  # the state stays as it was; the fold is due again at the next batch
+            log.exception("the live state's fold failed; it is put back and tried again")
+        self.counters.fold_build_last_s = time.perf_counter() - built
+        with self._lock:
+            started = time.perf_counter()
+            state.finish_fold(job)
+            self.counters.folded(paused + time.perf_counter() - started)
 
     def maintenance_due(self) -> bool:
         """Whether the next batch brings the state's daily fold (read without the lock: a stale answer

@@ -239,6 +239,16 @@ class Customer:
     def __len__(self) -> int:
         return self.b - self.a + len(self.us)
 
+    def clone(self) -> Customer:
+        """A copy whose tail can change without changing this one's (the history is shared: nothing changes
+        it)."""
+        twin = Customer(self.key)
+        twin.history, twin.code, twin.a, twin.b = self.history, self.code, self.a, self.b
+        twin.us, twin.usd, twin.foreign = array("q", self.us), array("d", self.usd), array("b", self.foreign)
+        twin.merchant, twin.arrival = array("i", self.merchant), array("i", self.arrival)
+        twin.ids = list(self.ids)
+        return twin
+
     def last_us(self) -> int:
         if self.us:
             return self.us[-1]

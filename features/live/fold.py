@@ -19,13 +19,24 @@ if TYPE_CHECKING:
 def compact(state: LiveState) -> None:
     """Fold what was observed since the last compaction into the history, in columns again, and drop
     what no later row can read: customers silent for the retained span, rows older than it before
-    their customer's latest (unless they arrived within the ids' reach). O(rows) in numpy, once a day."""
-    import numpy as np
-    import pyarrow as pa
-
+    their customer's latest (unless they arrived within the ids' reach). O(rows) in numpy, once a day,
+    while nothing else touches the state (the service folds beside it instead: LiveState.begin_fold)."""
     history, touched = state._history, state._customers
     if history is None and not touched:
         return
+    state._history = build(state, history, touched, state._now_ms)
+    state._customers = {}
+    state._copies = {}
+    state._view = state._recent_id = None  # both hold the old history, which must go now
+
+
+def build(state: LiveState, history: History | None, touched: dict[str, Customer], now_ms: int) -> History:
+    """The new history: `history`'s rows and the tails of `touched` in columns, what no later row can read
+    at `now_ms` dropped. Reads only its arguments and the state's fixed spans: neither `history` nor a
+    customer of `touched` may change while it runs."""
+    import numpy as np
+    import pyarrow as pa
+
     empty = np.zeros(0, dtype=np.int64)
     n_old = len(history.keys) if history is not None else 0
     a, b = (history.starts[:-1].copy(), history.starts[1:].copy()) if history is not None else (empty, empty)
@@ -100,8 +111,8 @@ def compact(state: LiveState) -> None:
     last_ms = np.zeros(n, dtype=np.int64)
     nonempty = total_len > 0
     last_ms[nonempty] = ms[(new_start + total_len - 1)[nonempty]]
-    silent = last_ms <= state._now_ms - state._retain_ms
-    recent = columns["arrival"] >= state._now_ms // DAY_MS - state._id_reach_days
+    silent = last_ms <= now_ms - state._retain_ms
+    recent = columns["arrival"] >= now_ms // DAY_MS - state._id_reach_days
     keep = recent | (~silent[code] & (ms > last_ms[code] - state._retain_ms))
     lengths = np.bincount(code[keep], minlength=n)
     present = np.flatnonzero(lengths)
@@ -113,13 +124,10 @@ def compact(state: LiveState) -> None:
     window_index = id_index[keep][in_window]
     if (window_index < 0).any():  # an observed transaction further back than the lateness allows
         raise RuntimeError("the live state's compaction lost the ids of a customer's window")
-    state._history = History(
+    return History(
         [keys[c] for c in present.tolist()],
         lengths[present],
         kept,
         window_start,
         known_ids.take(pa.array(window_index)),
     )
-    state._customers = {}
-    state._copies = {}
-    state._view = state._recent_id = None  # both hold the old history, which must go now

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from bisect import bisect_right, insort
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from features.definitions import CUSTOMER_TTL, MERCHANT_TTL
 from features.live import values
 from features.live.columns import Customer, History, Merchant
-from features.live.fold import compact
+from features.live.fold import build, compact
 from features.live.memory import nbytes, release_freed_memory
 from features.live.values import (
     CHARGEBACK_REACH_DAYS,
@@ -43,6 +44,19 @@ class LateTransactionError(ValueError):
 Copy = tuple[str, str, int, int]
 
 
+@dataclass
+class FoldJob:
+    """A fold beside the state: the history and the customers and ids observed before it began (frozen:
+    a customer observed again meanwhile is observed on a copy), and the new history once built."""
+
+    history: History | None
+    customers: dict[str, Customer]
+    copies: dict[str, Copy | list[Copy]]
+    now_ms: int
+    result: History | None = None
+    built: bool = False
+
+
 class LiveState:
     """Per-entity history and gold's rows, in memory (see the package's docstring, features/live/__init__.py).
 
@@ -71,6 +85,8 @@ class LiveState:
         self._reported_by_day: dict[int, list[str]] = {}
         self._now_ms = -(2**62)
         self._fold_pending = False  # a new day began and its fold (fold.compact) has not run yet
+        # A fold running beside the state (begin_fold .. finish_fold): what it reads, which nothing changes.
+        self._frozen: FoldJob | None = None
         # The last customer looked at that only the history holds: a request reads it three times
         # (refusal, state_before, observe), so one view and one read of its columns serve all three.
         self._view: Customer | None = None
@@ -133,6 +149,8 @@ class LiveState:
                 )
         if customer is None:
             customer = Customer(txn["customer_id"])
+        elif self._frozen is not None and self._frozen.customers.get(customer.key) is customer:
+            customer = customer.clone()  # the fold beside the state reads the frozen one
         if customer is self._view:
             self._view = None
         self._customers.setdefault(customer.key, customer)  # the view of its history, kept from now on
@@ -229,7 +247,8 @@ class LiveState:
         """How many transactions the customers' state keeps in all."""
         history = self._history
         total = 0 if history is None else len(history)
-        for key, customer in self._customers.items():
+        frozen = self._frozen.customers if self._frozen is not None else {}
+        for key, customer in {**frozen, **self._customers}.items():
             total += len(customer.us)
             if history is not None and key in history.code_of:
                 a, b = history.span(history.code_of[key])
@@ -259,6 +278,10 @@ class LiveState:
         customer = self._customers.get(key)
         if customer is not None:
             return customer
+        if self._frozen is not None:
+            customer = self._frozen.customers.get(key)
+            if customer is not None:
+                return customer  # read as it is; `observe` changes a copy
         view = self._view
         if view is not None and view.key == key and view.history is self._history:
             return view
@@ -309,9 +332,10 @@ class LiveState:
                     if arrival >= since
                 )
                 self._recent_id = (tid, history, since, tuple(copies))
-        live = self._copies.get(tid)
-        if live is not None:
-            copies.extend([live] if isinstance(live, tuple) else live)
+        for observed in (self._frozen.copies if self._frozen is not None else {}, self._copies):
+            live = observed.get(tid)
+            if live is not None:
+                copies.extend([live] if isinstance(live, tuple) else live)
         return copies
 
     def _mark_reported(self, tid: str, day: int) -> None:
@@ -338,11 +362,67 @@ class LiveState:
 
     def fold(self) -> None:
         """Fold what was observed since into the history's columns, if a new day began since the last
-        fold (fold.compact), and give the memory it freed back."""
-        if self._fold_pending:
+        fold (fold.compact), and give the memory it freed back. Nothing while a fold runs beside."""
+        if self._fold_pending and self._frozen is None:
             self._fold_pending = False
             compact(self)
             release_freed_memory()  # the compaction's temporaries, now out of scope
+
+    # A fold beside the state, for a service that must not stop scoring for it (seconds at a million
+    # transactions a day): `begin_fold` and `finish_fold` under the caller's lock (each a dictionary swap, and
+    # the transactions observed meanwhile inserted again), `build_fold` on another thread, without it.
+
+    def begin_fold(self) -> FoldJob | None:
+        """Freeze what the fold reads (the history, the customers and ids observed so far) and start afresh
+        for what comes next; None when no fold is due or one is running."""
+        if not self._fold_pending or self._frozen is not None:
+            return None
+        self._fold_pending = False
+        job = FoldJob(self._history, self._customers, self._copies, self._now_ms)
+        self._frozen = job
+        self._customers, self._copies = {}, {}
+        self._view = self._recent_id = None
+        return job
+
+    def build_fold(self, job: FoldJob) -> None:
+        """The new columns (fold.build), without the caller's lock: it reads only what `begin_fold` froze."""
+        if job.history is not None or job.customers:
+            job.result = build(self, job.history, job.customers, job.now_ms)
+        else:
+            job.result = job.history
+        job.built = True
+
+    def finish_fold(self, job: FoldJob) -> None:
+        """Install the new columns and insert again, into them, what was observed since `begin_fold`; or,
+        for a job whose build failed (not `built`), put everything back as it was (the fold is due again)."""
+        assert job is self._frozen, "finish the fold that began"
+        after_customers, after_copies = self._customers, self._copies
+        self._frozen = None
+        self._view = self._recent_id = None
+        if not job.built:
+            # the copies observed meanwhile hold the frozen customers' rows and more: they win
+            self._customers = {**job.customers, **after_customers}
+            self._copies = dict(job.copies)
+            for tid, copies in after_copies.items():
+                for copy in [copies] if isinstance(copies, tuple) else copies:
+                    self._remember(tid, copy)
+            self._fold_pending = True
+            return
+        self._history, self._customers, self._copies = job.result, {}, {}
+        again: list[tuple[int, str, Copy, tuple]] = []
+        for tid, copies in after_copies.items():
+            for copy in [copies] if isinstance(copies, tuple) else copies:
+                c = after_customers[copy[0]]  # observed since the freeze: in its tail
+                k = next(k for k, known in enumerate(c.ids) if known == tid and c.us[k] == copy[2])
+                again.append((copy[2], tid, copy, (c.usd[k], c.foreign[k], c.merchant[k])))
+        for us, tid, copy, (amount, foreign, merchant) in sorted(again, key=lambda item: (item[0], item[1])):
+            customer = self._customer(copy[0]) or Customer(copy[0])
+            if customer is self._view:
+                self._view = None
+            self._customers.setdefault(customer.key, customer)
+            customer.insert(us, tid, amount, foreign, merchant, copy[3])
+            self._remember(tid, copy)
+        release_freed_memory()
 
     def _advance(self, ms: int, fold: bool = True) -> None:
         """Move the clock; on a new day, forget what no later row can read (once a day, O(entities)) and

@@ -6,12 +6,14 @@ hashed ids."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from features.live import LiveState
 
@@ -237,3 +239,70 @@ def test_a_transaction_that_arrived_late_stays_findable_for_resends_and_chargeba
     assert state.refusal([dict(old)]) is None  # a resend, not a transaction 40 days late
     assert state.observe(dict(old)) == state.rows_of("tx-late-arrival")
     assert state.observe_chargeback("tx-late-arrival", start + timedelta(hours=1))
+
+
+@pytest.mark.parametrize("mode", ["thread", "late", "failing"])
+def test_a_fold_built_beside_the_state_while_it_observes_changes_nothing_it_answers(mode):
+    """The service's fold (begin_fold, build_fold without the lock, finish_fold): transactions observed,
+    resent and charged back while the columns are built give the rows of a state that only observed, and
+    so does everything after the new columns are in. `thread`: built on another thread at once; `late`:
+    built only after a few more transactions were observed (the build must read the state as frozen, not as
+    it is by then); `failing`: the first build dies, everything is put back and the next fold takes it all."""
+    import threading
+
+    stream = _stream(31)
+    beside, observing = LiveState(late_event_days=1), LiveState(late_event_days=1)
+    seen: list[str] = []
+    job, builder, folds, failed = None, None, 0, False
+
+    def failing_build(job):
+        raise MemoryError("no room for the new columns")
+
+    for n, (arrived, txn) in enumerate(stream):
+        beside.advance(arrived, fold=False)
+        observing.advance(arrived)
+        if job is None:
+            job = beside.begin_fold()
+            if job is not None and mode != "late":
+                build = beside.build_fold
+                if mode == "failing" and not failed:
+                    failed, build = True, failing_build
+
+                def run(job=job, build=build):
+                    with contextlib.suppress(MemoryError):
+                        build(job)
+
+                builder = threading.Thread(target=run)
+                builder.start()
+        elif n % 7 == 0:  # a few transactions later: the columns are in
+            if mode == "late":
+                beside.build_fold(job)
+            else:
+                builder.join()
+            beside.finish_fold(job)
+            folds += int(job.built)
+            job = None
+        refused = beside.refusal([txn])
+        assert refused == observing.refusal([txn]), txn
+        if refused is None:
+            assert beside.observe(txn) == observing.observe(txn), txn
+            seen.append(txn["transaction_id"])
+        if len(seen) % 40 == 0:
+            tid = random.Random(len(seen)).choice(seen)
+            assert beside.observe_chargeback(tid, arrived) == observing.observe_chargeback(tid, arrived)
+    if job is not None:
+        if mode == "late":
+            beside.build_fold(job)
+        else:
+            builder.join()
+        beside.finish_fold(job)
+    assert folds >= 2 and beside._history is not None
+    assert beside.kept_transactions() == observing.kept_transactions() == len(set(seen))
+    for tid in seen:
+        assert beside.rows_of(tid) == observing.rows_of(tid), tid
+    end = stream[-1][0]
+    for customer in {txn["customer_id"] for _, txn in stream}:
+        for merchant in ("m0", "m3"):
+            assert beside.state_before(customer, merchant, end) == observing.state_before(
+                customer, merchant, end
+            )
