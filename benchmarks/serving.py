@@ -302,6 +302,32 @@ def replica_throughput(
     }
 
 
+def reasons_cost(model, rows: int = 2000) -> dict:
+    """A decision's reasons (serving/reasons.py) with `model` (a LoadedModel with its baseline): the CPU time
+    of explaining one transaction alone and each of a batch of 64, beside scoring one alone (the floor's
+    model call), median of `rows` tries on rows of the model's baseline spread by noise."""
+    from model_contract.inputs import MODEL_INPUTS
+    from serving.reasons import explain
+
+    rng = np.random.default_rng(0)
+    x = np.tile(np.asarray(model.baseline or [0.0] * len(MODEL_INPUTS), dtype="float32"), (64, 1))
+    x += rng.normal(0, 1, x.shape).astype("float32")
+    scores = model.score(x)
+
+    def median_us(run) -> float:
+        times = []
+        for _ in range(rows):
+            started = time.perf_counter_ns()
+            run()
+            times.append((time.perf_counter_ns() - started) / 1000.0)
+        return float(np.median(times))
+
+    one = median_us(lambda: model.score(x[:1]))
+    alone = median_us(lambda: explain(model, x[:1], scores[:1], [0], 3))
+    batch = median_us(lambda: explain(model, x, scores, list(range(64)), 3)) / 64
+    return {"score_one_us": one, "explain_one_us": alone, "explain_per_transaction_in_64_us": batch}
+
+
 def floor(home: Path, items: list[dict], count: int) -> dict:
     """The in-process floor: the pseudonyms and online store read of the transaction's two entities and one
     ONNX call."""
@@ -571,6 +597,14 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
         feast.stop()
 
     results["in_process_floor"] = floor(home, items, min(int(rate * seconds), 5000))
+    from core.settings import Settings as _Settings
+    from serving.models import ModelSource
+
+    settings = _Settings(home=home)
+    source = ModelSource(settings.mlflow_tracking_uri, ledger_url=settings.serving_ledger_url)
+    champion = source.champion()
+    assert champion is not None and champion.version is not None
+    results["reasons"] = reasons_cost(source.load(champion.version))
 
     # throughput: micro-batching on and off, the scoring log's cost, and requests batched by the caller
     for name, settings, requests, per_request in (
@@ -675,6 +709,12 @@ def print_serving(console, results: dict) -> None:
             "",
         )
     table.add_row("replica scaling (2 vs 1)", f"{results['replica_scaling']:.2f}x", "")
+    reasons = results["reasons"]
+    table.add_row(
+        "reasons: one transaction explained / each of 64",
+        f"{reasons['explain_one_us']:.0f} us / {reasons['explain_per_transaction_in_64_us']:.0f} us",
+        f"scoring one: {reasons['score_one_us']:.0f} us",
+    )
     table.add_row("service RSS after the replay", f"{results['service_rss_mib']:.0f} MiB", "")
     state = results["state_footprint"]
     table.add_row(

@@ -33,6 +33,13 @@ def test_the_benchmarks_champion_and_floor_run_against_the_product(tmp_path, mon
         items = [{"customer_id": f"c{n:07d}", "merchant_id": f"m{n:06d}"} for n in range(5)]
         figures = floor(tmp_path, items, 5)
         assert figures["requests"] == 5 and 0 < figures["p50_ms"] <= figures["p99_ms"]
+        # the reasons' cost, with the champion the service would serve
+        from benchmarks.serving import reasons_cost
+
+        source = ModelSource(settings.mlflow_tracking_uri, ledger_url=settings.serving_ledger_url)
+        cost = reasons_cost(source.load(champion.version), rows=5)
+        assert set(cost) == {"score_one_us", "explain_one_us", "explain_per_transaction_in_64_us"}
+        assert all(value > 0 for value in cost.values())
     finally:
         mlflow.set_tracking_uri(None)
         get_settings.cache_clear()
