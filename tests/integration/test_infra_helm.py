@@ -69,8 +69,8 @@ def inline_secrets(node: Any, path: str = "") -> list[str]:
 
 
 def test_the_product_dags_are_active_once_deployed_and_the_synthetic_feed_is_not():
-    """Airflow creates every DAG paused by default, so a fresh cluster ran nothing until someone unpaused each;
-    the chart makes them active at creation, except the synthetic feed, which pins itself paused."""
+    """Airflow creates every DAG paused by default, so a fresh cluster ran nothing until someone unpaused
+    each; the chart makes them active at creation, except the synthetic feed, which pins itself paused."""
     from airflow.dag_processing.dagbag import DagBag
 
     assert VALUES["config"]["core"]["dags_are_paused_at_creation"] == "False"
