@@ -306,11 +306,14 @@ def reasons_cost(model, rows: int = 2000) -> dict:
     """A decision's reasons (serving/reasons.py) with `model` (a LoadedModel with its baseline): the CPU time
     of explaining one transaction alone and each of a batch of 64, beside scoring one alone (the floor's
     model call), median of `rows` tries on rows of the model's baseline spread by noise."""
-    from model_contract.inputs import MODEL_INPUTS
+    import dataclasses
+
     from serving.reasons import explain
 
+    if model.baseline is None:  # the benchmark's champion is exported without one: the same graph, zeros
+        model = dataclasses.replace(model, baseline=(0.0,) * len(model.inputs))
     rng = np.random.default_rng(0)
-    x = np.tile(np.asarray(model.baseline or [0.0] * len(MODEL_INPUTS), dtype="float32"), (64, 1))
+    x = np.tile(np.asarray(model.baseline, dtype="float32"), (64, 1))
     x += rng.normal(0, 1, x.shape).astype("float32")
     scores = model.score(x)
 
@@ -488,6 +491,7 @@ def state_footprint(rows: int) -> dict:
         started = time.perf_counter()
         job = state.begin_fold()
         freeze = time.perf_counter() - started
+        assert job is not None, "a new day began: a fold is due"
         started = time.perf_counter()
         state.build_fold(job)
         beside = time.perf_counter() - started
@@ -600,8 +604,8 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
     from core.settings import Settings as _Settings
     from serving.models import ModelSource
 
-    settings = _Settings(home=home)
-    source = ModelSource(settings.mlflow_tracking_uri, ledger_url=settings.serving_ledger_url)
+    installed = _Settings(home=home)
+    source = ModelSource(installed.mlflow_tracking_uri, ledger_url=installed.serving_ledger_url)
     champion = source.champion()
     assert champion is not None and champion.version is not None
     results["reasons"] = reasons_cost(source.load(champion.version))
