@@ -162,8 +162,8 @@ class Replication:
                     self._check(seq)
                 apply(state, live, decode(fields[b"e"]))
                 self.last_id = entry_id.decode()
+                self.applied += 1
                 done += 1
-            self.applied += done
 
     def sync(self, state: EntityState, live: LiveState | None, entry: bytes) -> None:
         """Append `entry` (this replica's batch) and apply every entry before it; the caller then applies
