@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import smtplib
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -70,7 +71,8 @@ def send(settings: Settings, alert: Alert) -> dict[str, str]:
     log.warning("alert %s: %s", alert.kind, alert.subject)
     payload = alert.payload()
     if policy.webhook_url:
-        outcome["webhook"] = _post(policy.webhook_url, payload, policy.timeout_s)
+        credential = policy.webhook_authorization.get_secret_value() if policy.webhook_authorization else None
+        outcome["webhook"] = _post(policy.webhook_url, payload, policy.timeout_s, credential)
     if policy.email_to:
         outcome["email"] = _mail(settings, payload)
     for channel, result in outcome.items():
@@ -79,12 +81,12 @@ def send(settings: Settings, alert: Alert) -> dict[str, str]:
     return outcome
 
 
-def _post(url: str, payload: dict[str, Any], timeout_s: float) -> str:
+def _post(url: str, payload: dict[str, Any], timeout_s: float, authorization: str | None = None) -> str:
+    headers = {"Content-Type": "application/json"}
+    if authorization:
+        headers["Authorization"] = authorization  # never logged: a failure names the status, not the header
     request = urllib.request.Request(
-        url,
-        data=json.dumps(payload, default=str).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
+        url, data=json.dumps(payload, default=str).encode(), headers=headers, method="POST"
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -106,7 +108,19 @@ def _mail(settings: Settings, payload: dict[str, Any]) -> str:
     message.set_content(f"{payload['text']}\n\n{details}\n")
     try:
         with smtplib.SMTP(policy.smtp_host or "", policy.smtp_port, timeout=policy.timeout_s) as smtp:
+            if policy.smtp_starttls:
+                context = ssl.create_default_context(
+                    cafile=str(policy.smtp_ca_file) if policy.smtp_ca_file else None
+                )
+                smtp.starttls(context=context)  # the server's certificate is checked against its name
+            if policy.smtp_username and policy.smtp_password:
+                smtp.login(policy.smtp_username, policy.smtp_password.get_secret_value())
             smtp.send_message(message)
-    except (smtplib.SMTPException, OSError) as exc:
+    except smtplib.SMTPAuthenticationError as exc:
+        return (
+            f"the mail server {policy.smtp_host}:{policy.smtp_port} refused the login of "
+            f"{policy.smtp_username} ({exc.smtp_code}): check MLOPS_ALERTS__SMTP_USERNAME and its password"
+        )
+    except (smtplib.SMTPException, OSError, ssl.SSLError) as exc:
         return f"the mail server {policy.smtp_host}:{policy.smtp_port} refused or was unreachable: {exc}"
     return "sent"

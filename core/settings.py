@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.residency import StoragePolicy, check_storage_uris, object_store_child
@@ -376,6 +376,15 @@ class AlertSettings(BaseModel):
     email_from: str = "mlops@localhost"
     smtp_host: str | None = Field(default=None, description="the mail server; needed with email_to")
     smtp_port: int = Field(default=25, ge=1, le=65535)
+    # A mail server that wants TLS and a login (most relays do): STARTTLS on the plain port, then the login.
+    # The password comes from the environment (in the cluster, a Secret: infra/README.md), never a file here.
+    smtp_starttls: bool = Field(default=False, description="upgrade the mail connection with STARTTLS")
+    smtp_username: str | None = Field(default=None, description="the mail server's login (needs STARTTLS)")
+    smtp_password: SecretStr | None = None
+    # The CA that signed the mail server's certificate, where it is not one the system trusts.
+    smtp_ca_file: Path | None = None
+    # A webhook that wants a credential: the Authorization header's value (e.g. "Bearer <token>").
+    webhook_authorization: SecretStr | None = None
     timeout_s: float = Field(default=10.0, gt=0, description="per channel and alert")
 
     @model_validator(mode="after")
@@ -384,6 +393,16 @@ class AlertSettings(BaseModel):
             raise ValueError(
                 "alerts.email_to is set but alerts.smtp_host is not: name the mail server "
                 "(MLOPS_ALERTS__SMTP_HOST) or leave email_to empty"
+            )
+        if (self.smtp_username is None) != (self.smtp_password is None):
+            raise ValueError(
+                "alerts.smtp_username and alerts.smtp_password go together: set both "
+                "(MLOPS_ALERTS__SMTP_USERNAME, MLOPS_ALERTS__SMTP_PASSWORD) or neither"
+            )
+        if self.smtp_username is not None and not self.smtp_starttls:
+            raise ValueError(
+                "alerts.smtp_username is set without alerts.smtp_starttls: the password would cross the "
+                "network in clear; set MLOPS_ALERTS__SMTP_STARTTLS=true"
             )
         return self
 

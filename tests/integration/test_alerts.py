@@ -61,3 +61,58 @@ def test_an_unreachable_channel_is_reported_and_the_caller_goes_on(monkeypatch):
     get_settings.cache_clear()
     with pytest.raises(ValueError, match=r"email_to is set but alerts\.smtp_host is not"):
         get_settings()
+
+
+def test_a_mail_server_wanting_tls_and_a_login_and_a_webhook_wanting_a_credential(tmp_path, monkeypatch):
+    """STARTTLS (the server's certificate checked against a CA the settings name), then a PLAIN login, then
+    the mail; the webhook gets its Authorization header. A wrong password is reported by the login's name,
+    never the password; a login without STARTTLS, or half a login, is refused at the settings."""
+    import ssl
+
+    from core.alerts import Alert, send
+    from tests.receivers import AlertReceiver, self_signed
+
+    cert_file, key_file = self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert_file, key_file)
+    receiver = AlertReceiver(tls=tls, login=("alerts@bank.example", "s3cret-pass"))
+    try:
+        for name, value in {
+            **receiver.environment(),
+            "MLOPS_ALERTS__SMTP_STARTTLS": "true",
+            "MLOPS_ALERTS__SMTP_USERNAME": "alerts@bank.example",
+            "MLOPS_ALERTS__SMTP_PASSWORD": "s3cret-pass",
+            "MLOPS_ALERTS__SMTP_CA_FILE": str(cert_file),
+            "MLOPS_ALERTS__WEBHOOK_AUTHORIZATION": "Bearer hook-token-123",
+        }.items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+        alert = Alert("rollback", "v3 rolled back to v2", "live AUC-PR fell")
+        assert send(get_settings(), alert) == {"webhook": "sent", "email": "sent"}
+        received = receiver.received
+        assert received.mail_sessions == [{"tls": True, "user": "alerts@bank.example"}]
+        assert received.authorizations == ["Bearer hook-token-123"]
+        assert "s3cret-pass" not in repr(get_settings().alerts)  # a secret, not printed
+
+        monkeypatch.setenv("MLOPS_ALERTS__SMTP_PASSWORD", "wrong")
+        get_settings.cache_clear()
+        refused = send(get_settings(), alert)["email"]
+        assert "refused the login of alerts@bank.example (535)" in refused and "wrong" not in refused
+        assert len(received.mails) == 1
+
+        monkeypatch.delenv("MLOPS_ALERTS__SMTP_CA_FILE")  # the system's CAs do not know this certificate
+        monkeypatch.setenv("MLOPS_ALERTS__SMTP_PASSWORD", "s3cret-pass")
+        get_settings.cache_clear()
+        assert "CERTIFICATE_VERIFY_FAILED" in send(get_settings(), alert)["email"]
+    finally:
+        receiver.close()
+    monkeypatch.setenv("MLOPS_ALERTS__SMTP_STARTTLS", "false")
+    get_settings.cache_clear()
+    with pytest.raises(ValueError, match="password would cross the network in clear"):
+        get_settings()
+    monkeypatch.setenv("MLOPS_ALERTS__SMTP_STARTTLS", "true")
+    monkeypatch.delenv("MLOPS_ALERTS__SMTP_PASSWORD")
+    get_settings.cache_clear()
+    with pytest.raises(ValueError, match="go together"):
+        get_settings()
+    get_settings.cache_clear()

@@ -25,6 +25,7 @@ from core import pseudonym
 from core.settings import Settings
 from tests.conftest import free_port, wait_for
 from tests.model.tensors import make_split
+from tests.receivers import self_signed
 from training.artifacts import log_model
 from training.dataset import MODEL_INPUTS, NUMERIC_FEATURES
 from training.ledger import Ledger
@@ -549,47 +550,10 @@ def test_a_rotated_tokens_file_takes_effect_without_a_restart(server, champion, 
     wait_for(lambda: answered(TOKENS["test-scorer"]) == 200, 30, "the original tokens back")
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, as PEM files (what a kubernetes.io/tls Secret holds)."""
-    import datetime as dt
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fraud-scoring test")])
-    now = dt.datetime.now(dt.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = folder / "tls.crt", folder / "tls.key"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_file, key_file
-
-
 def test_with_a_certificate_the_service_answers_https_only(tmp_path, registry_home, champion):
     """serving.tls_cert_file and tls_key_file: a real TLS client that trusts the certificate scores over
     HTTPS; plain HTTP to the same port gets no answer; one setting without the other is refused."""
-    cert_file, key_file = _self_signed(tmp_path)
+    cert_file, key_file = self_signed(tmp_path)
     home = tmp_path / "home"
     home.mkdir()
     (home / "mlflow").symlink_to(registry_home / "mlflow")  # the same registry and champion
