@@ -65,11 +65,28 @@ class Alert:
 
 
 def send(settings: Settings, alert: Alert) -> dict[str, str]:
-    """Send `alert` on every configured channel; per channel "sent" or why it failed (also logged)."""
+    """Send `alert` on every configured channel; per channel "sent" or why it failed (also logged). A repeat
+    of an alert already sent this period (`alerts.repeat_period_s`: the same kind and subject) is counted
+    and not sent: {"repeat": "..."} says which of the period it was."""
     policy = settings.alerts
     outcome: dict[str, str] = {}
     log.warning("alert %s: %s", alert.kind, alert.subject)
     payload = alert.payload()
+    if policy.repeat_period_s and (policy.webhook_url or policy.email_to):
+        from core.alert_log import claim
+
+        try:
+            number, before = claim(
+                settings.promotion_ledger_url, alert.kind, alert.subject, policy.repeat_period_s
+            )
+        except Exception as exc:  # never hold an alert back for want of its count
+            log.error("alert %s: its repeats cannot be counted (%s); sent anyway", alert.kind, exc)
+            number, before = 1, 0
+        if number > 1:
+            period = policy.repeat_period_s
+            return {"repeat": f"repeat {number} of this period ({period} s): counted, not sent"}
+        if before > 1:
+            payload["details"] = {**payload["details"], "repeats_held_back_last_period": before - 1}
     if policy.webhook_url:
         credential = policy.webhook_authorization.get_secret_value() if policy.webhook_authorization else None
         outcome["webhook"] = _post(policy.webhook_url, payload, policy.timeout_s, credential)

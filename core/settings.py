@@ -386,6 +386,9 @@ class AlertSettings(BaseModel):
     # A webhook that wants a credential: the Authorization header's value (e.g. "Bearer <token>").
     webhook_authorization: SecretStr | None = None
     timeout_s: float = Field(default=10.0, gt=0, description="per channel and alert")
+    # An alert of the same kind and subject is sent once a period, the rest counted (core/alert_log.py);
+    # 0 sends every one.
+    repeat_period_s: int = Field(default=86_400, ge=0, description="repeats of an alert held back this long")
 
     @model_validator(mode="after")
     def _mail_needs_a_server(self) -> AlertSettings:

@@ -4,6 +4,8 @@ reached, which is reported, not raised. The monitoring check's alerts are in tes
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from core.settings import get_settings
@@ -116,3 +118,47 @@ def test_a_mail_server_wanting_tls_and_a_login_and_a_webhook_wanting_a_credentia
     with pytest.raises(ValueError, match="go together"):
         get_settings()
     get_settings.cache_clear()
+
+
+def test_an_alert_repeated_within_its_period_reaches_people_once_and_the_next_period_says_how_often(
+    alert_receiver, monkeypatch
+):
+    """Counted in the database every sender reaches (core/alert_log.py): the same kind and subject once a
+    period, whichever process sends it; another subject or kind is another alert; the first of the next
+    period says how many were held back."""
+    from core.alert_log import claim
+    from core.alerts import Alert, send
+
+    monkeypatch.setenv("MLOPS_ALERTS__REPEAT_PERIOD_S", "3600")
+    get_settings.cache_clear()
+    settings = get_settings()
+    settings.ensure_dirs()
+    lag = Alert("label_lag", "the check of 2026-03-10 waits for chargebacks", "12% of the expected reports")
+    outcomes = [send(settings, lag) for _ in range(3)]
+    assert outcomes[0] == {"webhook": "sent", "email": "sent"}
+    assert [o.get("repeat", "")[:8] for o in outcomes[1:]] == ["repeat 2", "repeat 3"]
+    assert send(settings, Alert("drift", lag.subject, "drifted"))["webhook"] == "sent"  # another kind
+    other = Alert("label_lag", "the check of 2026-03-11 waits for chargebacks", "9%")
+    assert send(settings, other)["webhook"] == "sent"  # another subject
+    assert alert_receiver.received.kinds() == ["label_lag", "drift", "label_lag"]
+    # the next period: its first is sent, with the count held back in the one before
+    url = settings.promotion_ledger_url
+    hour = 3600
+    now = time.time()
+    assert claim(url, "label_lag", lag.subject, hour, now=now + hour) == (1, 3)
+    assert claim(url, "label_lag", lag.subject, hour, now=now + hour) == (2, 3)
+
+
+def test_a_repeat_count_that_cannot_be_kept_holds_no_alert_back(
+    alert_receiver, monkeypatch
+):
+    from core.alerts import Alert, send
+
+    get_settings.cache_clear()
+    blocked = get_settings().mlflow_dir  # where the local profile's database would be: a file, not a folder
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_text("not a folder")
+    alert = Alert("drift", "drift in the check of 2026-03-10", "two inputs drifted")
+    assert send(get_settings(), alert)["webhook"] == "sent"  # the count could not be kept: sent anyway
+    assert send(get_settings(), alert)["webhook"] == "sent"
+    assert alert_receiver.received.kinds() == ["drift", "drift"]

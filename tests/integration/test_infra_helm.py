@@ -232,7 +232,7 @@ UNSET_MEANS = {
     # Alerts go nowhere until an operator names a receiver: they are only logged (core/alerts.py).
     "MLOPS_ALERTS__WEBHOOK_URL": "no webhook: alerts are logged, not posted",
     "MLOPS_ALERTS__SMTP_HOST": "no mail server: alerts are not mailed (email_to needs one)",
-    # A relay's login and CA, a webhook's credential: the operator's, from a Secret (infra/README.md, "Alerts").
+    # A relay's login and CA, a webhook's credential: the operator's, from a Secret (infra/README.md).
     "MLOPS_ALERTS__SMTP_USERNAME": "no login: the mail server takes alerts without one",
     "MLOPS_ALERTS__SMTP_PASSWORD": "no login (a Secret's key where there is one: the `secret` list)",
     "MLOPS_ALERTS__SMTP_CA_FILE": "the system's CAs check the mail server's certificate",
