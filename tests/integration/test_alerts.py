@@ -149,9 +149,7 @@ def test_an_alert_repeated_within_its_period_reaches_people_once_and_the_next_pe
     assert claim(url, "label_lag", lag.subject, hour, now=now + hour) == (2, 3)
 
 
-def test_a_repeat_count_that_cannot_be_kept_holds_no_alert_back(
-    alert_receiver, monkeypatch
-):
+def test_a_repeat_count_that_cannot_be_kept_holds_no_alert_back(alert_receiver, monkeypatch):
     from core.alerts import Alert, send
 
     get_settings.cache_clear()
