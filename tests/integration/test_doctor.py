@@ -150,3 +150,45 @@ def test_a_database_or_cache_outside_the_policy_fails_the_check_by_name(tmp_path
     assert "PostgreSQL" in residency["detail"] and "region us-east-1" in residency["detail"]
     assert "s3cr3t" not in residency["detail"]
     assert "MLOPS_STORAGE_POLICY__ALLOWED_ENDPOINT_HOSTS" in residency["fix"]
+
+
+def test_the_doctor_names_the_product_dags_that_are_paused_or_missing_in_airflow(tmp_path, airflow_db):
+    """Read from Airflow's own metadata database, after Airflow itself parsed the DAG folder (`airflow dags
+    reserialize`, which creates each DAG paused, Airflow's default): every product DAG is named, the demo's
+    synthetic feed is not; once unpaused (Airflow's CLI), the check passes."""
+    import shutil
+
+    import sqlalchemy as sa
+
+    home = tmp_path / "home"
+    (home / "airflow").mkdir(parents=True)
+    database = home / "airflow" / "airflow.db"
+    _, report = _doctor(tmp_path)
+    assert "Airflow has not run here yet" in _by_name(report)["dags"]["detail"]
+    shutil.copy(airflow_db / "airflow.db", database)
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    env = {
+        **os.environ,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{database}",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+    }
+
+    def run_airflow(*arguments: str) -> None:
+        done = subprocess.run([airflow, *arguments], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    run_airflow("dags", "reserialize")
+    _, report = _doctor(tmp_path)
+    dags = _by_name(report)["dags"]
+    assert dags["status"] == "warn" and "paused, so they run nothing" in dags["detail"]
+    assert "monitor_fraud_model" in dags["detail"] and "synthetic_landing" not in dags["detail"]
+    assert "airflow dags unpause" in dags["fix"]
+    engine = sa.create_engine(f"sqlite:///{database}")
+    with engine.begin() as connection:  # every one active but the monitor
+        connection.execute(sa.text("UPDATE dag SET is_paused = 0 WHERE dag_id != 'monitor_fraud_model'"))
+    engine.dispose()
+    _, report = _doctor(tmp_path)
+    assert _by_name(report)["dags"]["detail"] == "paused, so they run nothing: monitor_fraud_model"
+    run_airflow("dags", "unpause", "monitor_fraud_model")
+    _, report = _doctor(tmp_path)
+    assert _by_name(report)["dags"]["status"] == "ok", _by_name(report)["dags"]
