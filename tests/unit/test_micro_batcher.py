@@ -17,6 +17,7 @@ class RecordingScorer:
         self.calls: list[tuple[list[list[dict]], str]] = []
         self.inline: list[bool] = []
         self.due = False  # what maintenance_due answers: the live state's daily fold waits
+        self.replication = None  # one process: no replication log (serving/replication.py)
 
     def maintenance_due(self) -> bool:
         return self.due
