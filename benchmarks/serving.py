@@ -302,53 +302,6 @@ def replica_throughput(
     }
 
 
-def log_conversion(chunks: int = 300) -> dict:
-    """The scoring log's conversion of a chunk of rows (CONVERT_ROWS, the writer's unit) to Arrow: its own,
-    column by column (`as_table`), against Arrow's row-wise `Table.from_pylist`, which it replaced;
-    microseconds a row, median of `chunks` chunks, in this process."""
-    import pyarrow as pa
-
-    from model_contract.inputs import NUMERIC_FEATURES
-    from serving.scoring_log import CONVERT_ROWS, as_table, schema
-
-    now = datetime.now(UTC)
-    rows = [
-        {
-            "transaction_id": f"tx{n:016x}",
-            "customer_id": "pc" + "0" * 20,
-            "merchant_id": "pm" + "0" * 20,
-            "event_timestamp": now,
-            "scored_at": now,
-            "amount": 12.5,
-            "currency": "EUR",
-            "country": "DE",
-            "channel": "online",
-            "merchant_category": "grocery",
-            **{name: float(n) for name in NUMERIC_FEATURES},
-            "model_name": "fraud-detector",
-            "model_version": "1",
-            "score": 0.1,
-            "decision": "approve",
-            "threshold": 0.5,
-            "latency_ms": 1.0,
-            "caller": "local-scorer",
-        }
-        for n in range(CONVERT_ROWS)
-    ]
-
-    def per_row_us(convert) -> float:
-        times = []
-        for _ in range(chunks):
-            started = time.perf_counter_ns()
-            convert()
-            times.append((time.perf_counter_ns() - started) / 1000.0 / CONVERT_ROWS)
-        return float(np.median(times))
-
-    arrows = per_row_us(lambda: pa.Table.from_pylist(rows, schema=schema()))
-    ours = per_row_us(lambda: as_table(rows))
-    return {"from_pylist_us_per_row": arrows, "as_table_us_per_row": ours, "speedup": arrows / ours}
-
-
 def reasons_cost(model, rows: int = 2000) -> dict:
     """A decision's reasons (serving/reasons.py) with `model` (a LoadedModel with its baseline): the CPU time
     of explaining one transaction alone and each of a batch of 64, beside scoring one alone (the floor's
@@ -656,7 +609,6 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
     champion = source.champion()
     assert champion is not None and champion.version is not None
     results["reasons"] = reasons_cost(source.load(champion.version))
-    results["log_conversion"] = log_conversion()
 
     # throughput: micro-batching on and off, the scoring log's cost, and requests batched by the caller
     for name, settings, requests, per_request in (
@@ -761,13 +713,6 @@ def print_serving(console, results: dict) -> None:
             "",
         )
     table.add_row("replica scaling (2 vs 1)", f"{results['replica_scaling']:.2f}x", "")
-    conversion = results["log_conversion"]
-    table.add_row(
-        "scoring log: a row to Arrow, ours / Arrow's from_pylist",
-        f"{conversion['as_table_us_per_row']:.1f} / {conversion['from_pylist_us_per_row']:.1f} us "
-        f"({conversion['speedup']:.1f}x)",
-        "",
-    )
     reasons = results["reasons"]
     table.add_row(
         "reasons: one transaction explained / each of 64",

@@ -123,6 +123,7 @@ def _scorer(settings: Settings, day: date, version: str | None) -> tuple[Scorer,
 
 def score_day(settings: Settings, day: date, version: str | None = None) -> BatchReport:
     """Score `day` (see the module docstring) and write its decisions; returns what was done."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from core.errors import PipelineError
@@ -131,7 +132,7 @@ def score_day(settings: Settings, day: date, version: str | None = None) -> Batc
     from serving.contract import validate_request
     from serving.replay import day_events
     from serving.scorer import DECLINE, TransactionRefusedError
-    from serving.scoring_log import as_table
+    from serving.scoring_log import schema
 
     started = time.perf_counter()
     events = day_events(settings, day, raw_ids=False)
@@ -199,7 +200,7 @@ def score_day(settings: Settings, day: date, version: str | None = None) -> Batc
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"v{champion.version}.parquet"
     partial = folder / f".{target.name}.{os.getpid()}.tmp"
-    pq.write_table(as_table(sink.rows), partial)
+    pq.write_table(pa.Table.from_pylist(sink.rows, schema=schema()), partial)
     os.replace(partial, target)
     report.path = str(target)
     report.seconds = round(time.perf_counter() - started, 3)

@@ -24,7 +24,6 @@ latency, and the caller whose token sent it (the audit of every scoring call).
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -55,9 +54,7 @@ CONVERT_ROWS = 64
 POLL_S = 0.05  # how often the writer takes the rows appended since it last looked
 
 
-@functools.cache
 def schema() -> pa.Schema:
-    """The log's columns (built once: a schema is immutable, and every chunk converted reads it)."""
     import pyarrow as pa
 
     ts = pa.timestamp("us", tz="UTC")
@@ -86,19 +83,6 @@ def schema() -> pa.Schema:
             pa.field("caller", pa.string()),  # the token's caller (serving/auth.py); null without auth
         ]
     )
-
-
-def as_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows (dicts of the schema's columns; a missing one is null, another key ignored) as a table of the
-    schema, column by column: Arrow's row-wise `Table.from_pylist` walks every row's dict under the GIL and
-    cost five times as much per row, time the writer's thread took from the requests (docs/benchmarks.md,
-    "Scoring service"). The same table (tests/unit/test_scoring_log_convert.py); raises as it does for a row
-    that does not fit."""
-    import pyarrow as pa
-
-    target = schema()
-    columns = {name: [row.get(name) for row in rows] for name in target.names}
-    return pa.Table.from_pydict(columns, schema=target)
 
 
 def partition_dir(root: Path, day: date) -> Path:
@@ -322,6 +306,7 @@ class ScoringLog:
         milliseconds, a small one is a fraction of a millisecond (docs/benchmarks.md, "Scoring service").
         A row that does not fit the schema fails alone: it is dropped, counted (`dropped`, `errors`) and
         named in the log, and the rest of its chunk is kept."""
+        import pyarrow as pa
 
         rows, self._pending = self._pending, []
         by_day: dict[date, list[dict[str, Any]]] = {}
@@ -331,7 +316,7 @@ class ScoringLog:
             for start in range(0, len(day_rows), CONVERT_ROWS):
                 chunk = day_rows[start : start + CONVERT_ROWS]
                 try:
-                    table = as_table(chunk)
+                    table = pa.Table.from_pylist(chunk, schema=schema())
                 except Exception:
                     table = self._without_misfits(chunk)
                 self._tables.setdefault(day, []).append(table)
