@@ -645,7 +645,8 @@ def setting_env_names(model: type[BaseModel] = Settings, prefix: str = "MLOPS_")
 def settings_as_env(settings: Settings, *, include_secrets: bool = False) -> dict[str, str]:
     """`settings` as the environment that makes another process read the same settings: one variable per
     leaf setting whose value is not None (None is each such field's default: "not set"), lists and dicts
-    as JSON. Credentials (SECRET_SETTINGS) are left out unless asked for: they travel in Secrets."""
+    as JSON. Credentials (SECRET_SETTINGS, and every SecretStr setting, an optional one such as the alerts'
+    logins) are left out unless asked for: they travel in Secrets."""
     import json
 
     values = settings.model_dump(mode="json")
@@ -654,9 +655,15 @@ def settings_as_env(settings: Settings, *, include_secrets: bool = False) -> dic
         if name in SECRET_SETTINGS and not include_secrets:
             continue
         value: object = values
+        held: object = settings
         for part in name.removeprefix("MLOPS_").lower().split("__"):
             value = value[part]  # type: ignore[index]
+            held = getattr(held, part)
         if value is None:
             continue
+        if isinstance(held, SecretStr):  # the dump holds "**********", never the value
+            if not include_secrets:
+                continue
+            value = held.get_secret_value()
         env[name] = value if isinstance(value, str) else json.dumps(value)
     return env

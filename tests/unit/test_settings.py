@@ -246,3 +246,28 @@ def test_the_local_profile_names_its_files_as_its_stores(monkeypatch, tmp_path):
     assert stores["MLflow backend and registry"] == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
     assert stores["DVC remote"] == str(tmp_path / "dvc-remote")
     assert not any(uri.startswith(("redis", "postgres", "s3")) for uri in stores.values())
+
+
+def test_a_secret_setting_travels_only_as_its_value_and_only_when_asked(tmp_path):
+    """pydantic masks a SecretStr in a dump ("**********"): written out from a dump, the alert login's
+    password would reach a pod as the mask. Left out by default (pods get credentials from their Secret),
+    the value itself when asked (`mlops demo`'s own processes)."""
+    from core.settings import settings_as_env
+
+    settings = Settings(
+        home=tmp_path,
+        alerts={
+            "smtp_host": "mail.example.com",
+            "smtp_starttls": True,
+            "smtp_username": "alerts@bank.example",
+            "smtp_password": "s3cret-pass",
+            "webhook_authorization": "Bearer hook-token",
+        },
+    )
+    plain = settings_as_env(settings)
+    assert "MLOPS_ALERTS__SMTP_PASSWORD" not in plain and "MLOPS_ALERTS__WEBHOOK_AUTHORIZATION" not in plain
+    assert plain["MLOPS_ALERTS__SMTP_USERNAME"] == "alerts@bank.example"
+    assert not any("****" in value for value in plain.values())
+    secret = settings_as_env(settings, include_secrets=True)
+    assert secret["MLOPS_ALERTS__SMTP_PASSWORD"] == "s3cret-pass"
+    assert secret["MLOPS_ALERTS__WEBHOOK_AUTHORIZATION"] == "Bearer hook-token"
