@@ -601,10 +601,9 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
         feast.stop()
 
     results["in_process_floor"] = floor(home, items, min(int(rate * seconds), 5000))
-    from core.settings import Settings as _Settings
     from serving.models import ModelSource
 
-    installed = _Settings(home=home)
+    installed = Settings(home=home)
     source = ModelSource(installed.mlflow_tracking_uri, ledger_url=installed.serving_ledger_url)
     champion = source.champion()
     assert champion is not None and champion.version is not None

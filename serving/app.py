@@ -58,7 +58,7 @@ OUTPUTS = (
     {"name": "score", "datatype": "FP64", "shape": [-1]},
     {"name": "decision", "datatype": "BYTES", "shape": [-1]},
 )
-OUTPUT_TYPES = {"score": "FP64", "decision": "BYTES"}
+OUTPUT_TYPES: dict[str, str] = {str(o["name"]): str(o["datatype"]) for o in OUTPUTS}
 
 
 def _json_type(spec: FieldContract) -> dict[str, Any]:

@@ -155,14 +155,9 @@ class Replication:
             if not entries:
                 return done
             for entry_id, fields in entries:
-                seq = int(fields[b"s"])
-                if self.last_id is None:
-                    self.last_seq = seq  # the stream's oldest kept entry: what came before is in the lake
-                else:
-                    self._check(seq)
-                apply(state, live, decode(fields[b"e"]))
-                self.last_id = entry_id.decode()
-                self.applied += 1
+                if self.last_id is None:  # the stream's oldest kept entry: what came before is in the lake
+                    self.last_seq = int(fields[b"s"]) - 1
+                self._apply(state, live, entry_id, fields)
                 done += 1
 
     def sync(self, state: EntityState, live: LiveState | None, entry: bytes) -> None:
@@ -189,12 +184,16 @@ class Replication:
         *others, (last_id, last_fields) = [(entry_id, _fields(flat)) for entry_id, flat in entries]
         assert last_id == own_id, "the script reads up to its own entry"
         for entry_id, fields in others:
-            self._check(int(fields[b"s"]))
-            apply(state, live, decode(fields[b"e"]))
-            self.last_id = entry_id.decode()
-            self.applied += 1
+            self._apply(state, live, entry_id, fields)
         self._check(int(last_fields[b"s"]))
         self.last_id = own_id.decode()
+
+    def _apply(self, state: EntityState, live: LiveState | None, entry_id: bytes, fields: dict) -> None:
+        """Another replica's entry, after the last one applied (its sequence checked first)."""
+        self._check(int(fields[b"s"]))
+        apply(state, live, decode(fields[b"e"]))
+        self.last_id = entry_id.decode()
+        self.applied += 1
 
     def status(self) -> dict[str, Any]:
         return {

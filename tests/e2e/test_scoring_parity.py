@@ -160,9 +160,9 @@ def test_batch_scoring_of_the_day_equals_the_replay_through_the_service(replayed
 def _run_batch_dag(demo_stack, conf: dict) -> dict:
     """Unpause score_fraud_batch, start a run with `conf` over Airflow's REST API, wait for it, and return
     what its task returned (its XCom)."""
-    import time
-
     import httpx
+
+    from tests.conftest import wait_for
 
     dag_id = "score_fraud_batch"
     client = httpx.Client(
@@ -175,14 +175,12 @@ def _run_batch_dag(demo_stack, conf: dict) -> dict:
         started = client.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
         assert started.status_code == 200, started.text
         run_id = started.json()["dag_run_id"]
-        deadline = time.monotonic() + 600
-        while (state := client.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]) not in (
-            "success",
-            "failed",
-        ):
-            assert time.monotonic() < deadline, f"{dag_id} run {run_id} still {state}"
-            time.sleep(1)
-        assert state == "success", client.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").text
+
+        def state() -> str:
+            return client.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+
+        wait_for(lambda: state() in ("success", "failed"), 600, f"{dag_id} run {run_id} to end")
+        assert state() == "success", client.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").text
         answer = client.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/score/xcomEntries/return_value")
         assert answer.status_code == 200, answer.text
         value = answer.json()["value"]

@@ -10,7 +10,6 @@ import itertools
 import os
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Callable
 
@@ -64,23 +63,25 @@ class Router:
                 self.servers.remove(server)
 
     def post(self, path: str, body) -> dict:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        answered: list[dict] = []
+
+        def attempt() -> bool:
             with self.lock:
                 server = self.servers[next(self.turn) % len(self.servers)]
             try:
                 answer = httpx.post(server.url + path, json=body, headers=BEARER, timeout=30)
             except httpx.TransportError:
-                time.sleep(0.05)
-                continue
+                return False  # a replica gone: the next one
             if answer.status_code == 503:
-                time.sleep(0.05)
-                continue
+                return False  # one still loading or catching up: the next one
             assert answer.status_code == 200, (path, answer.status_code, answer.text[:500])
             with self.lock:
                 self.answered_by[server.url] = self.answered_by.get(server.url, 0) + 1
-            return answer.json()
-        raise AssertionError(f"{path} was not answered in 120 s")
+            answered.append(answer.json())
+            return True
+
+        wait_for(attempt, 120, f"an answer to {path}")
+        return answered[0]
 
 
 def _traffic() -> list[tuple[str, object]]:

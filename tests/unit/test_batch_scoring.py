@@ -10,21 +10,13 @@ import pytest
 from core.errors import PipelineError
 from core.settings import Settings
 from pipelines.contracts import TRANSACTIONS_CONTRACT
+from serving.app import EXAMPLE
 from serving.contract import ContractError, validate_request
 
 pytestmark = pytest.mark.unit
 
-STORED = {
-    "transaction_id": "tx00000000000000a1",
-    "customer_id": "pc" + "0" * 20,
-    "merchant_id": "pm" + "f" * 20,
-    "amount": 42.5,
-    "currency": "EUR",
-    "country": "DE",
-    "channel": "contactless",
-    "merchant_category": "grocery",
-    "event_timestamp": "2026-01-10T12:30:00Z",
-}
+# The service's own example request, its ids as the lake stores them (pseudonyms).
+STORED = {**EXAMPLE, "customer_id": "pc" + "0" * 20, "merchant_id": "pm" + "f" * 20}
 
 
 def test_a_day_silver_does_not_hold_is_refused_naming_the_folder(tmp_path):
