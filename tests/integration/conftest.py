@@ -50,9 +50,16 @@ def airflow_db() -> Path:
     home.mkdir(parents=True, exist_ok=True)
     database = home / "airflow.db"
     assert os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith(f"/{database}")
-    key_parts = [(REPO / "requirements.lock").read_bytes(), sys.version.encode(), b"airflow db migrate"]
-    shutil.copy(cached_file("airflow-db", key_parts, _migrate_airflow_db), database)
+    shutil.copy(migrated_airflow_db(), database)
     return home
+
+
+def migrated_airflow_db() -> Path:
+    """The cached, freshly migrated Airflow metadata database (no DAG in it yet): copy it, never write it. A test
+    that needs Airflow's own first parse must start from this, not from the session's database, which the DAG
+    tests before it have filled (their DAGs already there, active)."""
+    key_parts = [(REPO / "requirements.lock").read_bytes(), sys.version.encode(), b"airflow db migrate"]
+    return cached_file("airflow-db", key_parts, _migrate_airflow_db)
 
 
 def _migrate_airflow_db(target: Path) -> None:

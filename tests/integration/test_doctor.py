@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.buckets import bucket_endpoint
+from tests.integration.conftest import migrated_airflow_db
 
 MLOPS = Path(sys.executable).with_name("mlops")
 
@@ -152,7 +153,7 @@ def test_a_database_or_cache_outside_the_policy_fails_the_check_by_name(tmp_path
     assert "MLOPS_STORAGE_POLICY__ALLOWED_ENDPOINT_HOSTS" in residency["fix"]
 
 
-def test_the_doctor_names_the_product_dags_that_are_paused_or_missing_in_airflow(tmp_path, airflow_db):
+def test_the_doctor_names_the_product_dags_that_are_paused_or_missing_in_airflow(tmp_path):
     """Read from Airflow's own metadata database, after Airflow itself parsed the DAG folder (`airflow dags
     reserialize`, which creates each DAG paused, Airflow's default): every product DAG is named, the demo's
     synthetic feed is not; once unpaused (Airflow's CLI), the check passes."""
@@ -165,7 +166,7 @@ def test_the_doctor_names_the_product_dags_that_are_paused_or_missing_in_airflow
     database = home / "airflow" / "airflow.db"
     _, report = _doctor(tmp_path)
     assert "Airflow has not run here yet" in _by_name(report)["dags"]["detail"]
-    shutil.copy(airflow_db / "airflow.db", database)
+    shutil.copy(migrated_airflow_db(), database)  # not the session's: earlier DAG tests left their DAGs active
     airflow = str(Path(sys.executable).with_name("airflow"))
     env = {
         **os.environ,
