@@ -828,6 +828,40 @@ def doctor(
         raise typer.Exit(code=1)
 
 
+@app.command("alert-egress")
+def alert_egress(
+    any_address: Annotated[
+        bool,
+        typer.Option(
+            "--any-address",
+            help="open each channel's port to any address but the cloud metadata endpoint, instead of the "
+            "addresses its host resolves to now (a relay or webhook whose addresses change)",
+        ),
+    ] = False,
+) -> None:
+    """Print the NetworkPolicies that let every pod that sends alerts reach the configured alert channels
+    (`| kubectl apply -f -`): one per namespace, the channels' ports to their addresses, nothing else."""
+    import yaml
+
+    from orchestration.alert_egress import AlertEgressError, egress_policies
+
+    settings = get_settings()
+    try:
+        policies = egress_policies(settings.alerts, any_address=any_address)
+    except AlertEgressError as exc:
+        err.print(f"[red]alert-egress:[/] {exc}")
+        raise typer.Exit(code=2) from exc
+    if not policies:
+        err.print(
+            "no alert channel is configured (MLOPS_ALERTS__WEBHOOK_URL, MLOPS_ALERTS__EMAIL_TO with "
+            "MLOPS_ALERTS__SMTP_HOST): nothing to admit"
+        )
+        return
+    typer.echo(yaml.safe_dump_all(policies, sort_keys=False), nl=False)
+    channels = policies[0]["metadata"]["annotations"]["mlops/alert-channels"]
+    err.print(f"{len(policies)} NetworkPolicies for {channels}")
+
+
 @app.command()
 def tune(
     day: Annotated[

@@ -43,7 +43,7 @@ class Check:
 
 def run_checks(settings: Settings) -> list[Check]:
     checks: list[Callable[[Settings], Check]] = [
-        _python, _java, _home, _residency, _spark, _approval, _label_maturity, _dags,
+        _python, _java, _home, _residency, _spark, _approval, _label_maturity, _dags, _alerts,
     ]  # fmt: skip
     if settings.profile is Profile.LOCAL:
         checks += [_sqlite]
@@ -117,6 +117,51 @@ def _dags(settings: Settings) -> Check:
             "wait for the DAG processor to parse the DAG folder, or look for import errors in the Airflow UI",
         )
     return Check("dags", Status.OK, f"{len(product)} active: {', '.join(sorted(product))}")
+
+
+def _alerts(settings: Settings) -> Check:
+    """Whether each configured alert channel answers from here: the mail server greets (and offers STARTTLS
+    where it is asked for), the webhook's host takes a connection. Nothing is sent. In the cluster the check
+    runs in a pod that sends alerts, so a NetworkPolicy that does not admit the channel shows here."""
+    import smtplib
+
+    from orchestration.alert_egress import channels
+
+    found = channels(settings.alerts)
+    if not found:
+        return Check(
+            "alerts",
+            Status.OK if settings.profile is Profile.LOCAL else Status.WARN,
+            "no alert channel configured: alerts are only logged",
+            "" if settings.profile is Profile.LOCAL else (
+                "set MLOPS_ALERTS__WEBHOOK_URL or MLOPS_ALERTS__EMAIL_TO with MLOPS_ALERTS__SMTP_HOST "
+                "(infra/README.md, \"Alerts\")"
+            ),
+        )  # fmt: skip
+    fix = (
+        "check the setting; in the cluster render the egress for it "
+        '(`mlops alert-egress | kubectl apply -f -`, infra/README.md "Alerts")'
+    )
+    answered = []
+    for channel in found:
+        try:
+            if channel.kind == "mail":
+                with smtplib.SMTP(channel.host, channel.port, timeout=3) as smtp:
+                    smtp.ehlo()
+                    if settings.alerts.smtp_starttls and not smtp.has_extn("starttls"):
+                        return Check(
+                            "alerts",
+                            Status.FAIL,
+                            f"{channel}: the mail server does not offer STARTTLS, which "
+                            "MLOPS_ALERTS__SMTP_STARTTLS asks for",
+                            "point MLOPS_ALERTS__SMTP_HOST/_SMTP_PORT at the relay's STARTTLS port (587)",
+                        )
+            else:
+                socket.create_connection((channel.host, channel.port), timeout=3).close()
+        except (OSError, smtplib.SMTPException) as exc:
+            return Check("alerts", Status.FAIL, f"{channel} does not answer: {exc}"[:300], fix)
+        answered.append(str(channel))
+    return Check("alerts", Status.OK, "answering: " + "; ".join(answered))
 
 
 def _approval(settings: Settings) -> Check:

@@ -55,9 +55,9 @@ def airflow_db() -> Path:
 
 
 def migrated_airflow_db() -> Path:
-    """The cached, freshly migrated Airflow metadata database (no DAG in it yet): copy it, never write it. A test
-    that needs Airflow's own first parse must start from this, not from the session's database, which the DAG
-    tests before it have filled (their DAGs already there, active)."""
+    """The cached, freshly migrated Airflow metadata database (no DAG in it yet): copy it, never write it. A
+    test that needs Airflow's own first parse must start from this, not from the session's database, which the
+    tests before it may have filled (their DAGs already there, active)."""
     key_parts = [(REPO / "requirements.lock").read_bytes(), sys.version.encode(), b"airflow db migrate"]
     return cached_file("airflow-db", key_parts, _migrate_airflow_db)
 

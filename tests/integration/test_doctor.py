@@ -166,7 +166,7 @@ def test_the_doctor_names_the_product_dags_that_are_paused_or_missing_in_airflow
     database = home / "airflow" / "airflow.db"
     _, report = _doctor(tmp_path)
     assert "Airflow has not run here yet" in _by_name(report)["dags"]["detail"]
-    shutil.copy(migrated_airflow_db(), database)  # not the session's: earlier DAG tests left their DAGs active
+    shutil.copy(migrated_airflow_db(), database)  # not the session's: earlier tests left DAGs active there
     airflow = str(Path(sys.executable).with_name("airflow"))
     env = {
         **os.environ,
@@ -193,3 +193,47 @@ def test_the_doctor_names_the_product_dags_that_are_paused_or_missing_in_airflow
     run_airflow("dags", "unpause", "monitor_fraud_model")
     _, report = _doctor(tmp_path)
     assert _by_name(report)["dags"]["status"] == "ok", _by_name(report)["dags"]
+
+
+def test_the_doctor_says_which_alert_channel_does_not_answer_and_sends_nothing(tmp_path):
+    """A real mail receiver and webhook on this machine (tests/receivers.py): both answer; a relay without the
+    STARTTLS the settings ask for, and a webhook whose port is closed, are each named. The check connects and
+    greets; no alert is sent. Called in process: the command's table is the other tests'."""
+    import ssl
+
+    from core.settings import Settings
+    from mlops.doctor import _alerts
+    from tests.receivers import AlertReceiver, self_signed
+
+    cert_file, key_file = self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert_file, key_file)
+    plain, secure = AlertReceiver(), AlertReceiver(tls=tls)
+    try:
+
+        def alerts_check(receiver: AlertReceiver, **overrides: object):
+            channels = {
+                "webhook_url": receiver.webhook_url, "email_to": ["risk-team@example.com"],
+                "smtp_host": "127.0.0.1", "smtp_port": receiver.smtp_port, **overrides,
+            }  # fmt: skip
+            return _alerts(Settings(home=tmp_path / "home", alerts=channels))
+
+        assert _alerts(Settings(home=tmp_path / "home")).detail.startswith("no alert channel configured")
+        answering = alerts_check(plain)
+        assert answering.status == "ok", answering
+        assert f"mail 127.0.0.1:{plain.smtp_port}" in answering.detail
+        assert "webhook 127.0.0.1" in answering.detail
+        assert alerts_check(secure, smtp_starttls=True).status == "ok"
+
+        no_tls = alerts_check(plain, smtp_starttls=True)
+        assert no_tls.status == "fail" and "does not offer STARTTLS" in no_tls.detail
+        assert f"127.0.0.1:{plain.smtp_port}" in no_tls.detail
+
+        closed = _closed_port()
+        silent = alerts_check(plain, webhook_url=f"https://127.0.0.1:{closed}/hooks")
+        assert silent.status == "fail" and f"webhook 127.0.0.1:{closed}" in silent.detail
+        assert "MLOPS_ALERTS__WEBHOOK_URL" in silent.detail and "mlops alert-egress" in silent.fix
+        assert plain.received.mails == [] and plain.received.posts == []  # nothing was sent
+    finally:
+        plain.close()
+        secure.close()

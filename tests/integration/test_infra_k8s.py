@@ -9,6 +9,7 @@ them itself or reuses them. Nothing is fetched while testing.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -454,8 +455,9 @@ def _egress_to_ip_blocks(objects, namespace, labels) -> set[tuple[str, int]]:
                     if "ipBlock" in peer:
                         block = peer["ipBlock"]
                         # The cloud metadata API hands out the node's credentials; no pod here may reach it.
-                        open_to_metadata = block["cidr"] == "0.0.0.0/0" and METADATA_API not in block.get(
-                            "except", []
+                        metadata = ipaddress.ip_address(METADATA_API.split("/")[0])
+                        open_to_metadata = metadata in ipaddress.ip_network(block["cidr"]) and not any(
+                            metadata in ipaddress.ip_network(e) for e in block.get("except", [])
                         )
                         assert not open_to_metadata, (
                             f"{policy['metadata']['name']} lets pods reach {METADATA_API}"
@@ -486,6 +488,79 @@ def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rend
     # the history records); no object storage, no internet.
     scoring_ns, scoring_labels = _pod_labels(objects, "fraud-scoring")
     assert {port for _, port in _egress_to_ip_blocks(objects, scoring_ns, scoring_labels)} == {5432}
+
+
+def _reaches_address(objects, pod, address: str, port: int) -> bool:
+    """Whether the policies selecting `pod` (namespace, labels) let it out to `address` (outside the cluster)
+    on this TCP port: an ipBlock holds the address and none of its `except` ranges does."""
+    namespace, labels = pod
+    ip = ipaddress.ip_address(address)
+    isolating = [
+        policy["spec"]
+        for policy in find(objects, "NetworkPolicy", namespace=namespace)
+        if "Egress" in policy["spec"]["policyTypes"] and _selects(policy["spec"]["podSelector"], labels)
+    ]
+    if not isolating:
+        return True
+    for spec in isolating:
+        for rule in spec.get("egress", []):
+            ports = rule.get("ports")
+            if ports is not None and not any(p.get("port") == port and p["protocol"] == "TCP" for p in ports):
+                continue
+            if rule.get("to") is None:
+                return True
+            for block in (peer["ipBlock"] for peer in rule["to"] if "ipBlock" in peer):
+                if ip in ipaddress.ip_network(block["cidr"]) and not any(
+                    ip in ipaddress.ip_network(excluded) for excluded in block.get("except", [])
+                ):
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_rendered_alert_egress_admits_the_configured_channels_from_every_sender_and_nothing_more(
+    infra_tools, rendered, overlay
+):
+    """The issue's observation: the base policies let no pod that alerts reach a mail relay on 587 or a
+    webhook on its own port. `mlops alert-egress` renders, from the alert settings, the policies that admit
+    exactly those (valid objects of the schema), from Airflow's pods, the trainer's and the scoring
+    service's."""
+    from core.settings import AlertSettings
+    from orchestration.alert_egress import egress_policies
+
+    objects = rendered[overlay]
+    senders = [
+        (contract.ORCHESTRATION_NAMESPACE, AIRFLOW_POD_LABELS),
+        (contract.TRAINING_NAMESPACE, training_manifest()["metadata"]["labels"]),
+        _pod_labels(objects, "fraud-scoring"),
+    ]
+    alerts = AlertSettings(
+        email_to=["risk-team@example.com"], smtp_host="192.0.2.25", smtp_port=587,
+        webhook_url="https://198.51.100.7:8443/hooks/mlops",
+    )  # fmt: skip
+    channels = [("192.0.2.25", 587), ("198.51.100.7", 8443)]
+    for sender in senders:
+        assert not any(_reaches_address(objects, sender, *channel) for channel in channels), sender
+
+    policies = egress_policies(alerts)
+    assert schema_errors(infra_tools, policies) == []
+    admitted = objects + policies
+    for sender in senders:
+        assert all(_reaches_address(admitted, sender, *channel) for channel in channels), sender
+        assert not _reaches_address(admitted, sender, "192.0.2.25", 25)  # only the configured port
+        assert not _reaches_address(admitted, sender, "192.0.2.26", 587)  # only the configured address
+        assert not _reaches_address(admitted, sender, "198.51.100.7", 587)  # not each other's port
+        stray = (sender[0], {"app.kubernetes.io/name": "debug"})
+        assert not _reaches_address(admitted, stray, "192.0.2.25", 587)
+
+    # A relay whose addresses change: its port to any address, never to the cloud metadata endpoint.
+    anywhere = objects + egress_policies(alerts, any_address=True)
+    assert schema_errors(infra_tools, egress_policies(alerts, any_address=True)) == []
+    for sender in senders:
+        assert _reaches_address(anywhere, sender, "203.0.113.9", 587)
+        assert _reaches_address(anywhere, sender, "2001:db8::25", 8443)
+        assert not _reaches_address(anywhere, sender, "169.254.169.254", 587)
+        assert not _reaches_address(anywhere, sender, "203.0.113.9", 25)
 
 
 # --- MLflow ------------------------------------------------------------------------------------------------
