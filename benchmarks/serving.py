@@ -331,6 +331,60 @@ def reasons_cost(model, rows: int = 2000) -> dict:
     return {"score_one_us": one, "explain_one_us": alone, "explain_per_transaction_in_64_us": batch}
 
 
+def log_paths_cost(rows: int = 20_000, batch: int = 64) -> dict:
+    """The scoring log's CPU a row (all its threads: the process's CPU time over append, conversion and
+    write), the same rows given as dicts (`ScoringLog.append`, Arrow's from_pylist: what the scorer did) and
+    as the scorer's columns (`append_columns`), in batches of `batch`; median of three tries each."""
+    from serving.scoring_log import Columns, ScoringLog, schema
+    from training.dataset import NUMERIC_FEATURES
+
+    rng = np.random.default_rng(0)
+    scored = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    numeric = rng.random((rows, len(NUMERIC_FEATURES)))
+    numeric[numeric < 0.05] = np.nan  # some inputs missing
+    scores = rng.random(rows)
+    text = {
+        "currency": "EUR", "country": "DE", "channel": "online", "merchant_category": "grocery",
+        "model_name": "fraud-detector", "model_version": "3", "decision": "approve", "caller": "score",
+    }  # fmt: skip
+    columns = []
+    for start in range(0, rows, batch):
+        n = min(batch, rows - start)
+        data: dict = {name: [None] * n for name in schema().names}
+        data.update({name: [value] * n for name, value in text.items()})
+        data.update(
+            transaction_id=[f"tx{start + i:016x}" for i in range(n)],
+            customer_id=[f"c{(start + i) % 5000:039d}" for i in range(n)],
+            merchant_id=[f"m{(start + i) % 300:039d}" for i in range(n)],
+            event_timestamp=[scored] * n,
+            scored_at=[scored] * n,
+            amount=(rng.random(n) * 100).tolist(),
+            score=scores[start : start + n],
+            threshold=[0.5] * n,
+            latency_ms=rng.random(n),
+        )
+        data.update(zip(NUMERIC_FEATURES, numeric[start : start + n].T, strict=True))
+        columns.append(Columns(scored.date(), n, data))
+    dicts = [batch.as_rows() for batch in columns]
+
+    def cpu_us_per_row(feed) -> float:
+        tries = []
+        for _ in range(3):
+            with tempfile.TemporaryDirectory() as scratch:
+                log = ScoringLog(Path(scratch), flush_rows=5000, flush_interval_s=5.0)
+                started = time.process_time()
+                for item in feed:
+                    log.append_columns(item) if isinstance(item, Columns) else log.append(item)
+                log.flush()
+                tries.append((time.process_time() - started) / rows * 1e6)
+                assert log.written == rows, (log.written, rows)
+                log.close()
+        return float(np.median(tries))
+
+    as_dicts, as_columns = cpu_us_per_row(dicts), cpu_us_per_row(columns)
+    return {"rows": rows, "dicts_us_per_row": as_dicts, "columns_us_per_row": as_columns}
+
+
 def floor(home: Path, items: list[dict], count: int) -> dict:
     """The in-process floor: the pseudonyms and online store read of the transaction's two entities and one
     ONNX call."""
@@ -608,6 +662,7 @@ def measure(home: Path, env: dict[str, str], rows_per_day: int, rate: float, sec
     champion = source.champion()
     assert champion is not None and champion.version is not None
     results["reasons"] = reasons_cost(source.load(champion.version))
+    results["scoring_log_paths"] = log_paths_cost()
 
     # throughput: micro-batching on and off, the scoring log's cost, and requests batched by the caller
     for name, settings, requests, per_request in (
@@ -704,6 +759,12 @@ def print_serving(console, results: dict) -> None:
         )
     table.add_row("batching speed-up", f"{results['batching_speedup']:.2f}x", "")
     table.add_row("scoring log cost", f"{results['scoring_log_cost']:.1%}", "<= 5 %")
+    paths = results["scoring_log_paths"]
+    table.add_row(
+        "the log's CPU a row: as the scorer's columns / as dicts",
+        f"{paths['columns_us_per_row']:.1f} us / {paths['dicts_us_per_row']:.1f} us",
+        "",
+    )
     for processes in (1, 2):
         replicas = results[f"replicas_{processes}"]
         table.add_row(

@@ -68,6 +68,7 @@ class Assembled:
     x: np.ndarray  # float32, MODEL_INPUTS order, NaN where missing
     features: list[dict[str, float | int | None]]  # per transaction: NUMERIC_FEATURES as served
     missing: list[list[str]]  # per transaction: join keys the state source did not know
+    numeric: np.ndarray  # float64, a row per transaction, NUMERIC_FEATURES order, NaN where missing
 
 
 class EntityState(Protocol):
@@ -131,14 +132,15 @@ def assemble(rows: Rows, txns: Sequence[dict[str, Any]]) -> Assembled:
         else:
             table[i, _MERCHANT_SLOTS] = [_value(merchant.get(name)) for name in MERCHANT_FEATURES]
         missing.append(gone)
+    numeric = table[:, _NUMERIC_SLOTS]
     features = [
         {
             name: None if value != value else int(value) if integer else value
             for name, integer, value in zip(NUMERIC_FEATURES, _NUMERIC_INTEGER, values, strict=True)
         }
-        for values in table[:, _NUMERIC_SLOTS].tolist()
+        for values in numeric.tolist()
     ]
-    return Assembled(table.astype("float32"), features, missing)
+    return Assembled(table.astype("float32"), features, missing, numeric)
 
 
 def _value(value: float | int | None) -> float:

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from model_contract.inputs import NUMERIC_FEATURES
 from serving.features import Assembled, EntityState, Rows, assemble
 from serving.models import Loaded, LoadedModel, Models, ModelUnavailableError
 from serving.reasons import as_text, explain
-from serving.scoring_log import ScoringLog
+from serving.scoring_log import ID_COLUMNS, RAW_COLUMNS, Columns, ScoringLog
 
 if TYPE_CHECKING:  # prometheus_client is the scoring image's alone; the monitor pod imports this module
     from serving.metrics import ServiceMetrics
@@ -248,7 +249,7 @@ class Scorer:
         done = time.perf_counter()
         # The service's clock (a replay's is the replayed day's): what the scoring log is partitioned by.
         scored_at = self.clock.now() if self.clock is not None else datetime.now(UTC)
-        results, rows = [], []
+        results, missing_text, reasons_text = [], [], []
         non_finite_before = self.counters.non_finite_scores
         decisions = [decide(float(score), champion) for score in scores]
         explained = (
@@ -267,7 +268,6 @@ class Scorer:
             finite = math.isfinite(score)
             decision = decisions[i]
             reasons = explained.get(i)
-            latency_ms = (done - received[i]) * 1000.0
             features = assembled.features[i]
             missing = assembled.missing[i]
             notes = [_missing_note(missing, txn)] if missing else []
@@ -290,34 +290,8 @@ class Scorer:
                     "notes": notes,
                 }
             )
-            rows.append(
-                {
-                    "transaction_id": txn["transaction_id"],
-                    "customer_id": txn["customer_id"],
-                    "merchant_id": txn["merchant_id"],
-                    "event_timestamp": txn["event_timestamp"],
-                    "scored_at": scored_at,
-                    "amount": txn["amount"],
-                    "currency": txn["currency"],
-                    "country": txn["country"],
-                    "channel": txn["channel"],
-                    "merchant_category": txn["merchant_category"],
-                    **features,
-                    "model_name": champion.name,
-                    "model_version": champion.version,
-                    "score": score,
-                    "decision": decision,
-                    "threshold": champion.threshold,
-                    "shadow_version": None,
-                    "shadow_score": None,
-                    "shadow_threshold": None,
-                    "shadow_decision": None,
-                    "missing_entities": ",".join(missing) or None,
-                    "reasons": as_text(reasons),
-                    "latency_ms": latency_ms,
-                    "caller": callers[i],
-                }
-            )
+            missing_text.append(",".join(missing) or None)
+            reasons_text.append(as_text(reasons))
         if self.counters.non_finite_scores > non_finite_before:  # one line a batch, not one a transaction
             log.error(
                 "champion v%s gave %d non-finite scores in a batch of %d: declined",
@@ -325,39 +299,85 @@ class Scorer:
                 self.counters.non_finite_scores - non_finite_before,
                 len(txns),
             )
+        batch = None
+        if self.scoring_log is not None:
+            batch = _log_columns(txns, scored_at, champion, scores, decisions, assembled, callers)
+            batch.data.update(
+                missing_entities=missing_text,
+                reasons=reasons_text,
+                latency_ms=(done - np.asarray(received)) * 1000.0,
+            )
         if loaded.shadow is not None and self._shadow_backlog.acquire(blocking=False):
-            self._shadow.submit(self._shadowed, loaded.shadow, assembled.x, rows)
+            self._shadow.submit(self._shadowed, loaded.shadow, assembled.x, batch)
         else:
             if loaded.shadow is not None:
                 self.counters.shadow_skipped += 1
-            if self.scoring_log is not None:
-                self.scoring_log.append(rows)
+            if self.scoring_log is not None and batch is not None:
+                self.scoring_log.append_columns(batch)
         if self.metrics is not None:
             self.metrics.decided(results)
         return results
 
-    def _shadowed(self, shadow: LoadedModel, x: np.ndarray, rows: list[dict[str, Any]]) -> None:
-        """The shadow's scores of a batch, added to its log rows, which are then logged."""
+    def _shadowed(self, shadow: LoadedModel, x: np.ndarray, batch: Columns | None) -> None:
+        """The shadow's scores of a batch, added to its log columns (None: no scoring log), then logged."""
         try:
-            scores = shadow.score(x)
-            for row, score in zip(rows, scores, strict=True):
-                row["shadow_version"], row["shadow_score"] = shadow.version, float(score)
+            scores = np.asarray(shadow.score(x), dtype="float64")
+            if batch is None:
+                return
+            batch.data.update(
+                shadow_version=[shadow.version] * batch.rows,
+                shadow_score=scores,
                 # what the shadow would have decided, at its own operating point
-                row["shadow_threshold"], row["shadow_decision"] = (
-                    shadow.threshold,
-                    decide(float(score), shadow),
-                )
+                shadow_threshold=[shadow.threshold] * batch.rows,
+                shadow_decision=[decide(float(score), shadow) for score in scores],
+            )
         except Exception:  # a shadow's failure is logged, never the caller's problem
             self.counters.shadow_failures += 1
             log.exception("shadow v%s failed to score", shadow.version)
         finally:
             self._shadow_backlog.release()
-            if self.scoring_log is not None:
-                self.scoring_log.append(rows)
+            if self.scoring_log is not None and batch is not None:
+                self.scoring_log.append_columns(batch)
 
     def close(self) -> None:
         """Wait for the shadow's backlog (its rows reach the scoring log)."""
         self._shadow.shutdown(wait=True)
+
+
+def _log_columns(
+    txns: list[dict[str, Any]],
+    scored_at: datetime,
+    champion: LoadedModel,
+    scores: np.ndarray,
+    decisions: list[str],
+    assembled: Assembled,
+    callers: list[str | None],
+) -> Columns:
+    """The batch's scoring-log rows as columns (serving/scoring_log.py schema), from what scoring made: the
+    model inputs' float64 table as it is, a list per request field; no dict a row. The shadow's columns are
+    null until `Scorer._shadowed` fills them; the caller adds the missing entities, reasons and latencies."""
+    count = len(txns)
+    data: dict[str, Any] = {
+        name: [txn[name] for txn in txns] for name in (*ID_COLUMNS, "event_timestamp", *RAW_COLUMNS)
+    }
+    data.update(zip(NUMERIC_FEATURES, assembled.numeric.T, strict=True))
+    data.update(
+        scored_at=[scored_at] * count,
+        model_name=[champion.name] * count,
+        model_version=[champion.version] * count,
+        score=np.asarray(scores, dtype="float64"),
+        decision=decisions,
+        threshold=[champion.threshold] * count,
+        shadow_version=[None] * count,
+        shadow_score=[None] * count,
+        shadow_threshold=[None] * count,
+        shadow_decision=[None] * count,
+        missing_entities=[None] * count,
+        reasons=[None] * count,
+        latency_ms=[None] * count,
+        caller=callers,
+    )
+    return Columns(scored_at.astimezone(UTC).date(), count, data)
 
 
 @dataclass

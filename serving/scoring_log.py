@@ -24,6 +24,7 @@ latency, and the caller whose token sent it (the audit of every scoring call).
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -31,9 +32,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from core import lineage
 from core.retention import expire_dated_folders
@@ -51,9 +56,13 @@ ID_COLUMNS = ("transaction_id", "customer_id", "merchant_id")
 RAW_COLUMNS = ("amount", "currency", *CATEGORICAL_FEATURES)  # the request's values the features came from
 # Rows are turned into Arrow this many at a time as they come, not all at the flush (see ScoringLog._convert).
 CONVERT_ROWS = 64
+# Scored batches (Columns) are turned into Arrow together, at least this many rows at a time: a column's call
+# costs the same for one row as for hundreds, and 256 rows hold the GIL well under a millisecond.
+CONVERT_COLUMN_ROWS = 256
 POLL_S = 0.05  # how often the writer takes the rows appended since it last looked
 
 
+@functools.cache
 def schema() -> pa.Schema:
     import pyarrow as pa
 
@@ -83,6 +92,60 @@ def schema() -> pa.Schema:
             pa.field("caller", pa.string()),  # the token's caller (serving/auth.py); null without auth
         ]
     )
+
+
+# Float columns where NaN means "missing" (null in the log): the model inputs. Elsewhere (a score) NaN is a
+# value.
+NAN_IS_NULL = frozenset(NUMERIC_FEATURES)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """One scored batch's rows as columns, as the scorer holds them: each name of schema() maps to a list or
+    a 1-D numpy array of `rows` values (in a model input's array NaN is null). Batches turned into Arrow a
+    column at a time, hundreds of rows at once, cost a third of reading rows of dicts, and the scorer builds
+    no dict a row for them (docs/benchmarks.md, "The scoring log's cost")."""
+
+    day: date  # the scoring date (the service's clock): the partition its rows go to
+    rows: int
+    data: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        names = set(schema().names)
+        if set(self.data) != names:
+            raise ValueError(
+                f"scoring log columns differ from the schema: missing {sorted(names - set(self.data))}, "
+                f"unknown {sorted(set(self.data) - names)}"
+            )
+
+    def head(self, count: int) -> Columns:
+        return Columns(self.day, count, {name: values[:count] for name, values in self.data.items()})
+
+    def as_rows(self) -> list[dict[str, Any]]:
+        """The same rows as dicts of Python values (a missing model input as None)."""
+        names = list(self.data)
+        values = [
+            [None if v != v else v for v in column.tolist()] if name in NAN_IS_NULL else column.tolist()
+            if isinstance(column, np.ndarray) else column
+            for name, column in self.data.items()
+        ]  # fmt: skip
+        return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+
+
+def columns_table(batches: list[Columns]) -> pa.Table:
+    """Batches of one scoring date as one Arrow table: a call per column, not one per value."""
+    import pyarrow as pa
+
+    arrays = []
+    for field in schema():
+        parts = [batch.data[field.name] for batch in batches]
+        if all(isinstance(part, np.ndarray) for part in parts):
+            values = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            arrays.append(pa.array(values, type=field.type, from_pandas=field.name in NAN_IS_NULL))
+        else:
+            listed = (part.tolist() if isinstance(part, np.ndarray) else part for part in parts)
+            arrays.append(pa.array(list(chain.from_iterable(listed)), type=field.type))
+    return pa.Table.from_arrays(arrays, schema=schema())
 
 
 def partition_dir(root: Path, day: date) -> Path:
@@ -201,9 +264,11 @@ class ScoringLog:
         # Rows come through a deque that wakes nobody: a queue's put woke the writer for every scored
         # batch, a thread hand-off per request (docs/benchmarks.md, "Scoring service"); the writer looks
         # every POLL_S instead. The queue carries only a flush's marker, a nudge, or None to stop.
-        self._incoming: deque[list[dict[str, Any]]] = deque()
+        self._incoming: deque[list[dict[str, Any]] | Columns] = deque()
         self._queue: queue.Queue[threading.Event | None] = queue.Queue()
         self._pending: list[dict[str, Any]] = []  # rows taken from the deque, not yet in Arrow
+        self._pending_columns: list[Columns] = []  # scored batches taken from the deque, not yet in Arrow
+        self._pending_column_rows = 0
         self._tables: dict[date, list[pa.Table]] = {}  # converted rows by scoring date, not yet on disk
         self._converted = 0
         self._remove_leftovers()
@@ -225,22 +290,34 @@ class ScoringLog:
         return None
 
     def append(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Rows as dicts of the schema's columns."""
         batch = list(rows)
-        if not batch:
-            return
+        if batch:
+            kept, nudge = self._hold(len(batch))
+            self._take(batch[:kept], kept, nudge)
+
+    def append_columns(self, batch: Columns) -> None:
+        """A scored batch as columns (the scorer's way: no dict a row)."""
+        if batch.rows:
+            kept, nudge = self._hold(batch.rows)
+            self._take(batch if kept == batch.rows else batch.head(kept), kept, nudge)
+
+    def _hold(self, count: int) -> tuple[int, bool]:
+        """How many of `count` new rows fit under the cap (the rest dropped and counted), now held; and
+        whether they bring the rows waiting to `flush_rows`."""
         with self._held_lock:
-            room = self.max_pending_rows - self._held
-            if room < len(batch):
-                kept = batch[: max(room, 0)]
-                self.dropped += len(batch) - len(kept)
-                if self.dropped == len(batch) - len(kept):  # the first drop is logged; /status counts on
+            kept = max(0, min(count, self.max_pending_rows - self._held))
+            if kept < count:
+                self.dropped += count - kept
+                if self.dropped == count - kept:  # the first drop is logged; /status counts on
                     log.error(
                         "scoring log under %s is full (%d rows waiting): dropping rows", self.root, self._held
                     )
-                batch = kept
-            self._held += len(batch)
-            nudge = self._held >= self.flush_rows > self._held - len(batch)
-        if batch:
+            self._held += kept
+            return kept, self._held >= self.flush_rows > self._held - kept
+
+    def _take(self, batch: list[dict[str, Any]] | Columns, kept: int, nudge: bool) -> None:
+        if kept:
             self._incoming.append(batch)
         if nudge:  # enough to write now rather than at the interval's end
             self._queue.put(threading.Event())
@@ -280,8 +357,13 @@ class ScoringLog:
             stop = None in items
             waiting = [item for item in items if item is not None]
             for _ in range(len(self._incoming)):  # what is there now
-                self._pending += self._incoming.popleft()
-            if len(self._pending) >= CONVERT_ROWS:
+                item = self._incoming.popleft()
+                if isinstance(item, Columns):
+                    self._pending_columns.append(item)
+                    self._pending_column_rows += item.rows
+                else:
+                    self._pending += item
+            if len(self._pending) >= CONVERT_ROWS or self._pending_column_rows >= CONVERT_COLUMN_ROWS:
                 self._convert()
             if (
                 stop
@@ -298,17 +380,51 @@ class ScoringLog:
                 return
 
     def _waiting_rows(self) -> int:
-        return len(self._pending) + self._converted
+        return len(self._pending) + self._pending_column_rows + self._converted
 
-    def _convert(self) -> None:
-        """The rows taken so far into Arrow, CONVERT_ROWS at a time. Reading Python objects into Arrow holds
-        the GIL: one conversion of a whole flush (thousands of rows) stalled every request for tens of
-        milliseconds, a small one is a fraction of a millisecond (docs/benchmarks.md, "Scoring service").
-        A row that does not fit the schema fails alone: it is dropped, counted (`dropped`, `errors`) and
-        named in the log, and the rest of its chunk is kept."""
+    def _convert(self, everything: bool = False) -> None:
+        """What was taken so far into Arrow: rows CONVERT_ROWS at a time, scored batches CONVERT_COLUMN_ROWS
+        at a time (a smaller remainder waits for more unless `everything`). Reading Python objects into
+        Arrow holds the GIL: one conversion of a whole flush (thousands of rows) stalled every request for
+        tens of milliseconds, a small one is a fraction of a millisecond (docs/benchmarks.md, "Scoring
+        service"). A row that does not fit the schema fails alone: it is dropped, counted (`dropped`,
+        `errors`) and named in the log, and the rest of its chunk is kept."""
+        self._convert_columns(everything)
+        self._convert_rows(self._pending)
+        self._pending = []
+
+    def _convert_columns(self, everything: bool) -> None:
+        batches, self._pending_columns, self._pending_column_rows = self._pending_columns, [], 0
+        by_day: dict[date, list[Columns]] = {}
+        for batch in batches:
+            by_day.setdefault(batch.day, []).append(batch)
+        for day, group in by_day.items():
+            chunk: list[Columns] = []
+            size = 0
+            for batch in group:
+                chunk.append(batch)
+                size += batch.rows
+                if size >= CONVERT_COLUMN_ROWS:
+                    self._add_columns(day, chunk)
+                    chunk, size = [], 0
+            if chunk and everything:
+                self._add_columns(day, chunk)
+            elif chunk:
+                self._pending_columns += chunk
+                self._pending_column_rows += size
+
+    def _add_columns(self, day: date, chunk: list[Columns]) -> None:
+        try:
+            table = columns_table(chunk)
+        except Exception:  # a value that does not fit: sort the chunk row by row, the rest is kept
+            self._convert_rows([row for batch in chunk for row in batch.as_rows()])
+            return
+        self._tables.setdefault(day, []).append(table)
+        self._converted += table.num_rows
+
+    def _convert_rows(self, rows: list[dict[str, Any]]) -> None:
         import pyarrow as pa
 
-        rows, self._pending = self._pending, []
         by_day: dict[date, list[dict[str, Any]]] = {}
         for row in rows:
             by_day.setdefault(row["scored_at"].astimezone(UTC).date(), []).append(row)
@@ -345,7 +461,7 @@ class ScoringLog:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self._convert()
+        self._convert(everything=True)
         tables, self._tables, self._converted = self._tables, {}, 0
         for day, parts in sorted(tables.items()):
             folder = partition_dir(self.root, day)

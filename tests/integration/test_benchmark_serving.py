@@ -40,6 +40,11 @@ def test_the_benchmarks_champion_and_floor_run_against_the_product(tmp_path, mon
         cost = reasons_cost(source.load(champion.version), rows=5)
         assert set(cost) == {"score_one_us", "explain_one_us", "explain_per_transaction_in_64_us"}
         assert all(value > 0 for value in cost.values())
+        # the scoring log's two ways in, the same rows each (it checks every row was written)
+        from benchmarks.serving import log_paths_cost
+
+        paths = log_paths_cost(rows=200)
+        assert paths["rows"] == 200 and paths["dicts_us_per_row"] > 0 and paths["columns_us_per_row"] > 0
     finally:
         mlflow.set_tracking_uri(None)
         get_settings.cache_clear()

@@ -10,9 +10,18 @@ import sys
 import threading
 from datetime import UTC, date, datetime, timedelta
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
-from serving.scoring_log import CONVERT_ROWS, ScoringLog, read_scoring_log
+from serving.scoring_log import (
+    CONVERT_COLUMN_ROWS,
+    CONVERT_ROWS,
+    Columns,
+    ScoringLog,
+    read_scoring_log,
+    schema,
+)
 from serving.threads import BACKGROUND_NICENESS
 from tests.conftest import wait_for
 from training.dataset import CATEGORICAL_FEATURES, NUMERIC_FEATURES
@@ -136,3 +145,69 @@ def test_the_writer_thread_runs_at_a_lower_priority_than_the_request_path(tmp_pa
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
     finally:
         log.close()
+
+
+def _as_columns(rows: list[dict], day: date) -> Columns:
+    """The rows as the scorer hands them over: the model inputs as one float64 table (NaN where missing), the
+    score as an array, every other column a list."""
+    names = schema().names
+    data = {name: [r.get(name) for r in rows] for name in names}
+    table = np.array(
+        [[np.nan if r[f] is None else r[f] for f in NUMERIC_FEATURES] for r in rows], dtype="float64"
+    )
+    data.update(zip(NUMERIC_FEATURES, table.T, strict=True))
+    data["score"] = np.array([r["score"] for r in rows], dtype="float64")
+    return Columns(day, len(rows), data)
+
+
+def test_a_scored_batch_given_as_columns_is_written_as_the_same_rows_given_as_dicts(tmp_path):
+    """The scorer's way (Columns: its arrays as they are) and the rows' way (dicts, from_pylist) write equal
+    tables: a missing model input is null, a score that is NaN stays NaN, a shadow's values where it scored,
+    rows of two scoring dates in their own partitions, batches merged CONVERT_COLUMN_ROWS rows at a time."""
+    rows = []
+    for n in range(CONVERT_COLUMN_ROWS + 40):
+        scored = at(D, 23) if n < CONVERT_COLUMN_ROWS else at(D + timedelta(days=1), 0)
+        r = {**row(n, at(D, 22), scored), "shadow_threshold": None, "shadow_decision": None, "reasons": None}
+        r[NUMERIC_FEATURES[n % len(NUMERIC_FEATURES)]] = None  # a missing input
+        r[NUMERIC_FEATURES[0]] = float(n)
+        if n % 7 == 0:
+            r.update(shadow_version="2", shadow_score=0.25, shadow_threshold=0.4, shadow_decision="approve")
+        if n == 5:
+            r["score"] = float("nan")  # a champion's non-finite score: logged as it was, not as missing
+        rows.append(r)
+    by_dicts, by_columns = ScoringLog(tmp_path / "dicts"), ScoringLog(tmp_path / "columns")
+    for start in range(0, len(rows), 24):  # batches as the micro-batcher makes them, none across midnight
+        batch = rows[start : start + 24]
+        for day in sorted({r["scored_at"].date() for r in batch}):
+            same_day = [r for r in batch if r["scored_at"].date() == day]
+            by_dicts.append(same_day)
+            by_columns.append_columns(_as_columns(same_day, day))
+    for log in (by_dicts, by_columns):
+        log.flush()
+        log.close()
+        assert (log.written, log.dropped, log.errors) == (len(rows), 0, 0)
+    for folder in ("date=2026-03-10", "date=2026-03-11"):
+        (expected,) = [pq.read_table(p) for p in (tmp_path / "dicts" / folder).glob("*.parquet")]
+        (got,) = [pq.read_table(p) for p in (tmp_path / "columns" / folder).glob("*.parquet")]
+        assert got.schema.equals(expected.schema) and got.num_rows == expected.num_rows > 0
+        for name in schema().names:  # column by column, so a difference names its column
+            assert got[name].to_pylist() == expected[name].to_pylist() or name == "score", name
+        scores, expected_scores = got["score"].to_pylist(), expected["score"].to_pylist()
+        assert [s != s for s in scores] == [s != s for s in expected_scores]  # NaN where it was NaN
+        assert [s for s in scores if s == s] == [s for s in expected_scores if s == s]
+    assert got[NUMERIC_FEATURES[1]].null_count > 0  # the missing inputs are nulls, not NaN
+
+
+def test_a_column_batch_that_misfits_is_written_row_by_row_without_the_misfit_and_the_cap_holds(tmp_path):
+    rows = [row(n, at(D, 10), at(D, 10)) for n in range(20)]
+    batch = _as_columns(rows, D)
+    batch.data["caller"][3] = 12345  # not a string: the batch cannot become Arrow in one call
+    log = ScoringLog(tmp_path / "log", flush_interval_s=60, max_pending_rows=16)
+    log.append_columns(batch)  # 16 fit under the cap, 4 are dropped at once
+    log.flush()
+    log.close()
+    assert (log.written, log.dropped, log.errors, log.pending) == (15, 5, 1, 0)
+    written = read_scoring_log(tmp_path / "log", D, D, ["transaction_id"])["transaction_id"].to_pylist()
+    assert written == [r["transaction_id"] for i, r in enumerate(rows[:16]) if i != 3]
+    with pytest.raises(ValueError, match=r"missing \['caller'\], unknown \['who'\]"):
+        Columns(D, 1, {**{k: v for k, v in batch.data.items() if k != "caller"}, "who": ["x"]})
