@@ -94,6 +94,13 @@ def schema() -> pa.Schema:
     )
 
 
+# Columns of few distinct values, dictionary-encoded in the files. The ids, times and numbers are not: a
+# dictionary of values that rarely repeat doubled the write's CPU and made the files larger
+# (docs/benchmarks.md, "The scoring log's cost").
+DICTIONARY_COLUMNS = (
+    "currency", *CATEGORICAL_FEATURES, "model_name", "model_version", "decision", "threshold",
+    "shadow_version", "shadow_threshold", "shadow_decision", "missing_entities", "reasons", "caller",
+)  # fmt: skip
 # Float columns where NaN means "missing" (null in the log): the model inputs. Elsewhere (a score) NaN is a
 # value.
 NAN_IS_NULL = frozenset(NUMERIC_FEATURES)
@@ -474,7 +481,7 @@ class ScoringLog:
                 name = f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
                 scratch = folder / f".{name}.tmp"
                 try:
-                    pq.write_table(table, scratch)
+                    pq.write_table(table, scratch, use_dictionary=list(DICTIONARY_COLUMNS))
                     scratch.rename(folder / name)
                 finally:
                     scratch.unlink(missing_ok=True)  # a failed write leaves no temporary file

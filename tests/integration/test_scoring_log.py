@@ -17,6 +17,7 @@ import pytest
 from serving.scoring_log import (
     CONVERT_COLUMN_ROWS,
     CONVERT_ROWS,
+    DICTIONARY_COLUMNS,
     Columns,
     ScoringLog,
     read_scoring_log,
@@ -196,6 +197,12 @@ def test_a_scored_batch_given_as_columns_is_written_as_the_same_rows_given_as_di
         assert [s != s for s in scores] == [s != s for s in expected_scores]  # NaN where it was NaN
         assert [s for s in scores if s == s] == [s for s in expected_scores if s == s]
     assert got[NUMERIC_FEATURES[1]].null_count > 0  # the missing inputs are nulls, not NaN
+    # the few-valued columns are dictionary-encoded in the file, the ids are not
+    assert set(DICTIONARY_COLUMNS) < set(schema().names)
+    (written,) = (tmp_path / "columns" / "date=2026-03-11").glob("*.parquet")
+    group = pq.ParquetFile(written).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+    assert "RLE_DICTIONARY" in encodings["decision"] and "RLE_DICTIONARY" not in encodings["transaction_id"]
 
 
 def test_a_column_batch_that_misfits_is_written_row_by_row_without_the_misfit_and_the_cap_holds(tmp_path):
