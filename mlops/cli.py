@@ -715,7 +715,7 @@ def erase(
         _emit({"status": "failed", "message": str(exc)}, as_json)
         raise typer.Exit(code=1) from None
     table = Table("where", "file", "rows removed", title=f"erased: {record['rows_removed']} rows")
-    for layer in ("landing", "quarantine"):
+    for layer in ("landing", "quarantine", "scoring_log"):
         for name, count in record[layer].items():
             table.add_row(layer, name, str(count))
     err.print(table)

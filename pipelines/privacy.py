@@ -16,9 +16,10 @@ here too for a service that is idle or down): the lake's own dates,
 never a caller's or this machine's clock, so a replayed or late feed is not emptied by the calendar. A landing
 folder the lake has not ingested is kept, whatever its age: deleting it would lose the only copy.
 
-What this does not reach: bronze, silver, gold, the training sets, the online store, MLflow's artifacts and
-the scoring log hold no raw id (core/pseudonym.py), but the customer's pseudonym, which is still personal
-data; the report names those stores and gives the pseudonym to look for, so an operator can act on them.
+The scoring service's log holds the customer's pseudonym (core/pseudonym.py): their rows are removed from
+every file of it too. What this does not reach yet: bronze, silver, gold, the training sets, the online store
+and MLflow's artifacts hold no raw id either, but the pseudonym, which is still personal data; the report
+names those stores and gives the pseudonym to look for, so an operator can act on them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PARTITION_PREFIX = "arrival_date="
+ERASED_FROM = ("landing", "quarantine", "scoring_log")  # where the report counts rows, file by file
 NOT_REACHED = (
     "bronze",
     "silver",
@@ -54,7 +56,6 @@ NOT_REACHED = (
     "training sets",
     "online store",
     "MLflow artifacts",
-    "scoring log",
 )
 
 
@@ -234,7 +235,8 @@ def erase_customer(settings: Settings, customer: str) -> dict:
             report["landing"][str(path.relative_to(settings.landing))] = count
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine, None, known_as)
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine_labels, "transaction_id", transactions)
-    report["rows_removed"] = sum(report["landing"].values()) + sum(report["quarantine"].values())
+    report["scoring_log"] = _erase_in_scoring_log(settings.scoring_log_dir, known_as - {customer})
+    report["rows_removed"] = sum(sum(report[where].values()) for where in ERASED_FROM)
     report["chargebacks_matched_by"] = len(transactions)
     log.info("erasure: %d rows removed (%d files)", report["rows_removed"], len(report["landing"]))
     if report["failed"]:
@@ -244,6 +246,35 @@ def erase_customer(settings: Settings, customer: str) -> dict:
             f"({report['rows_removed']} rows). Fix or remove those files and run `mlops erase` again."
         )
     return report
+
+
+def _erase_in_scoring_log(root: Path, pseudonyms: set[str]) -> dict[str, int]:
+    """The scoring service's rows of these customers (it logs pseudonyms: serving/scoring_log.py), removed
+    from every file of the log, each rewritten aside and renamed over the old; {file: rows removed}. The
+    service only ever adds new files, so a running one loses nothing to the rewrite."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    removed: dict[str, int] = {}
+    if not root.is_dir() or not pseudonyms:
+        return removed
+    wanted = pa.array(sorted(pseudonyms))
+    for path in sorted(root.glob("date=*/part-*.parquet")):
+        customers = pq.read_table(path, columns=["customer_id"]).column("customer_id")
+        theirs = pc.is_in(customers, value_set=wanted)
+        count = pc.sum(theirs).as_py() or 0
+        if not count:
+            continue
+        table = pq.read_table(path)
+        staged = path.with_name(f".erasing-{path.name}")
+        try:
+            pq.write_table(table.filter(pc.invert(theirs)), staged)
+            os.replace(staged, path)
+        finally:
+            staged.unlink(missing_ok=True)
+        removed[str(path.relative_to(root.parent))] = count
+    return removed
 
 
 def _ingested(tables: Tables) -> list[date]:

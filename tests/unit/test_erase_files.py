@@ -100,7 +100,7 @@ def test_a_customers_lines_go_from_every_format_and_the_rest_stay_as_they_were(s
         "2026-01-02/labels-00000.csv": 2,
     }
     assert report["rows_removed"] == 7 and report["failed"] == {}
-    assert "silver" in report["not_reached"] and "scoring log" in report["not_reached"]
+    assert "silver" in report["not_reached"] and report["scoring_log"] == {}  # the service logged nothing
     # what those stores hold instead of the id, for the operator to look for
     assert report["pseudonym"] == pseudonym.for_settings(settings).customer(WHO)
     assert not list(settings.landing.rglob(".erasing-*"))
@@ -149,3 +149,36 @@ def test_a_file_that_cannot_be_read_is_named_and_the_others_are_still_erased(set
 def test_an_id_that_is_not_an_id_is_refused(settings, bad):
     with pytest.raises(ValueError, match="is not a customer id"):
         erase_customer(settings, bad)
+
+
+def test_the_customers_rows_leave_every_file_of_the_scoring_log_and_the_others_stay(settings):
+    """The scoring service logs pseudonyms (serving/scoring_log.py): the customer's rows go from each file
+    that has them, on every scoring date; a file without them is not rewritten; another customer's stay."""
+    from datetime import UTC, date, datetime
+
+    from serving.scoring_log import ScoringLog, read_scoring_log
+    from tests.integration.test_scoring_log import row
+
+    theirs = pseudonym.for_settings(settings).customer(WHO)
+    other = pseudonym.for_settings(settings).customer("c0000007")
+    log = ScoringLog(settings.scoring_log_dir)
+    rows = []
+    for n, (who, day) in enumerate([(theirs, 10), (other, 10), (theirs, 11), (other, 11), (other, 12)]):
+        at = datetime(2026, 3, day, 12, tzinfo=UTC)
+        rows.append({**row(n, at, at), "customer_id": who})
+    for one in rows:  # a file each
+        log.append([one])
+        log.flush()
+    log.close()
+    untouched = sorted(settings.scoring_log_dir.glob("date=2026-03-12/*.parquet"))
+    before = [path.read_bytes() for path in untouched]
+
+    report = erase_customer(settings, WHO)
+
+    assert sorted(report["scoring_log"].values()) == [1, 1]
+    assert all(name.startswith("scoring_log/date=2026-03-1") for name in report["scoring_log"])
+    assert report["rows_removed"] == 7 + 2  # the landing's and quarantine's as before, and the log's
+    kept = read_scoring_log(settings.scoring_log_dir, date(2026, 3, 9), date(2026, 3, 13))
+    assert sorted(kept["customer_id"].to_pylist()) == [other] * 3
+    assert [path.read_bytes() for path in untouched] == before
+    assert not list(settings.scoring_log_dir.rglob(".erasing-*"))
