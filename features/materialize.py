@@ -186,7 +186,7 @@ def _one_per_entity(rows: pa.Table, key: str, columns: list[str]) -> pa.Table:
     return pa.table({name: grouped[name if name == key else f"{name}_first"] for name in columns})
 
 
-def _stored_times(store: FeatureStore, view: FeatureView, keys: list[str]) -> list[datetime | None]:
+def stored_times(store: FeatureStore, view: FeatureView, keys: list[str]) -> list[datetime | None]:
     """The event time of each entity's value in the online store (None: no value), read `GUARD_ROWS`
     entities at a time (Feast's SQLite read binds one parameter per entity, and SQLite takes at most
     32,766)."""
@@ -210,7 +210,7 @@ def _drop_stale(store: FeatureStore, view: FeatureView, rows: pa.Table, key: str
     was rebuilt and its latest row for the entity is now that one (a re-delivery retracted the later)."""
     import pyarrow as pa
 
-    stored = _stored_times(store, view, rows[key].to_pylist())
+    stored = stored_times(store, view, rows[key].to_pylist())
     keep = [ts is None or ts < end for ts in stored]
     return rows.filter(pa.array(keep, type=pa.bool_()))
 
@@ -256,7 +256,7 @@ def _retract(
     gone = pc.filter(before, pc.invert(pc.is_in(before, value_set=winners[key]))).to_pylist()
     if not gone:
         return 0, 0
-    stored = _stored_times(store, view, gone)
+    stored = stored_times(store, view, gone)
     stale = [k for k, ts in zip(gone, stored, strict=True) if ts is not None and start <= ts < end]
     if not stale:
         return 0, 0

@@ -703,8 +703,9 @@ def erase(
     customer: Annotated[str, typer.Option(help="the customer id whose raw rows are removed")],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Remove a customer's raw rows from landing and quarantine, and their chargebacks; report what went."""
-    from pipelines.privacy import ErasureError, erase_customer
+    """Remove a customer's raw rows from landing and quarantine, their chargebacks, their scoring-log rows and
+    their online features; report what went."""
+    from pipelines.privacy import ERASED_FROM, ErasureError, erase_customer
 
     try:
         record = erase_customer(get_settings(), customer)
@@ -714,8 +715,8 @@ def erase(
         err.print(f"[red]erase failed:[/] {exc}")
         _emit({"status": "failed", "message": str(exc)}, as_json)
         raise typer.Exit(code=1) from None
-    table = Table("where", "file", "rows removed", title=f"erased: {record['rows_removed']} rows")
-    for layer in ("landing", "quarantine", "scoring_log"):
+    table = Table("where", "file or view", "removed", title=f"erased: {record['rows_removed']} rows")
+    for layer in ERASED_FROM:
         for name, count in record[layer].items():
             table.add_row(layer, name, str(count))
     err.print(table)

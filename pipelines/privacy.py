@@ -16,10 +16,11 @@ here too for a service that is idle or down): the lake's own dates,
 never a caller's or this machine's clock, so a replayed or late feed is not emptied by the calendar. A landing
 folder the lake has not ingested is kept, whatever its age: deleting it would lose the only copy.
 
-The scoring service's log holds the customer's pseudonym (core/pseudonym.py): their rows are removed from
-every file of it too. What this does not reach yet: bronze, silver, gold, the training sets, the online store
-and MLflow's artifacts hold no raw id either, but the pseudonym, which is still personal data; the report
-names those stores and gives the pseudonym to look for, so an operator can act on them.
+The scoring service's log and the online store hold the customer's pseudonym (core/pseudonym.py): their rows
+are removed from every file of the log and their entities from every customer view of the online store. What
+this does not reach yet: bronze, silver, gold, the training sets and MLflow's artifacts hold no raw id either,
+but the pseudonym, which is still personal data; the report names those stores and gives the pseudonym to look
+for, so an operator can act on them.
 """
 
 from __future__ import annotations
@@ -48,14 +49,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PARTITION_PREFIX = "arrival_date="
-ERASED_FROM = ("landing", "quarantine", "scoring_log")  # where the report counts rows, file by file
+# What the report counts removals in: file by file, or view by view for the online store.
+ERASED_FROM = ("landing", "quarantine", "scoring_log", "online_store")
 NOT_REACHED = (
     "bronze",
     "silver",
     "gold",
     "training sets",
-    "online store",
     "MLflow artifacts",
+    "the scoring service's live state (rebuilt from silver at its start)",
 )
 
 
@@ -236,6 +238,7 @@ def erase_customer(settings: Settings, customer: str) -> dict:
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine, None, known_as)
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine_labels, "transaction_id", transactions)
     report["scoring_log"] = _erase_in_scoring_log(settings.scoring_log_dir, known_as - {customer})
+    report["online_store"] = _erase_in_online_store(settings, known_as - {customer})
     report["rows_removed"] = sum(sum(report[where].values()) for where in ERASED_FROM)
     report["chargebacks_matched_by"] = len(transactions)
     log.info("erasure: %d rows removed (%d files)", report["rows_removed"], len(report["landing"]))
@@ -274,6 +277,37 @@ def _erase_in_scoring_log(root: Path, pseudonyms: set[str]) -> dict[str, int]:
         finally:
             staged.unlink(missing_ok=True)
         removed[str(path.relative_to(root.parent))] = count
+    return removed
+
+
+def _erase_in_online_store(settings: Settings, pseudonyms: set[str]) -> dict[str, int]:
+    """The customers' entities in every online view keyed by the customer (the store knows them by pseudonym),
+    removed with the writer materialization removes retracted entities with (features/online_store.py);
+    {view: entities removed}. No registry yet: nothing was ever materialized here."""
+    from features import repo
+    from features.definitions import CUSTOMER_JOIN_KEY
+    from features.materialize import stored_times
+    from features.online_store import open_writer
+    from features.sources import KEY_OF_VIEW
+
+    if not pseudonyms or not (settings.feast_dir / "registry.db").is_file():
+        return {}
+    store = repo.open_store(settings)
+    keys = sorted(pseudonyms)
+    removed: dict[str, int] = {}
+    for view in store.list_feature_views():
+        if KEY_OF_VIEW.get(view.name) != CUSTOMER_JOIN_KEY:
+            continue
+        stored = stored_times(store, view, keys)
+        present = [key for key, at in zip(keys, stored, strict=True) if at is not None]
+        if not present:
+            continue
+        writer = open_writer(store, view)
+        try:
+            writer.delete(present)
+        finally:
+            writer.close()
+        removed[view.name] = len(present)
     return removed
 
 

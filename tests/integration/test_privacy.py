@@ -19,9 +19,11 @@ import pytest
 
 from core import pseudonym
 from core.settings import Settings, get_settings
+from features import repo
+from features.materialize import stored_times
 from pipelines.ingest import job as ingest
 from pipelines.lake import Tables
-from pipelines.privacy import erase_customer
+from pipelines.privacy import ERASED_FROM, erase_customer
 from tests import lake as reference
 
 
@@ -55,6 +57,12 @@ def _quarantined(settings: Settings, feed: str) -> list[str]:
     return [r or "" for r in table.column("raw_record").to_pylist()]
 
 
+def silver_customers(settings: Settings) -> list[str]:
+    """Every customer pseudonym silver holds."""
+    table = ds.dataset(Tables(settings.lake).silver, partitioning="hive").to_table(columns=["customer_id"])
+    return table.column("customer_id").to_pylist()
+
+
 @pytest.fixture
 def home(tmp_path):
     return reference.reference_lake(tmp_path / "home").home
@@ -82,8 +90,30 @@ def test_an_erased_customer_is_gone_from_landing_quarantine_and_what_ingestion_r
     assert as_pseudonym[customer] > 0, "and one of them has a resent copy quarantined in silver"
     theirs = {t for t, c in owner.items() if c == customer}
     their_labels = chargebacks[customer]
+    # The online store (the reference lake's SQLite one, materialized) knows them and others by pseudonym.
+    store = repo.open_store(settings)
+    view = store.get_feature_view("customer_stats_fv")
+    who = pseudonyms.customer(customer)
+    candidates = sorted(set(silver_customers(settings)))
+    stored = stored_times(store, view, candidates)
+    known = [key for key, at in zip(candidates, stored, strict=True) if at is not None]
+    assert who in known and len(known) > 1, "the customer and others have online features"
+    another = next(k for k in known if k != who)
+    features = [f"customer_stats_fv:{feature.name}" for feature in view.features]
+
+    def online(entity: str) -> list:
+        values = store.get_online_features(features=features, entity_rows=[{"customer_id": entity}]).to_dict()
+        return [values[f.split(":")[1]][0] for f in features]
+
+    others_before = online(another)
+    assert any(v is not None for v in online(who))
 
     report = erase_customer(settings, customer)
+
+    # Feast's own read: nothing of theirs is served any more; another customer's features unchanged.
+    assert report["online_store"] == {"customer_stats_fv": 1}
+    assert online(who) == [None] * len(features) and online(another) == others_before
+    assert report["rows_removed"] == sum(sum(report[k].values()) for k in ERASED_FROM)
 
     after = _landing(settings, "transactions")
     for name, rows in before.items():
