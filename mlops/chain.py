@@ -18,6 +18,7 @@ from core.settings import Settings
 from features.materialize import materialize_date
 from pipelines.gold import job as gold
 from pipelines.ingest import job as ingest
+from pipelines.lake import clear_every_replaced
 from training.feature_rows import build_feature_rows
 
 IngestStep = Callable[[Settings, date, str], dict]
@@ -71,6 +72,33 @@ def backfill(settings: Settings, progress: Progress | None = None) -> dict:
         "training_rows": rows,
         "seconds_per_step": clock.seconds,
     }
+
+
+def erase(settings: Settings, customer: str, rebuild: bool = True, progress: Progress | None = None) -> dict:
+    """A person erased through every layer this product rebuilds: `pipelines.privacy.erase_customer` (landing,
+    quarantine, bronze, silver, the scoring log, the online store), then, where silver lost rows, the features
+    backfill, which finds the arrivals whose silver changed and rebuilds every gold date that read them
+    (gold, its GX results, a new DVC revision, the online store, the training rows). `rebuilt`: each date
+    rebuilt and why. With `rebuild=False` gold still holds them; the report says so."""
+    from pipelines.privacy import erase_customer
+
+    record = erase_customer(settings, customer)
+    record["rebuilt"] = {}
+    if not any(name.startswith("silver/") for name in record["lake"]):
+        return record
+    if not rebuild:
+        record["not_reached"] = [
+            "gold, its DVC revisions and the training rows, until `mlops features backfill` rebuilds them",
+            *record["not_reached"],
+        ]
+        return record
+    done = backfill(settings, progress)
+    record["rebuilt"] = {day: done["plan"]["reasons"][day] for day in done["rebuilt"]}
+    # the versions the rebuild replaced, kept a while for readers that opened them, hold the person's rows
+    record["replaced_versions_cleared"] = [
+        str(root.relative_to(settings.lake)) for root in clear_every_replaced(settings.lake)
+    ]
+    return record
 
 
 def _build_planned(

@@ -700,26 +700,47 @@ def history(
 
 @app.command()
 def erase(
-    customer: Annotated[str, typer.Option(help="the customer id whose raw rows are removed")],
+    customer: Annotated[str, typer.Option(help="the customer id whose rows are removed")],
+    rebuild: Annotated[
+        bool,
+        typer.Option(
+            "--rebuild/--no-rebuild",
+            help="rebuild gold, its DVC revisions, the online store and the training rows from what is left "
+            "(the features backfill; Spark)",
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Remove a customer's raw rows from landing and quarantine, their chargebacks, their scoring-log rows and
-    their online features; report what went."""
-    from pipelines.privacy import ERASED_FROM, ErasureError, erase_customer
+    """Remove a customer's rows from landing, quarantine, bronze, silver (their chargebacks too), the scoring
+    log and the online store, then rebuild gold from what is left; report what went where."""
+    from core.errors import PipelineError
+    from mlops.chain import erase as erase_through
+    from pipelines.privacy import ERASED_FROM, ErasureError
+
+    def progress(number: int, total: int, day: date, why: str, record: dict) -> None:
+        err.print(f"erase: gold {number}/{total}: {day} rebuilt ({why})", soft_wrap=True)
 
     try:
-        record = erase_customer(get_settings(), customer)
+        record = erase_through(get_settings(), customer, rebuild, progress)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--customer") from None
     except ErasureError as exc:
         err.print(f"[red]erase failed:[/] {exc}")
         _emit({"status": "failed", "message": str(exc)}, as_json)
         raise typer.Exit(code=1) from None
-    table = Table("where", "file or view", "removed", title=f"erased: {record['rows_removed']} rows")
+    except PipelineError as exc:  # the erasure is done; the rebuild of gold stopped at a date
+        message = f"erased, but gold was not rebuilt: {exc}; run `mlops features backfill` once it is fixed"
+        err.print(f"[red]erase:[/] {message}")
+        _emit({"status": "failed", "step": "rebuild", "message": message}, as_json)
+        raise typer.Exit(code=1) from None
+    title = f"erased: {record['rows_removed']} rows"
+    table = Table("where", "file, partition or view", "removed", title=title)
     for layer in ERASED_FROM:
         for name, count in record[layer].items():
             table.add_row(layer, name, str(count))
     err.print(table)
+    if record["rebuilt"]:
+        err.print(f"gold rebuilt from what is left: {', '.join(record['rebuilt'])}", soft_wrap=True)
     held = f" (they hold the pseudonym {record['pseudonym']}, not the id)" if record["pseudonym"] else ""
     err.print(f"not reached by this command{held}: {', '.join(record['not_reached'])}")
     _emit({"status": "erased", **record}, as_json)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -142,6 +142,48 @@ def overwrite_partitions(
         _retire(run, retain_s if replaced else 0)
 
 
+def rewrite_partitions(
+    root: Path, rewrite: Callable[[Path, list[Path]], Any | None], retain_s: float = RETAIN_REPLACED_S
+) -> list[Path]:
+    """Rewrite some of `root`'s arrival partitions without Spark, holding the table's lock throughout (so no
+    other write lands between the read and the swap): `rewrite(partition, files)` returns the partition's new
+    rows as an Arrow table, or None to leave it as it is. A table with no row removes the partition. The new
+    versions are staged and swapped in as `overwrite_partitions` does; the partitions rewritten, in order.
+    For an erasure, `retain_s=0`: no version that held the removed rows is kept, nor any an earlier write
+    kept (they go first)."""
+    import pyarrow.parquet as pq
+
+    done = []
+    with table_lock(root):
+        _clear_leftovers(root, retain_s)
+        run = root / STAGING / uuid.uuid4().hex
+        staged: list[tuple[Path, Path | None]] = []
+        for partition in sorted(p for p in root.glob("arrival_date=*") if p.is_dir()):
+            table = rewrite(partition, data_files(partition))
+            if table is None:
+                continue
+            if not table.num_rows:
+                staged.append((partition, None))
+                continue
+            target = run / "data" / partition.relative_to(root)
+            target.mkdir(parents=True)
+            pq.write_table(table, target / f"part-00000-{uuid.uuid4().hex}.parquet")
+            staged.append((partition, target))
+        _kill_point("staged")
+        replaced = False
+        for number, (partition, target) in enumerate(staged, start=1):
+            if target is None:
+                replaced |= _remove_except(partition, set(), run)
+            else:
+                replaced |= _swap_in(target, partition, run)
+            done.append(partition)
+            _kill_point(f"swapped-{number}")
+        _kill_point("swapped")
+        if run.exists():
+            _retire(run, retain_s if replaced else 0)
+    return done
+
+
 def clear_partitions(root: Path, partitions: tuple[Path, ...], retain_s: float = RETAIN_REPLACED_S) -> None:
     """Delete whole partitions; each is renamed aside first, so none is ever seen half-deleted, and kept
     retired as `overwrite_partitions` keeps a replaced version."""
@@ -156,6 +198,19 @@ def clear_replaced(root: Path) -> None:
     """Delete the versions of `root`'s partitions that writes replaced and kept for their readers (see
     `overwrite_partitions`), now: for an erasure, no old copy may stay. Call it holding `table_lock(root)`."""
     _clear_leftovers(root, 0)
+
+
+def clear_every_replaced(lake: Path) -> list[Path]:
+    """`clear_replaced` for every table under `lake` that kept replaced versions, each under its lock: after
+    an erasure's rebuild, the versions the rebuild replaced still hold the person's rows. The tables
+    cleared."""
+    cleared = []
+    for staging in sorted(lake.rglob(STAGING)):
+        if staging.is_dir() and any(staging.iterdir()):
+            with table_lock(staging.parent):
+                clear_replaced(staging.parent)
+            cleared.append(staging.parent)
+    return cleared
 
 
 def _kill_point(point: str) -> None:

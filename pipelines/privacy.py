@@ -16,11 +16,13 @@ here too for a service that is idle or down): the lake's own dates,
 never a caller's or this machine's clock, so a replayed or late feed is not emptied by the calendar. A landing
 folder the lake has not ingested is kept, whatever its age: deleting it would lose the only copy.
 
-The scoring service's log and the online store hold the customer's pseudonym (core/pseudonym.py): their rows
-are removed from every file of the log and their entities from every customer view of the online store. What
-this does not reach yet: bronze, silver, gold, the training sets and MLflow's artifacts hold no raw id either,
-but the pseudonym, which is still personal data; the report names those stores and gives the pseudonym to look
-for, so an operator can act on them.
+Past landing the customer is their pseudonym (core/pseudonym.py), still personal data: their rows leave bronze
+and silver (and their chargebacks silver's labels), partition by partition with no older version kept, every
+file of the scoring service's log, and their entities every customer view of the online store. Gold, its DVC
+revisions and the training rows are derived from silver: `mlops erase` rebuilds them next (the features
+backfill finds the arrivals whose silver changed). What this does not reach yet: the training sets DVC
+already versioned and the models trained on them, and MLflow's artifacts; the report names them and gives
+the pseudonym to look for.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from core import pseudonym
 from core.errors import PipelineError
 from core.retention import dated_folders, expire_dated_folders
 from pipelines.ingest.landing import data_format
-from pipelines.lake import Tables, clear_partitions, clear_replaced, table_lock
+from pipelines.lake import Tables, clear_partitions, clear_replaced, rewrite_partitions, table_lock
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -49,13 +51,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PARTITION_PREFIX = "arrival_date="
-# What the report counts removals in: file by file, or view by view for the online store.
-ERASED_FROM = ("landing", "quarantine", "scoring_log", "online_store")
+# What the report counts removals in: file by file, partition by partition, or view by view.
+ERASED_FROM = ("landing", "quarantine", "lake", "scoring_log", "online_store")
+# Rebuilt from what erasure left, by `mlops erase` (the features backfill), not by this module: gold, its DVC
+# revisions and the training rows. Not reached at all yet:
 NOT_REACHED = (
-    "bronze",
-    "silver",
-    "gold",
-    "training sets",
+    "training sets already versioned in DVC and the models trained on them",
     "MLflow artifacts",
     "the scoring service's live state (rebuilt from silver at its start)",
 )
@@ -237,6 +238,7 @@ def erase_customer(settings: Settings, customer: str) -> dict:
             report["landing"][str(path.relative_to(settings.landing))] = count
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine, None, known_as)
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine_labels, "transaction_id", transactions)
+    report["lake"] = _erase_in_lake(tables, known_as - {customer}, transactions)
     report["scoring_log"] = _erase_in_scoring_log(settings.scoring_log_dir, known_as - {customer})
     report["online_store"] = _erase_in_online_store(settings, known_as - {customer})
     report["rows_removed"] = sum(sum(report[where].values()) for where in ERASED_FROM)
@@ -249,6 +251,38 @@ def erase_customer(settings: Settings, customer: str) -> dict:
             f"({report['rows_removed']} rows). Fix or remove those files and run `mlops erase` again."
         )
     return report
+
+
+def _erase_in_lake(tables: Tables, pseudonyms: set[str], transactions: set[str]) -> dict[str, int]:
+    """The customers' rows of bronze and silver (by pseudonym) and their transactions' chargebacks in silver's
+    labels, removed partition by partition under each table's lock, with no older version of a partition
+    kept (`rewrite_partitions`, retention 0); {partition: rows removed}. Gold, derived from silver, is
+    rebuilt from what is left by the features backfill, which finds the arrivals whose silver changed."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    removed: dict[str, int] = {}
+    for root, column, values in (
+        (tables.bronze, "customer_id", pseudonyms),
+        (tables.silver, "customer_id", pseudonyms),
+        (tables.silver_labels, "transaction_id", transactions),
+    ):
+        if not values or not root.is_dir():
+            continue
+        wanted = pa.array(sorted(values))
+
+        def without(partition: Path, files: list[Path], column: str = column, wanted: pa.Array = wanted):
+            found = [pq.read_table(f, columns=[column]).column(column) for f in files]
+            if not any(pc.any(pc.is_in(part, value_set=wanted)).as_py() for part in found):
+                return None
+            table = pa.concat_tables([pq.read_table(f) for f in files])
+            theirs = pc.is_in(table.column(column), value_set=wanted)
+            removed[str(partition.relative_to(tables.lake))] = pc.sum(theirs).as_py()
+            return table.filter(pc.invert(theirs))
+
+        rewrite_partitions(root, without, retain_s=0)
+    return removed
 
 
 def _erase_in_scoring_log(root: Path, pseudonyms: set[str]) -> dict[str, int]:

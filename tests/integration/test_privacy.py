@@ -1,7 +1,9 @@
 """Erasure and retention on the reference lake (tests/lake.py: quarantined, duplicated, late and re-delivered
-rows), through the real engines: a customer erased from landing and quarantine is gone from what ingestion
-then reads, Spark still reads the rewritten quarantine, and the retention DAG deletes only what is past its
-retention and ingested. The file formats one by one: tests/unit/test_erase_files.py."""
+rows), through the real engines: a customer erased (`mlops erase`'s path) is gone from landing, quarantine,
+bronze, silver, the online store and, once the backfill has rebuilt gold from what is left, from every Parquet
+file of the lake; Spark still reads the rewritten quarantine, ingestion reads nothing of theirs again, and the
+retention DAG deletes only what is past its retention and ingested. The file formats and the lake's
+partitions one by one: tests/unit/test_erase_files.py."""
 
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ from core import pseudonym
 from core.settings import Settings, get_settings
 from features import repo
 from features.materialize import stored_times
+from mlops.chain import erase
+from pipelines.gold.contract import CUSTOMER_TABLE, table_path
 from pipelines.ingest import job as ingest
 from pipelines.lake import Tables
-from pipelines.privacy import ERASED_FROM, erase_customer
+from pipelines.privacy import ERASED_FROM
 from tests import lake as reference
 
 
@@ -57,6 +61,22 @@ def _quarantined(settings: Settings, feed: str) -> list[str]:
     return [r or "" for r in table.column("raw_record").to_pylist()]
 
 
+def _holding(root, values: set[str]) -> list[str]:
+    """Each `file:column` under `root` (Parquet, hidden folders too) with one of `values` in a text column."""
+    import pyarrow as pa
+
+    hits = []
+    for path in sorted(root.rglob("*.parquet")):
+        table = pq.read_table(path)
+        for name in table.column_names:
+            column = table.column(name)
+            kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+            text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            if text and values & set(column.to_pylist()):
+                hits.append(f"{path.relative_to(root)}:{name}")
+    return hits
+
+
 def silver_customers(settings: Settings) -> list[str]:
     """Every customer pseudonym silver holds."""
     table = ds.dataset(Tables(settings.lake).silver, partitioning="hive").to_table(columns=["customer_id"])
@@ -68,7 +88,7 @@ def home(tmp_path):
     return reference.reference_lake(tmp_path / "home").home
 
 
-def test_an_erased_customer_is_gone_from_landing_quarantine_and_what_ingestion_reads_next(spark, home):
+def test_an_erased_customer_is_gone_from_every_layer_and_gold_is_rebuilt_without_them(spark, home):
     settings = Settings(home=home, spark_shuffle_partitions=2)
     before = _landing(settings, "transactions")
     quarantined = _quarantined(settings, "transactions")
@@ -108,8 +128,16 @@ def test_an_erased_customer_is_gone_from_landing_quarantine_and_what_ingestion_r
     others_before = online(another)
     assert any(v is not None for v in online(who))
 
-    report = erase_customer(settings, customer)
+    report = erase(settings, customer)  # `mlops erase`: every layer, then gold rebuilt from what is left
 
+    # Nothing of theirs in any Parquet file of the lake, hidden folders included (bronze, silver and its
+    # labels, gold and its per-day states, the training rows, the quarantine, versions kept for readers):
+    # neither their pseudonym nor their id nor one of their transactions.
+    assert _holding(settings.lake, {who, customer} | theirs) == []
+    assert any(name.startswith("silver/transactions/") for name in report["lake"])
+    assert report["rebuilt"] and all("inputs changed" in why for why in report["rebuilt"].values())
+    gold_customers = ds.dataset(table_path(settings.lake, CUSTOMER_TABLE), partitioning="hive")
+    assert gold_customers.count_rows() > 0  # the others' features were rebuilt, not dropped
     # Feast's own read: nothing of theirs is served any more; another customer's features unchanged.
     assert report["online_store"] == {"customer_stats_fv": 1}
     assert online(who) == [None] * len(features) and online(another) == others_before

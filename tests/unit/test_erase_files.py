@@ -100,7 +100,8 @@ def test_a_customers_lines_go_from_every_format_and_the_rest_stay_as_they_were(s
         "2026-01-02/labels-00000.csv": 2,
     }
     assert report["rows_removed"] == 7 and report["failed"] == {}
-    assert "silver" in report["not_reached"] and report["scoring_log"] == {}  # the service logged nothing
+    assert report["lake"] == {} and report["scoring_log"] == {}  # no lake here, and no service has logged
+    assert any("MLflow" in store for store in report["not_reached"])
     # what those stores hold instead of the id, for the operator to look for
     assert report["pseudonym"] == pseudonym.for_settings(settings).customer(WHO)
     assert not list(settings.landing.rglob(".erasing-*"))
@@ -182,3 +183,52 @@ def test_the_customers_rows_leave_every_file_of_the_scoring_log_and_the_others_s
     assert sorted(kept["customer_id"].to_pylist()) == [other] * 3
     assert [path.read_bytes() for path in untouched] == before
     assert not list(settings.scoring_log_dir.rglob(".erasing-*"))
+
+
+def test_bronze_silver_and_the_labels_lose_their_rows_partition_by_partition_with_no_older_copy(settings):
+    """The lake past landing knows the customer by pseudonym: their rows leave bronze and silver, their
+    transactions' chargebacks leave silver's labels; a partition with none of theirs keeps its bytes, one with
+    only theirs is removed, and the versions earlier writes kept for readers go too."""
+    theirs = pseudonym.for_settings(settings).customer(WHO)
+    lake = settings.lake
+    # tx..a1 is theirs in landing (its chargeback is found there); tx..a9 only in silver (found by pseudonym)
+    silver = {
+        "2026-01-01": {"transaction_id": ["tx00000000000000a9", "tx00000000000000b9"],
+                       "customer_id": [theirs, "p-other"]},
+        "2026-01-02": {"transaction_id": ["tx00000000000000b8"], "customer_id": ["p-other"]},
+        "2026-01-03": {"transaction_id": ["tx00000000000000a8"], "customer_id": [theirs]},
+    }  # fmt: skip
+    for table in ("bronze", "silver"):
+        for day, rows in silver.items():
+            partition = lake / table / "transactions" / f"arrival_date={day}"
+            partition.mkdir(parents=True)
+            pq.write_table(pa.table(rows), partition / "part-00000-s.parquet")
+    labels = lake / "silver" / "labels" / "arrival_date=2026-01-02"
+    labels.mkdir(parents=True)
+    pq.write_table(
+        pa.table({"transaction_id": ["tx00000000000000a9", "tx00000000000000a1", "tx00000000000000b8"]}),
+        labels / "part-00000-l.parquet",
+    )
+    kept_for_readers = lake / "silver" / "transactions" / ".staging" / "retired-1-old" / "data"
+    kept_for_readers.mkdir(parents=True)
+    pq.write_table(pa.table(silver["2026-01-01"]), kept_for_readers / "part-old.parquet")
+    untouched = lake / "silver" / "transactions" / "arrival_date=2026-01-02" / "part-00000-s.parquet"
+    before = _digest(untouched)
+
+    report = erase_customer(settings, WHO)
+
+    assert report["lake"] == {
+        "bronze/transactions/arrival_date=2026-01-01": 1,
+        "bronze/transactions/arrival_date=2026-01-03": 1,
+        "silver/transactions/arrival_date=2026-01-01": 1,
+        "silver/transactions/arrival_date=2026-01-03": 1,
+        "silver/labels/arrival_date=2026-01-02": 2,
+    }
+    for table in ("bronze", "silver"):
+        root = lake / table / "transactions"
+        left = pa.concat_tables([pq.read_table(f) for f in sorted(root.glob("arrival_date=*/*.parquet"))])
+        assert left.column("customer_id").to_pylist() == ["p-other", "p-other"]
+        assert not (root / "arrival_date=2026-01-03").exists()  # only theirs: the partition is gone
+    assert _digest(untouched) == before
+    assert pq.read_table(labels).column("transaction_id").to_pylist() == ["tx00000000000000b8"]
+    assert not kept_for_readers.exists() and not list(lake.rglob(".staging/*"))
