@@ -171,11 +171,11 @@ def rewrite_partitions(
             staged.append((partition, target))
         _kill_point("staged")
         replaced = False
-        for number, (partition, target) in enumerate(staged, start=1):
-            if target is None:
+        for number, (partition, version) in enumerate(staged, start=1):
+            if version is None:
                 replaced |= _remove_except(partition, set(), run)
             else:
-                replaced |= _swap_in(target, partition, run)
+                replaced |= _swap_in(version, partition, run)
             done.append(partition)
             _kill_point(f"swapped-{number}")
         _kill_point("swapped")
