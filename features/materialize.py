@@ -419,3 +419,30 @@ def materialize_date(settings: Settings, day: date) -> dict:
         "rows_materialized": sum(v.rows_written for v in views),
         "materialized": {v.feature_view: v.rows_written for v in views},
     }
+
+
+def erase_customers(settings: Settings, pseudonyms: set[str]) -> dict[str, int]:
+    """The customers' entities in every online view keyed by the customer (the store knows them by pseudonym),
+    removed with the writer that removes retracted entities (features/online_store.py); {view: entities
+    removed}. No registry yet: nothing was ever materialized here. For an erasure (mlops/chain.py `erase`)."""
+    from features.definitions import CUSTOMER_JOIN_KEY
+
+    if not pseudonyms or not (settings.feast_dir / "registry.db").is_file():
+        return {}
+    store = open_store(settings)
+    keys = sorted(pseudonyms)
+    removed: dict[str, int] = {}
+    for view in store.list_feature_views():
+        if KEY_OF_VIEW.get(view.name) != CUSTOMER_JOIN_KEY:
+            continue
+        stored = stored_times(store, view, keys)
+        present = [key for key, at in zip(keys, stored, strict=True) if at is not None]
+        if not present:
+            continue
+        writer = open_writer(store, view)
+        try:
+            writer.delete(present)
+        finally:
+            writer.close()
+        removed[view.name] = len(present)
+    return removed

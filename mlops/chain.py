@@ -80,9 +80,13 @@ def erase(settings: Settings, customer: str, rebuild: bool = True, progress: Pro
     backfill, which finds the arrivals whose silver changed and rebuilds every gold date that read them
     (gold, its GX results, a new DVC revision, the online store, the training rows). `rebuilt`: each date
     rebuilt and why. With `rebuild=False` gold still holds them; the report says so."""
+    from features.materialize import erase_customers
     from pipelines.privacy import erase_customer
 
     record = erase_customer(settings, customer)
+    # the online store is the features layer's: past landing the customer is their pseudonym
+    known_as = {record["pseudonym"]} if record["pseudonym"] else set()
+    record["online_store"] = erase_customers(settings, known_as)
     record["rebuilt"] = {}
     if not any(name.startswith("silver/") for name in record["lake"]):
         return record

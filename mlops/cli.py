@@ -735,7 +735,7 @@ def erase(
         raise typer.Exit(code=1) from None
     title = f"erased: {record['rows_removed']} rows"
     table = Table("where", "file, partition or view", "removed", title=title)
-    for layer in ERASED_FROM:
+    for layer in (*ERASED_FROM, "online_store"):
         for name, count in record[layer].items():
             table.add_row(layer, name, str(count))
     err.print(table)

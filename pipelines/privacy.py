@@ -17,12 +17,12 @@ never a caller's or this machine's clock, so a replayed or late feed is not empt
 folder the lake has not ingested is kept, whatever its age: deleting it would lose the only copy.
 
 Past landing the customer is their pseudonym (core/pseudonym.py), still personal data: their rows leave bronze
-and silver (and their chargebacks silver's labels), partition by partition with no older version kept, every
-file of the scoring service's log, and their entities every customer view of the online store. Gold, its DVC
-revisions and the training rows are derived from silver: `mlops erase` rebuilds them next (the features
-backfill finds the arrivals whose silver changed). What this does not reach yet: the training sets DVC
-already versioned and the models trained on them, and MLflow's artifacts; the report names them and gives
-the pseudonym to look for.
+and silver (and their chargebacks silver's labels), partition by partition with no older version kept, and
+every file of the scoring service's log. The online store (features/materialize.py `erase_customers`), gold,
+its DVC revisions and the training rows are the layers above: `mlops erase` (mlops/chain.py `erase`) removes
+their online entities, then rebuilds gold from silver (the features backfill finds the arrivals whose silver
+changed). What none of this reaches yet: the earlier DVC revisions and the models trained on them, and
+MLflow's artifacts; the report names them and gives the pseudonym to look for.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PARTITION_PREFIX = "arrival_date="
-# What the report counts removals in: file by file, partition by partition, or view by view.
-ERASED_FROM = ("landing", "quarantine", "lake", "scoring_log", "online_store")
+# What the report counts rows removed in: file by file, or partition by partition for the lake.
+ERASED_FROM = ("landing", "quarantine", "lake", "scoring_log")
 # Rebuilt from what erasure left, by `mlops erase` (the features backfill), not by this module: gold, its DVC
 # revisions and the training rows. Not reached at all yet:
 NOT_REACHED = (
@@ -241,7 +241,6 @@ def erase_customer(settings: Settings, customer: str) -> dict:
     report["quarantine"] |= _erase_in_quarantine(tables.quarantine_labels, "transaction_id", transactions)
     report["lake"] = _erase_in_lake(tables, known_as - {customer}, transactions)
     report["scoring_log"] = _erase_in_scoring_log(settings.scoring_log_dir, known_as - {customer})
-    report["online_store"] = _erase_in_online_store(settings, known_as - {customer})
     report["rows_removed"] = sum(sum(report[where].values()) for where in ERASED_FROM)
     report["chargebacks_matched_by"] = len(transactions)
     log.info("erasure: %d rows removed (%d files)", report["rows_removed"], len(report["landing"]))
@@ -312,37 +311,6 @@ def _erase_in_scoring_log(root: Path, pseudonyms: set[str]) -> dict[str, int]:
         finally:
             staged.unlink(missing_ok=True)
         removed[str(path.relative_to(root.parent))] = count
-    return removed
-
-
-def _erase_in_online_store(settings: Settings, pseudonyms: set[str]) -> dict[str, int]:
-    """The customers' entities in every online view keyed by the customer (the store knows them by pseudonym),
-    removed with the writer materialization removes retracted entities with (features/online_store.py);
-    {view: entities removed}. No registry yet: nothing was ever materialized here."""
-    from features import repo
-    from features.definitions import CUSTOMER_JOIN_KEY
-    from features.materialize import stored_times
-    from features.online_store import open_writer
-    from features.sources import KEY_OF_VIEW
-
-    if not pseudonyms or not (settings.feast_dir / "registry.db").is_file():
-        return {}
-    store = repo.open_store(settings)
-    keys = sorted(pseudonyms)
-    removed: dict[str, int] = {}
-    for view in store.list_feature_views():
-        if KEY_OF_VIEW.get(view.name) != CUSTOMER_JOIN_KEY:
-            continue
-        stored = stored_times(store, view, keys)
-        present = [key for key, at in zip(keys, stored, strict=True) if at is not None]
-        if not present:
-            continue
-        writer = open_writer(store, view)
-        try:
-            writer.delete(present)
-        finally:
-            writer.close()
-        removed[view.name] = len(present)
     return removed
 
 

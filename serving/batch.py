@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from core.settings import Settings
     from serving.scorer import Scorer
+    from serving.scoring_log import Columns
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,13 @@ class BatchReport:
 
 
 class _Rows:
-    """The scorer's scoring log, in memory: the rows of the batch, in the order they were scored."""
+    """The scorer's scoring log, in memory: its scored batches as it hands them over (columns), in order."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+        self.batches: list[Columns] = []
 
-    def append(self, rows: list[dict[str, Any]]) -> None:
-        self.rows.extend(rows)
+    def append_columns(self, batch: Columns) -> None:
+        self.batches.append(batch)
 
 
 def _scorer(settings: Settings, day: date, version: str | None) -> tuple[Scorer, _Rows, EventClock]:
@@ -123,7 +124,6 @@ def _scorer(settings: Settings, day: date, version: str | None) -> tuple[Scorer,
 
 def score_day(settings: Settings, day: date, version: str | None = None) -> BatchReport:
     """Score `day` (see the module docstring) and write its decisions; returns what was done."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from core.errors import PipelineError
@@ -132,7 +132,7 @@ def score_day(settings: Settings, day: date, version: str | None = None) -> Batc
     from serving.contract import validate_request
     from serving.replay import day_events
     from serving.scorer import DECLINE, TransactionRefusedError
-    from serving.scoring_log import schema
+    from serving.scoring_log import columns_table, schema
 
     started = time.perf_counter()
     events = day_events(settings, day, raw_ids=False)
@@ -191,16 +191,17 @@ def score_day(settings: Settings, day: date, version: str | None = None) -> Batc
     finally:
         scorer.close()
         scorer.state.close()
-    for row in sink.rows:
-        row["scored_at"] = row["event_timestamp"]  # the time it would have been scored, not this run's
-        row["latency_ms"] = 0.0
-    report.scored = len(sink.rows)
-    report.declined = sum(1 for row in sink.rows if row["decision"] == DECLINE)
+    for batch in sink.batches:
+        batch.data["scored_at"] = batch.data["event_timestamp"]  # when it would have been scored, not now
+        batch.data["latency_ms"] = [0.0] * batch.rows
+    decided = columns_table(sink.batches) if sink.batches else schema().empty_table()
+    report.scored = decided.num_rows
+    report.declined = decided["decision"].to_pylist().count(DECLINE)
     folder = decisions_dir(settings, day)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"v{champion.version}.parquet"
     partial = folder / f".{target.name}.{os.getpid()}.tmp"
-    pq.write_table(pa.Table.from_pylist(sink.rows, schema=schema()), partial)
+    pq.write_table(decided, partial)
     os.replace(partial, target)
     report.path = str(target)
     report.seconds = round(time.perf_counter() - started, 3)

@@ -124,7 +124,13 @@ def _dismiss_dialogs(driver) -> None:
 
 
 def _text(driver) -> str:
-    return driver.find_element("tag name", "body").text
+    """The page's text; empty while the body is being replaced (the waits look again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return driver.find_element("tag name", "body").text
+    except StaleElementReferenceException:
+        return ""
 
 
 def _in_any_frame(driver, text: str) -> bool:
@@ -147,11 +153,19 @@ def _in_any_frame(driver, text: str) -> bool:
 
 
 def _buttons(driver, label: str) -> list:
+    """The displayed buttons labelled `label`; none while the page is re-rendering (a button found and then
+    replaced before its text is read is stale: the wait that calls this looks again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return [
-        b for b in driver.find_elements(By.TAG_NAME, "button") if b.text.strip() == label and b.is_displayed()
-    ]
+    try:
+        return [
+            b
+            for b in driver.find_elements(By.TAG_NAME, "button")
+            if b.text.strip() == label and b.is_displayed()
+        ]
+    except StaleElementReferenceException:
+        return []
 
 
 def _champion(demo_stack) -> str:
