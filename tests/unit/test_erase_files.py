@@ -232,3 +232,25 @@ def test_bronze_silver_and_the_labels_lose_their_rows_partition_by_partition_wit
     assert _digest(untouched) == before
     assert pq.read_table(labels).column("transaction_id").to_pylist() == ["tx00000000000000b8"]
     assert not kept_for_readers.exists() and not list(lake.rglob(".staging/*"))
+
+
+def test_the_command_erases_reports_in_json_and_refuses_what_is_not_an_id(settings, monkeypatch):
+    """`mlops erase` end to end in process: the report as its last JSON line; nothing reached silver here, so
+    nothing is rebuilt (no Spark starts); an id with a character ids never have is refused, exit 2."""
+    from typer.testing import CliRunner
+
+    from core.settings import get_settings
+    from mlops.cli import app
+
+    monkeypatch.setenv("MLOPS_HOME", str(settings.home))
+    get_settings.cache_clear()
+    try:
+        done = CliRunner().invoke(app, ["erase", "--customer", WHO, "--json"])
+        assert done.exit_code == 0, done.output
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        assert report["status"] == "erased" and report["rows_removed"] == 7 and report["rebuilt"] == {}
+        assert report["online_store"] == {} and report["lake"] == {}
+        refused = CliRunner().invoke(app, ["erase", "--customer", "c0000042; rm -rf /"])
+        assert refused.exit_code == 2 and "is not a customer id" in refused.output
+    finally:
+        get_settings.cache_clear()
