@@ -321,7 +321,7 @@ class Scorer:
     def _shadowed(self, shadow: LoadedModel, x: np.ndarray, batch: Columns | None) -> None:
         """The shadow's scores of a batch, added to its log columns (None: no scoring log), then logged."""
         try:
-            scores = np.asarray(shadow.score(x), dtype="float64")
+            scores = np.asarray(shadow.score(x), dtype="float64").reshape(-1)
             if batch is None:
                 return
             batch.data.update(
@@ -365,7 +365,7 @@ def _log_columns(
         scored_at=[scored_at] * count,
         model_name=[champion.name] * count,
         model_version=[champion.version] * count,
-        score=np.asarray(scores, dtype="float64"),
+        score=np.asarray(scores, dtype="float64").reshape(-1),
         decision=decisions,
         threshold=[champion.threshold] * count,
         shadow_version=[None] * count,
