@@ -130,12 +130,15 @@ class Columns:
 
     def as_rows(self) -> list[dict[str, Any]]:
         """The same rows as dicts of Python values (a missing model input as None)."""
+
+        def plain(name: str, column: Any) -> list:
+            if not isinstance(column, np.ndarray):
+                return list(column)
+            values = column.tolist()
+            return [None if v != v else v for v in values] if name in NAN_IS_NULL else values
+
         names = list(self.data)
-        values = [
-            [None if v != v else v for v in column.tolist()] if name in NAN_IS_NULL else column.tolist()
-            if isinstance(column, np.ndarray) else column
-            for name, column in self.data.items()
-        ]  # fmt: skip
+        values = [plain(name, column) for name, column in self.data.items()]
         return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
 
 
