@@ -76,10 +76,11 @@ def backfill(settings: Settings, progress: Progress | None = None) -> dict:
 
 def erase(settings: Settings, customer: str, rebuild: bool = True, progress: Progress | None = None) -> dict:
     """A person erased through every layer this product rebuilds: `pipelines.privacy.erase_customer` (landing,
-    quarantine, bronze, silver, the scoring log, the online store), then, where silver lost rows, the features
-    backfill, which finds the arrivals whose silver changed and rebuilds every gold date that read them
-    (gold, its GX results, a new DVC revision, the online store, the training rows). `rebuilt`: each date
-    rebuilt and why. With `rebuild=False` gold still holds them; the report says so."""
+    quarantine, bronze, silver, the scoring log), their online entities (`features.materialize`
+    `erase_customers`), then, where silver lost rows, the features backfill, which finds the arrivals whose
+    silver changed and rebuilds every gold date that read them (gold, its GX results, a new DVC revision, the
+    online store, the training rows). `rebuilt`: each date rebuilt and why. With `rebuild=False` gold still
+    holds them; the report says so."""
     from features.materialize import erase_customers
     from pipelines.privacy import erase_customer
 
