@@ -865,7 +865,7 @@ def alert_egress(
     (`| kubectl apply -f -`): one per namespace, the channels' ports to their addresses, nothing else."""
     import yaml
 
-    from orchestration.alert_egress import AlertEgressError, egress_policies
+    from orchestration.alert_egress import AlertEgressError, channels, egress_policies
 
     settings = get_settings()
     try:
@@ -880,8 +880,7 @@ def alert_egress(
         )
         return
     typer.echo(yaml.safe_dump_all(policies, sort_keys=False), nl=False)
-    channels = policies[0]["metadata"]["annotations"]["mlops/alert-channels"]
-    err.print(f"{len(policies)} NetworkPolicies for {channels}")
+    err.print(f"{len(policies)} NetworkPolicies for {', '.join(map(str, channels(settings.alerts)))}")
 
 
 @app.command()

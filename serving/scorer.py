@@ -301,12 +301,12 @@ class Scorer:
             )
         batch = None
         if self.scoring_log is not None:
-            batch = _log_columns(txns, scored_at, champion, scores, decisions, assembled, callers)
-            batch.data.update(
+            batch = _log_columns(
+                txns, scored_at, champion, scores, decisions, assembled, callers,
                 missing_entities=missing_text,
                 reasons=reasons_text,
                 latency_ms=(done - np.asarray(received)) * 1000.0,
-            )
+            )  # fmt: skip
         if loaded.shadow is not None and self._shadow_backlog.acquire(blocking=False):
             self._shadow.submit(self._shadowed, loaded.shadow, assembled.x, batch)
         else:
@@ -352,10 +352,14 @@ def _log_columns(
     decisions: list[str],
     assembled: Assembled,
     callers: list[str | None],
+    *,
+    missing_entities: list[str | None],
+    reasons: list[str | None],
+    latency_ms: np.ndarray,
 ) -> Columns:
     """The batch's scoring-log rows as columns (serving/scoring_log.py schema), from what scoring made: the
     model inputs' float64 table as it is, a list per request field; no dict a row. The shadow's columns are
-    null until `Scorer._shadowed` fills them; the caller adds the missing entities, reasons and latencies."""
+    null until `Scorer._shadowed` fills them."""
     count = len(txns)
     data: dict[str, Any] = {
         name: [txn[name] for txn in txns] for name in (*ID_COLUMNS, "event_timestamp", *RAW_COLUMNS)
@@ -372,9 +376,9 @@ def _log_columns(
         shadow_score=[None] * count,
         shadow_threshold=[None] * count,
         shadow_decision=[None] * count,
-        missing_entities=[None] * count,
-        reasons=[None] * count,
-        latency_ms=[None] * count,
+        missing_entities=missing_entities,
+        reasons=reasons,
+        latency_ms=latency_ms,
         caller=callers,
     )
     return Columns(scored_at.astimezone(UTC).date(), count, data)

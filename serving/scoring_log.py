@@ -94,6 +94,11 @@ def schema() -> pa.Schema:
     )
 
 
+@functools.cache
+def column_names() -> frozenset[str]:
+    return frozenset(schema().names)
+
+
 # Columns of few distinct values, dictionary-encoded in the files. The ids, times and numbers are not: a
 # dictionary of values that rarely repeat doubled the write's CPU and made the files larger
 # (docs/benchmarks.md, "The scoring log's cost").
@@ -118,8 +123,8 @@ class Columns:
     data: dict[str, Any]
 
     def __post_init__(self) -> None:
-        names = set(schema().names)
-        if set(self.data) != names:
+        names = column_names()
+        if self.data.keys() != names:
             raise ValueError(
                 f"scoring log columns differ from the schema: missing {sorted(names - set(self.data))}, "
                 f"unknown {sorted(set(self.data) - names)}"

@@ -320,6 +320,15 @@ def _peer_matches(peer, policy_ns, namespace_labels, src_ns, src_labels) -> bool
     return _selects(peer.get("podSelector") or {}, src_labels)
 
 
+def _isolating(objects, policy_type: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The specs of the policies of `policy_type` (Ingress or Egress) that select the pod."""
+    return [
+        policy["spec"]
+        for policy in find(objects, "NetworkPolicy", namespace=namespace)
+        if policy_type in policy["spec"]["policyTypes"] and _selects(policy["spec"]["podSelector"], labels)
+    ]
+
+
 def _allowed(objects, direction, at_ns, at_labels, peer_ns, peer_labels, port) -> bool:
     """Whether the policies selecting (at_ns, at_labels) let traffic through in `direction` to or from the
     in-cluster peer on this TCP port. A pod no policy of that direction selects is not isolated (a namespace
@@ -334,11 +343,7 @@ def _allowed(objects, direction, at_ns, at_labels, peer_ns, peer_labels, port) -
         for ns in find(objects, "Namespace")
     }
     policy_type, peers_key = ("Ingress", "from") if direction == "ingress" else ("Egress", "to")
-    isolating = [
-        policy["spec"]
-        for policy in find(objects, "NetworkPolicy", namespace=at_ns)
-        if policy_type in policy["spec"]["policyTypes"] and _selects(policy["spec"]["podSelector"], at_labels)
-    ]
+    isolating = _isolating(objects, policy_type, at_ns, at_labels)
     if not isolating:
         return True
     for spec in isolating:
@@ -493,13 +498,8 @@ def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rend
 def _reaches_address(objects, pod, address: str, port: int) -> bool:
     """Whether the policies selecting `pod` (namespace, labels) let it out to `address` (outside the cluster)
     on this TCP port: an ipBlock holds the address and none of its `except` ranges does."""
-    namespace, labels = pod
     ip = ipaddress.ip_address(address)
-    isolating = [
-        policy["spec"]
-        for policy in find(objects, "NetworkPolicy", namespace=namespace)
-        if "Egress" in policy["spec"]["policyTypes"] and _selects(policy["spec"]["podSelector"], labels)
-    ]
+    isolating = _isolating(objects, "Egress", *pod)
     if not isolating:
         return True
     for spec in isolating:
