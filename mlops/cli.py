@@ -850,6 +850,34 @@ def doctor(
         raise typer.Exit(code=1)
 
 
+@app.command("spark-connect")
+def spark_connect(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 15002,
+    conf: Annotated[
+        list[str] | None,
+        typer.Option("--conf", help="another Spark setting, spark.<name>=<value> (repeatable)"),
+    ] = None,
+) -> None:
+    """Run the Spark Connect server every task's Spark work goes to (MLOPS_SPARK_REMOTE): a driver on the
+    settings' master with the settings' driver options. The cluster's Deployment spark-connect runs this."""
+    import os
+    import sys
+
+    from pipelines.spark import connect_server_args, spark_submit
+
+    settings = get_settings()
+    try:
+        args = connect_server_args(settings, host=host, port=port, extra_conf=conf or ())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--conf") from exc
+    # The pseudonym UDF's Python workers run this environment's Python (pandas, pyarrow), as a local driver's.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    err.print(f"spark-connect: sc://{host}:{port} on {settings.spark_master}")
+    command = spark_submit()
+    os.execv(command, [command, *args])
+
+
 @app.command("alert-egress")
 def alert_egress(
     any_address: Annotated[

@@ -14,6 +14,8 @@ import contextlib
 import functools
 import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from core.settings import Settings
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+CONNECT_APP_NAME = "mlops-spark-connect"
 HUGE_METHODS_COMPILED = "-XX:-DontCompileHugeMethods"
 
 
@@ -43,6 +46,36 @@ def driver_conf(settings: Settings) -> dict[str, str]:
     if settings.spark_master.startswith("spark://"):
         conf["spark.driver.host"] = settings.cluster.spark_driver_host
     return conf
+
+
+def connect_server_args(
+    settings: Settings, *, host: str | None = None, port: int | None = None, extra_conf: Sequence[str] = ()
+) -> list[str]:
+    """spark-submit's arguments for the Spark Connect server that is the driver of every task: the driver's
+    static settings (`driver_conf`) on the settings' master, listening on `host`:`port` when given, then
+    `extra_conf` ("spark.key=value", e.g. the executors' memory, which sizes go with the cluster's Workers).
+    One source for `make up` (scripts/up.sh) and the cluster's Deployment (`mlops spark-connect`)."""
+    conf = driver_conf(settings)
+    if host is not None:
+        conf["spark.connect.grpc.binding.address"] = host
+    if port is not None:
+        conf["spark.connect.grpc.binding.port"] = str(port)
+    for item in extra_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("spark.") or not value:
+            raise ValueError(f"--conf {item!r}: give a Spark setting as spark.<name>=<value>")
+        conf[key] = value
+    args = ["--class", CONNECT_SERVER_CLASS, "--name", CONNECT_APP_NAME, "--master", settings.spark_master]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    return args
+
+
+def spark_submit() -> str:
+    """The spark-submit of the pyspark this process imports (its package carries Spark's scripts and jars)."""
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
 
 
 def session_conf(settings: Settings) -> dict[str, str]:

@@ -36,13 +36,11 @@ import shlex
 from urllib.parse import urlsplit, urlunsplit
 
 from core.settings import Profile, get_settings
-from pipelines.spark import CONNECT_SERVER_CLASS, driver_conf
+from pipelines.spark import connect_server_args
 
 s = get_settings()
 # The Spark Connect server is the driver of every task: it gets the driver's static settings.
-spark_args = ["--class", CONNECT_SERVER_CLASS, "--name", "mlops-spark-connect", "--master", s.spark_master]
-for key, value in driver_conf(s).items():
-    spark_args += ["--conf", f"{key}={value}"]
+spark_args = connect_server_args(s)
 tracking = urlsplit(s.mlflow_tracking_uri)
 local_artifacts = (s.mlflow_dir / "artifacts").as_uri()
 if s.profile is Profile.LOCAL:

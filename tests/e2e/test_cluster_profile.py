@@ -1,8 +1,10 @@
 """The whole chain in the cluster profile, on this machine's real services: `mlops demo` with
 MLOPS_PROFILE=cluster starts the stack (scripts/up.sh) with Airflow's metadata on PostgreSQL (LocalExecutor,
 tasks in parallel), an MLflow tracking server on a PostgreSQL database of its own, the Feast online store on
-Redis, and a Spark Connect server whose executors run on a Spark standalone cluster (a Master and two
-Workers on loopback); training runs as a local process (MLOPS_TRAINING__RUNNER=local: no Kubernetes here).
+Redis, and the Spark the cluster deploys: infra/k8s/base/spark's Master, Workers and Spark Connect server,
+each started on loopback with its container's own command and settings, with the Airflow pods' Spark
+settings from infra/helm/airflow/values.yaml (tests/e2e/chart_spark.py); training runs as a local process
+(MLOPS_TRAINING__RUNNER=local: no Kubernetes here).
 The stack is stopped at the end (`--down`); then every backend is read back directly: Airflow's runs and task
 instances in PostgreSQL, the registry and the champion alias in MLflow's database, the feature rows in Redis,
 the Spark application in the Master's status.
@@ -22,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.spark import CONNECT_APP_NAME
 from tests.conftest import free_port, spark_standalone_status
+from tests.e2e.chart_spark import chart_spark
 from tests.e2e.conftest import logs, run_script, stack_env
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432"
@@ -86,10 +90,16 @@ def _query(database: str, sql: str) -> list[tuple]:
         engine.dispose()
 
 
-def test_the_chain_runs_in_the_cluster_profile_on_postgres_redis_and_a_spark_cluster(
-    spark_standalone, databases, redis_db, tmp_path: Path
+def test_the_chain_runs_in_the_cluster_profile_on_postgres_redis_and_the_charts_spark_cluster(
+    databases, redis_db, tmp_path: Path
 ):
     home = tmp_path / "home"
+    jit = {"MLOPS_SPARK_JAVA_OPTIONS": stack_env(home)["MLOPS_SPARK_JAVA_OPTIONS"]}
+    with chart_spark(tmp_path / "spark", home, jit) as spark:
+        _the_chain_on(spark, jit, home, databases, redis_db, tmp_path)
+
+
+def _the_chain_on(spark, jit: dict[str, str], home: Path, databases, redis_db, tmp_path: Path) -> None:
     mlflow_port = free_port()
     # The cluster's pseudonym key is a mounted Secret the profile requires (it never makes one): a file here.
     key_file = tmp_path / "pseudonym-key" / "key"
@@ -103,14 +113,14 @@ def test_the_chain_runs_in_the_cluster_profile_on_postgres_redis_and_a_spark_clu
         MLOPS_MLFLOW_BACKEND_STORE_URI=f"{ENGINE}/{databases['mlflow']}",
         MLOPS_CLUSTER__MLFLOW_TRACKING_URI=f"http://127.0.0.1:{mlflow_port}",
         MLOPS_CLUSTER__REDIS_URL=f"{REDIS}/{REDIS_DB}",
-        MLOPS_CLUSTER__SPARK_MASTER=spark_standalone,
+        # The Airflow pods' Spark settings (their Connect server and master, here on loopback), then the
+        # stacks' JIT option (chart_spark).
+        **{**spark.settings, **jit},
         MLOPS_TRAINING__RUNNER="local",
         MLOPS_TRAINING__LABEL_MATURITY_DAYS="1",
         MLOPS_GATE__FLOOR="0",
         MLOPS_AIRFLOW_PORT=str(free_port()),
-        MLOPS_SPARK_CONNECT_PORT=str(free_port()),
         MLOPS_UP_TIMEOUT="300",
-        # Executors on the workers: one core each, memory within a worker's 1 GiB.
         AIRFLOW__CORE__PARALLELISM="4",
     )
     mlops = str(Path(sys.executable).with_name("mlops"))
@@ -174,8 +184,10 @@ def test_the_chain_runs_in_the_cluster_profile_on_postgres_redis_and_a_spark_clu
     assert summary["rows_materialized"] > 0
     assert sum(1 for _ in redis_db.scan_iter(count=1000)) > 0
 
-    # Spark ran on the standalone cluster: the stack's Spark Connect server was an application of the Master.
-    status = spark_standalone_status(spark_standalone)
-    apps = [a for a in status["activeapps"] + status["completedapps"] if a["name"] == "mlops-spark-connect"]
-    assert [a["state"] for a in apps] == ["FINISHED"], apps  # one server, stopped with the stack
-    assert len(status["workers"]) == 2 and all(w["state"] == "ALIVE" for w in status["workers"])
+    # Spark ran on the chart's cluster: its Connect server, the one application of the Master, the stack's
+    # tasks its clients (the stack started no Spark of its own), on every Worker the manifest deploys.
+    status = spark_standalone_status(spark.master)
+    apps = [a for a in status["activeapps"] + status["completedapps"]]
+    assert [(a["name"], a["state"]) for a in apps] == [(CONNECT_APP_NAME, "RUNNING")], apps
+    assert len(status["workers"]) == spark.workers and all(w["state"] == "ALIVE" for w in status["workers"])
+    assert all(w["coresused"] > 0 for w in status["workers"]), status["workers"]  # executors on each

@@ -196,6 +196,79 @@ def test_the_mlflow_address_is_the_tracking_servers_service():
     assert service["metadata"]["namespace"] == contract.ORCHESTRATION_NAMESPACE
 
 
+# The Spark settings the Connect server reads itself (its driver's JVM), which must be the Airflow pods' too:
+# `mlops` run in either place derives the same driver options from them.
+SPARK_DRIVER_SETTINGS = ("MLOPS_SPARK_DRIVER_MEMORY", "MLOPS_SPARK_JAVA_OPTIONS")
+
+
+def _spark_container(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    deployment = one(objects, "Deployment", name, contract.ORCHESTRATION_NAMESPACE)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _service_address(objects: list[dict[str, Any]], name: str, port_name: str) -> tuple[str, int, str]:
+    """(host, port, target port's name) of a Service of the orchestration namespace."""
+    service = one(objects, "Service", name, contract.ORCHESTRATION_NAMESPACE)
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == port_name]
+    host = f"{name}.{contract.ORCHESTRATION_NAMESPACE}.svc.cluster.local"
+    return host, port["port"], port["targetPort"]
+
+
+def _container_port(container: dict[str, Any], name: str) -> int:
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == name]
+    return port
+
+
+def _flag(container: dict[str, Any], flag: str) -> str:
+    args = container.get("args", [])
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_airflow_pods_spark_is_the_spark_cluster_the_manifests_deploy(rendered, overlay, monkeypatch):
+    """Item 3 of #57: what Airflow's tasks are given (values.yaml) is the Spark infra/k8s/base/spark runs: its
+    Connect server's Service and port, its Master's; the Connect server's driver settings are the pods'; all
+    of it the Airflow image of the values. tests/e2e/test_cluster_profile.py runs these same containers."""
+    objects = rendered[overlay]
+    tasks = settings_from(monkeypatch, pod_environment(VALUES))
+    connect = _spark_container(objects, "spark-connect")
+    server = settings_from(monkeypatch, container_environment(connect))
+
+    # The tasks are clients of the Connect server: its Service, whose port reaches the one it listens on.
+    host, port, target = _service_address(objects, "spark-connect", "grpc")
+    remote = urlsplit(tasks.spark_remote or "")
+    assert (remote.scheme, remote.hostname, remote.port) == ("sc", host, port)
+    assert connect["command"] == ["mlops", "spark-connect"]
+    assert _container_port(connect, target) == int(_flag(connect, "--port"))
+    assert _flag(connect, "--host") == "0.0.0.0"  # the pod's every address: the Service's traffic reaches it
+
+    # One Master for all: the Service's address is where the Connect server and every Worker go.
+    host, port, target = _service_address(objects, "spark-master", "spark")
+    master = f"spark://{host}:{port}"
+    assert server.spark_master == tasks.spark_master == master
+    master_container = _spark_container(objects, "spark-master")
+    assert _container_port(master_container, target) == int(_flag(master_container, "--port"))
+    worker = _spark_container(objects, "spark-worker")
+    assert worker["args"][-1] == master
+    # Executors reach the driver at the Connect pod's own address, not a loopback.
+    assert server.cluster.spark_driver_host == DOWNWARD_API["status.podIP"]
+    for name in SPARK_DRIVER_SETTINGS:
+        assert setting_value(server, name) == setting_value(tasks, name), name
+    # The executors fit the Workers: spark.executor.memory within a Worker's --memory.
+    executor = _flag(connect, "--conf").removeprefix("spark.executor.memory=")
+    assert _gib(executor) <= _gib(_flag(worker, "--memory")), (executor, _flag(worker, "--memory"))
+
+    image = "{repository}:{tag}".format(**VALUES["images"]["airflow"])
+    for name in ("spark-master", "spark-worker", "spark-connect"):
+        assert _spark_container(objects, name)["image"] == image, name
+
+
+def _gib(size: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)([gm])", size).groups()  # type: ignore[union-attr]
+    return int(number) / (1024 if unit == "m" else 1)
+
+
 # --- the settings every Airflow pod runs with -----------------------------------------------------------
 #
 # The chart gives each Airflow container (scheduler, DAG processor, triggerer, every task pod) the `env` list
@@ -219,8 +292,6 @@ SECRET_PLACEHOLDERS = {
 DOWNWARD_API = {"status.podIP": "10.42.0.17"}
 # Settings a pod may leave unset, each with what "unset" means there. Each of them defaults to None.
 UNSET_MEANS = {
-    # No Spark Connect server in the cluster: each task starts its own Spark driver on spark_master.
-    "MLOPS_SPARK_REMOTE": "a Spark driver in the task's own process",
     # No object storage by default: the lake, the DVC remote and MLflow's artifacts live on the shared
     # filesystem mounted at /mlops (infra/README.md, "Storage").
     "MLOPS_CLUSTER__OBJECT_STORE_URI": "DVC remote on the shared filesystem ($MLOPS_HOME/dvc-remote)",
@@ -264,6 +335,8 @@ CLUSTER_CHOICES = {
     "MLOPS_CLUSTER__POSTGRES_DSN",
     "MLOPS_CLUSTER__REDIS_URL",
     "MLOPS_CLUSTER__SPARK_MASTER",
+    # Every task's Spark work goes to the cluster's Spark Connect server (infra/k8s/base/spark).
+    "MLOPS_SPARK_REMOTE",
     "MLOPS_CLUSTER__MLFLOW_TRACKING_URI",
     "MLOPS_CLUSTER__SPARK_DRIVER_HOST",
     # The scoring service's callers: the Secret's mount, and the Service's names as Host.
@@ -378,9 +451,9 @@ def test_the_pods_settings_point_at_cluster_services_and_the_shared_filesystem(m
     for what, address in addresses.items():
         assert _host(address) not in LOOPBACK_HOSTS | {None}, f"{what}={address}"
     assert settings.cluster.spark_driver_host not in LOOPBACK_HOSTS
-    # Spark in the task pod itself (local[N]), or a cluster master that is not this pod.
-    master = settings.spark_master
-    assert re.fullmatch(r"local\[\d+\]", master) or _host(master) not in LOOPBACK_HOSTS | {None}, master
+    # Spark on the cluster's master and Connect server, neither of them this pod.
+    assert _host(settings.spark_master) not in LOOPBACK_HOSTS | {None}, settings.spark_master
+    assert settings.spark_remote and _host(settings.spark_remote) not in LOOPBACK_HOSTS, settings.spark_remote
     assert settings.training_runner == "kubernetes"
     assert settings.online_store == "redis"
     assert settings.promotion_ledger_url.startswith("postgresql+psycopg2://")
@@ -447,12 +520,14 @@ SCORING_UNSET = {
     # The service writes no promotion history: no login that can. The code's default (a local address) is
     # never used there; it reads the history with its own read-only login (MLOPS_SERVING__LEDGER_URL).
     "MLOPS_CLUSTER__POSTGRES_DSN": "no write access: the scoring service reads the history read-only",
+    "MLOPS_SPARK_REMOTE": "no Spark in the scoring image: the service reads the lake with Arrow",
 }
 # Settings that differ between the scoring pod and the Airflow pods on purpose; all others must agree, so a
 # value changed for one (a threshold, a window) and not the other fails here.
 PER_POD = {
     "MLOPS_SERVING__HOST": "the scoring service listens on the pod's address; Airflow runs no service",
-    "MLOPS_CLUSTER__SPARK_MASTER": "Spark runs in Airflow's task pods (local[2]); none in the scoring image",
+    "MLOPS_CLUSTER__SPARK_MASTER": "Airflow's tasks use the Spark cluster; no Spark in the scoring image",
+    "MLOPS_SPARK_REMOTE": "Airflow's tasks use the Spark cluster; no Spark in the scoring image",
     "MLOPS_CLUSTER__POSTGRES_DSN": "only Airflow's pods write the promotion history",
     "MLOPS_SERVING__LEDGER_URL": "the scoring pod reads the promotion history with a read-only login",
 }

@@ -203,6 +203,9 @@ def test_every_workload_passes_the_restricted_profile(rendered, overlay):
         "feast-redis",
         "feast-feature-server",
         "fraud-scoring",
+        "spark-master",
+        "spark-worker",
+        "spark-connect",
     }
     for obj, spec in found:
         assert contract.restricted_profile_violations(spec) == [], obj["metadata"]["name"]
@@ -409,6 +412,20 @@ def test_the_needed_paths_are_open_and_nothing_else_between_the_services(rendere
     assert _reachable(objects, airflow, mlflow, mlflow_port)
     assert _reachable(objects, airflow, redis, redis_port)
     assert _reachable(objects, feature_server, redis, redis_port)
+    # Spark: the tasks reach the Connect server; it and the Workers reach the Master and each other (the
+    # executors' connections to the driver use Spark's own ports); training pods reach none of them.
+    connect = _pod_labels(objects, "spark-connect")
+    spark_master = _pod_labels(objects, "spark-master")
+    spark_worker = _pod_labels(objects, "spark-worker")
+    connect_port = _container_port(objects, "spark-connect")
+    assert _reachable(objects, airflow, connect, connect_port)
+    assert _reachable(objects, connect, spark_master, 7077) and _reachable(
+        objects, spark_worker, spark_master, 7077
+    )
+    assert _reachable(objects, spark_worker, connect, 40123) and _reachable(
+        objects, connect, spark_worker, 40123
+    )
+    assert not _reachable(objects, trainer, connect, connect_port)
 
     assert not _reachable(objects, trainer, redis, redis_port)
     assert not _reachable(objects, trainer, feature_server, _container_port(objects, "feast-feature-server"))
@@ -493,6 +510,10 @@ def test_outside_the_cluster_only_postgres_and_object_storage_are_reachable(rend
     # the history records); no object storage, no internet.
     scoring_ns, scoring_labels = _pod_labels(objects, "fraud-scoring")
     assert {port for _, port in _egress_to_ip_blocks(objects, scoring_ns, scoring_labels)} == {5432}
+    # Spark: object storage alone (a lake there); its Master, Workers and driver talk inside the namespace.
+    for name in ("spark-master", "spark-worker", "spark-connect"):
+        spark_ns, spark_labels = _pod_labels(objects, name)
+        assert {port for _, port in _egress_to_ip_blocks(objects, spark_ns, spark_labels)} == {443}, name
 
 
 def _reaches_address(objects, pod, address: str, port: int) -> bool:
@@ -715,6 +736,9 @@ def test_every_pod_mounting_the_shared_filesystem_mounts_it_where_and_how_the_de
         "fraud-scoring",
         "training pod (contract)",
         "batch scoring pod",
+        # Spark's executors and its driver (the Connect server) read and write the lake.
+        "spark-worker",
+        "spark-connect",
     } <= set(pods)
     for name, (namespace, spec) in pods.items():
         assert data_claim_mount_problems(namespace, spec) == [], name
