@@ -14,6 +14,7 @@ from functools import partial
 from typing import TypeVar
 
 from core.clock import StageClock
+from core.errors import PipelineError
 from core.settings import Settings
 from features.materialize import materialize_date
 from pipelines.gold import job as gold
@@ -89,21 +90,38 @@ def erase(settings: Settings, customer: str, rebuild: bool = True, progress: Pro
     known_as = {record["pseudonym"]} if record["pseudonym"] else set()
     record["online_store"] = erase_customers(settings, known_as)
     record["rebuilt"] = {}
-    if not any(name.startswith("silver/") for name in record["lake"]):
-        return record
-    if not rebuild:
-        record["not_reached"] = [
-            "gold, its DVC revisions and the training rows, until `mlops features backfill` rebuilds them",
-            *record["not_reached"],
-        ]
-        return record
-    done = backfill(settings, progress)
-    record["rebuilt"] = {day: done["plan"]["reasons"][day] for day in done["rebuilt"]}
-    # the versions the rebuild replaced, kept a while for readers that opened them, hold the person's rows
-    record["replaced_versions_cleared"] = [
-        str(root.relative_to(settings.lake)) for root in clear_every_replaced(settings.lake)
-    ]
+    if any(name.startswith("silver/") for name in record["lake"]):
+        if rebuild:
+            done = backfill(settings, progress)
+            record["rebuilt"] = {day: done["plan"]["reasons"][day] for day in done["rebuilt"]}
+            # the versions the rebuild replaced, kept a while for readers that opened them, hold their rows
+            record["replaced_versions_cleared"] = [
+                str(root.relative_to(settings.lake)) for root in clear_every_replaced(settings.lake)
+            ]
+        else:
+            record["not_reached"] = [
+                "gold, its DVC revisions and the training rows, until `mlops features backfill` rebuilds it",
+                *record["not_reached"],
+            ]
+    record["held_by"] = held_by(settings, known_as)
     return record
+
+
+def held_by(settings: Settings, pseudonyms: set[str]) -> dict:
+    """What still holds these customers after their erasure, by name: the dataset revisions in the DVC remote
+    (gold dates, training sets) whose rows name them, and the model versions trained on those training sets.
+    They are kept, not rewritten: a revision is its content's hash and a version's training set is its
+    record (`mlops reproduce`); they go with retention. An installation whose remote is not a mounted
+    folder is said, not read."""
+    from pipelines.versioning import revisions_holding
+    from training.registry import ModelRegistry
+
+    try:
+        revisions = revisions_holding(settings, "customer_id", pseudonyms)
+    except PipelineError as exc:
+        return {"dataset_revisions": None, "model_versions": None, "not_read": str(exc)}
+    models = ModelRegistry(settings.mlflow_tracking_uri).trained_on(set(revisions)) if revisions else []
+    return {"dataset_revisions": revisions, "model_versions": models}
 
 
 def _build_planned(

@@ -741,6 +741,17 @@ def erase(
     err.print(table)
     if record["rebuilt"]:
         err.print(f"gold rebuilt from what is left: {', '.join(record['rebuilt'])}", soft_wrap=True)
+    kept = record["held_by"]
+    if kept["dataset_revisions"] is None:
+        err.print(f"the DVC remote's revisions were not read: {kept['not_read']}", soft_wrap=True)
+    for rev, members in kept["dataset_revisions"].items():
+        err.print(f"kept: DVC revision {rev} ({', '.join(members)}) holds them", soft_wrap=True)
+    for version in kept["model_versions"] or []:
+        aliases = f", {', '.join(version['aliases'])}" if version["aliases"] else ""
+        err.print(
+            f"kept: model version {version['version']}{aliases} was trained on {version['training_set_rev']}",
+            soft_wrap=True,
+        )
     held = f" (they hold the pseudonym {record['pseudonym']}, not the id)" if record["pseudonym"] else ""
     err.print(f"not reached by this command{held}: {', '.join(record['not_reached'])}")
     _emit({"status": "erased", **record}, as_json)

@@ -56,8 +56,8 @@ ERASED_FROM = ("landing", "quarantine", "lake", "scoring_log")
 # Rebuilt from what erasure left, by `mlops erase` (the features backfill), not by this module: gold, its DVC
 # revisions and the training rows. Not reached at all yet:
 NOT_REACHED = (
-    "the earlier DVC revisions of gold and of the training sets (the DVC cache and remote), and the models "
-    "trained on them",
+    "the earlier DVC revisions of gold and of the training sets (the DVC cache and remote) and the models "
+    "trained on them: kept, each named under held_by",
     "MLflow artifacts",
     "the scoring service's live state (rebuilt from silver at its start)",
 )

@@ -299,3 +299,40 @@ def fetch(settings: Settings, rev: str, destination: Path) -> dict[str, Path]:
     with _repo(settings) as repo:
         repo.pull(targets=stages)
     return restored
+
+
+def revisions_holding(settings: Settings, column: str, values: set[str]) -> dict[str, list[str]]:
+    """Each dataset revision of this installation (gold dates, training sets: their manifests under
+    datasets/revisions/) with a member whose Parquet files hold one of `values` in `column`: revision -> those
+    members, oldest manifest first. Read in place in the DVC remote, that one column only, each object once
+    however many revisions share it. A revision whose objects the remote lost is a PipelineError naming it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    folder = settings.home / "datasets" / "revisions"
+    manifests = sorted(folder.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name)) if values else []
+    wanted = list(values)
+    seen: dict[Path, bool] = {}
+
+    def holds(path: Path) -> bool:
+        if path not in seen:
+            held = False
+            if column in pq.read_schema(path).names:
+                read = pq.read_table(path, columns=[column]).column(column)
+                held = bool(pc.any(pc.is_in(read, value_set=pa.array(wanted, pa.string()))).as_py())
+            seen[path] = held
+        return seen[path]
+
+    found: dict[str, list[str]] = {}
+    for manifest in manifests:
+        rev = manifest.stem
+        members = revision_files(settings, rev)
+        holding = [
+            name
+            for name, files in sorted(members.items())
+            if any(holds(path) for key, path in files.items() if key.endswith(".parquet"))
+        ]
+        if holding:
+            found[rev] = holding
+    return found

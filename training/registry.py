@@ -201,6 +201,31 @@ class ModelRegistry:
                 f"{self.name} has no version {version!r} in {self.tracking_uri}: `mlops history` lists them"
             ) from exc
 
+    def trained_on(self, revisions: set[str]) -> list[dict[str, str | list[str]]]:
+        """The versions whose training set (their `lineage.training_set_rev` tag) is one of `revisions`,
+        oldest first: version, training set, run and aliases (an erasure's report names them)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            versions = self.client.search_model_versions(f"name = '{self.name}'")
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return []
+            raise
+        # search_model_versions leaves the aliases out: the registered model has them
+        aliases = self.client.get_registered_model(self.name).aliases if versions else {}
+        found = [
+            {
+                "version": str(v.version),
+                "training_set_rev": (v.tags or {})["lineage.training_set_rev"],
+                "run_id": str(v.run_id),
+                "aliases": sorted(a for a, number in aliases.items() if str(number) == str(v.version)),
+            }
+            for v in versions
+            if (v.tags or {}).get("lineage.training_set_rev") in revisions
+        ]
+        return sorted(found, key=lambda v: int(str(v["version"])))
+
     def champion(self) -> str | None:
         from mlflow.exceptions import MlflowException
 

@@ -24,7 +24,7 @@ from core.settings import Settings, get_settings
 from features import repo
 from features.materialize import stored_times
 from mlops.chain import erase
-from pipelines.gold.contract import CUSTOMER_TABLE, table_path
+from pipelines.gold.contract import CUSTOMER_TABLE, gold_revision_path, table_path
 from pipelines.ingest import job as ingest
 from pipelines.lake import Tables
 from pipelines.privacy import ERASED_FROM
@@ -128,6 +128,11 @@ def test_an_erased_customer_is_gone_from_every_layer_and_gold_is_rebuilt_without
     others_before = online(another)
     assert any(v is not None for v in online(who))
 
+    def gold_revisions() -> dict[str, str]:
+        folder = gold_revision_path(settings.home, reference.DAYS[0]).parent
+        return {p.name: json.loads(p.read_text())["dataset_rev"] for p in sorted(folder.glob("*.json"))}
+
+    revisions_before = gold_revisions()
     report = erase(settings, customer)  # `mlops erase`: every layer, then gold rebuilt from what is left
 
     # Nothing of theirs in any Parquet file of the lake, hidden folders included (bronze, silver and its
@@ -142,6 +147,13 @@ def test_an_erased_customer_is_gone_from_every_layer_and_gold_is_rebuilt_without
     assert report["online_store"] == {"customer_stats_fv": 1}
     assert online(who) == [None] * len(features) and online(another) == others_before
     assert report["rows_removed"] == sum(sum(report[k].values()) for k in ERASED_FROM)
+    # The DVC remote keeps the earlier gold revisions, named: those of the dates rebuilt that held them
+    # (the customer table's member), none of the rebuilt ones; no model was trained on them here.
+    held = report["held_by"]
+    rebuilt_now = set(gold_revisions().values())
+    assert held["dataset_revisions"] and held["model_versions"] == []
+    assert set(held["dataset_revisions"]) <= set(revisions_before.values()) - rebuilt_now
+    assert all(members == [CUSTOMER_TABLE] for members in held["dataset_revisions"].values())
 
     after = _landing(settings, "transactions")
     for name, rows in before.items():

@@ -337,3 +337,53 @@ def test_dvcs_own_lock_held_outside_the_pipeline_is_a_retryable_error(settings, 
         pytest.raises(LockTimeoutError, match=r"\.dvc/tmp/lock"),
     ):
         track(settings, "gold/customer_features", folder)
+
+
+def test_the_revisions_that_hold_a_customer_and_the_versions_trained_on_them_are_named(settings):
+    """An erasure's `held_by` (mlops/chain.py): every revision whose Parquet files name the customer, by
+    member, read in the remote (a member without the column, a file that is not Parquet, and a revision
+    without them are not named); then the registry's versions whose training set is one of those."""
+    import pyarrow.parquet as pq
+    from mlflow import MlflowClient
+
+    from pipelines.versioning import revisions_holding
+    from training.registry import ModelRegistry
+
+    def version_of(name: str, tables: dict[str, pa.Table]) -> str:
+        folders = []
+        for member, table in tables.items():
+            folder = settings.home / name / member
+            folder.mkdir(parents=True)
+            pq.write_table(table, folder / "part-00000.parquet")
+            (folder / "notes.json").write_text('{"customer_id": "p-who"}')  # not Parquet: not read
+            folders.append((f"{name}/{member}", folder))
+        return record_revision(settings, dict(zip(tables, track_many(settings, folders), strict=True)))
+
+    theirs = pa.table({"customer_id": ["p-a", "p-who"], "amount": [1.0, 2.0]})
+    others = pa.table({"customer_id": ["p-a", "p-b"], "amount": [1.0, 2.0]})
+    merchants = pa.table({"merchant_id": ["p-who"], "count": [3]})  # no customer column: not read
+    held = version_of("old", {"customers": theirs, "merchants": merchants})
+    clean = version_of("new", {"customers": others, "merchants": merchants})
+    training_set = version_of("set", {"training_set": theirs})
+
+    found = revisions_holding(settings, "customer_id", {"p-who"})
+    assert found == {held: ["customers"], training_set: ["training_set"]}
+    assert clean not in found and revisions_holding(settings, "customer_id", {"p-nobody"}) == {}
+
+    # Two registered versions, one trained on the set that holds them (MLflow's own client records them).
+    registry = ModelRegistry(settings.mlflow_tracking_uri)
+    client = MlflowClient(tracking_uri=settings.mlflow_tracking_uri)
+    client.create_registered_model(registry.name)
+    for rev in (clean, training_set):
+        run = client.create_run(client.create_experiment(f"e-{rev}"))
+        client.create_model_version(
+            registry.name, f"runs:/{run.info.run_id}/model", run.info.run_id,
+            tags={"lineage.training_set_rev": rev},
+        )  # fmt: skip
+    client.set_registered_model_alias(registry.name, "champion", "2")
+    (model,) = registry.trained_on(set(found))
+    assert (model["version"], model["training_set_rev"], model["aliases"]) == (
+        "2",
+        training_set,
+        ["champion"],
+    )

@@ -250,6 +250,7 @@ def test_the_command_erases_reports_in_json_and_refuses_what_is_not_an_id(settin
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["status"] == "erased" and report["rows_removed"] == 7 and report["rebuilt"] == {}
         assert report["online_store"] == {} and report["lake"] == {}
+        assert report["held_by"] == {"dataset_revisions": {}, "model_versions": []}  # no revision yet
         refused = CliRunner().invoke(app, ["erase", "--customer", "c0000042; rm -rf /"])
         assert refused.exit_code == 2 and "is not a customer id" in refused.output
     finally:

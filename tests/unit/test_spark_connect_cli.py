@@ -12,7 +12,7 @@ from mlops.cli import app
 from pipelines.spark import CONNECT_APP_NAME, CONNECT_SERVER_CLASS
 
 
-class Execd(Exception):
+class ExecCalledError(Exception):
     pass
 
 
@@ -22,7 +22,7 @@ def execs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
     def execv(path: str, argv: list[str]) -> None:
         seen.append([path, *argv[1:]])
-        raise Execd
+        raise ExecCalledError
 
     monkeypatch.setattr(os, "execv", execv)
     return seen
@@ -43,7 +43,7 @@ def test_the_server_runs_spark_submit_with_the_settings_driver_options_and_the_g
     done = CliRunner().invoke(
         app, ["spark-connect", "--host", "0.0.0.0", "--port", "15010", "--conf", "spark.executor.memory=2g"]
     )
-    assert isinstance(done.exception, Execd), done.output
+    assert isinstance(done.exception, ExecCalledError), done.output
     (argv,) = execs
     assert argv[0].endswith("/pyspark/bin/spark-submit")
     assert argv[argv.index("--class") + 1] == CONNECT_SERVER_CLASS
