@@ -205,6 +205,15 @@ class RetentionSettings(BaseModel):
 
     landing_days: int = Field(default=90, ge=1, description="landing folders (raw files, raw identifiers)")
     quarantine_days: int = Field(default=90, ge=1, description="quarantined rows (raw records)")
+    # The layers above (pipelines/retention.py): the lake's dated partitions (bronze, silver, gold, their states,
+    # the training rows, batch decisions) and the training sets; at least what one retrain reads (checked).
+    lake_days: int = Field(default=400, ge=1, description="lake partitions and training sets")
+    # DVC revisions of gold dates and training sets, and the objects only they use; the training sets of the
+    # versions an alias names are kept.
+    dataset_days: int = Field(default=400, ge=1, description="DVC revisions and their objects")
+    # MLflow: the artifacts (model files, ONNX, plots, card) of versions no alias names whose training data
+    # is older than this (training/retention.py); the run and the version stay, tagged, for the history.
+    model_days: int = Field(default=400, ge=1, description="artifacts of versions no alias names")
 
 
 class PrivacySettings(BaseModel):

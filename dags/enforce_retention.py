@@ -1,13 +1,20 @@
 """
-### Retention of the raw layers
+### Retention of every layer
 
-Once a day, deletes the landing folders and the quarantined rows (transactions and chargebacks) older than
-their retention (`MLOPS_RETENTION__LANDING_DAYS`, `MLOPS_RETENTION__QUARANTINE_DAYS`), counted back from the
-newest arrival the lake has ingested: the lake's own dates, not the calendar, so a replayed or late feed is
-not emptied by the clock. A landing folder the lake has not ingested is kept whatever its age. The scoring
-log's dates past `MLOPS_SERVING__LOG_RETENTION_DAYS` before its newest go too (the service expires them as it
-writes; this covers a service that is idle or down). The same work by hand:
-`mlops retention`; a person's rows on request: `mlops erase --customer ID` (pipelines/privacy.py).
+Once a day, counted back from the newest arrival the lake has ingested (the lake's own dates, not the
+calendar, so a replayed or late feed is not emptied by the clock):
+
+- landing folders and quarantined rows past `MLOPS_RETENTION__LANDING_DAYS` and `__QUARANTINE_DAYS` (a landing
+  folder the lake has not ingested is kept whatever its age), the scoring log's dates past
+  `MLOPS_SERVING__LOG_RETENTION_DAYS` (the service expires them as it writes; this covers one idle or down);
+- the lake's dated partitions (bronze, silver, gold, their states, the training rows) and the training sets
+  past `MLOPS_RETENTION__LAKE_DAYS`;
+- the DVC revisions past `MLOPS_RETENTION__DATASET_DAYS` and the objects only they used, but the training sets
+  of versions that may serve again (an alias names them, or a rollback could restore them);
+- the MLflow artifacts of the other versions trained on data past `MLOPS_RETENTION__MODEL_DAYS`.
+
+A retention shorter than what one retrain reads deletes nothing and fails, naming the setting. The same work
+by hand: `mlops retention`; a person's rows on request: `mlops erase --customer ID`.
 """
 
 from __future__ import annotations
@@ -38,11 +45,11 @@ with DAG(
     doc_md=__doc__,
 ):
 
-    @task(doc_md="Delete landing folders and quarantined rows past their retention; report what went.")
+    @task(doc_md="Delete what every layer keeps past its retention; report what went and what stayed.")
     def enforce() -> dict:
         from core.settings import get_settings
-        from pipelines.privacy import enforce_retention
+        from mlops.chain import retention
 
-        return enforce_retention(get_settings())
+        return retention(get_settings())
 
     enforce()

@@ -107,6 +107,23 @@ def erase(settings: Settings, customer: str, rebuild: bool = True, progress: Pro
     return record
 
 
+def retention(settings: Settings) -> dict:
+    """Every layer's retention (the `enforce_retention` DAG, `mlops retention`): landing, quarantine and the
+    scoring log (pipelines/privacy.py), the lake, the training sets and the DVC revisions but the training
+    sets of versions that may serve again (pipelines/retention.py), then those versions' artifacts in MLflow
+    (training/retention.py), each counted back from the newest arrival the lake has ingested."""
+    from pipelines.privacy import enforce_retention
+    from pipelines.retention import check_retention
+    from training.retention import expire_model_artifacts, protected_training_sets
+
+    check_retention(settings)  # a setting too short deletes nothing
+    report = enforce_retention(settings, protected_training_sets(settings))
+    report["models"] = {"artifacts_removed": [], "kept": {}}
+    if report["newest_ingested"]:
+        report["models"] = expire_model_artifacts(settings, date.fromisoformat(report["newest_ingested"]))
+    return report
+
+
 def held_by(settings: Settings, pseudonyms: set[str]) -> dict:
     """What still holds these customers after their erasure, by name: the dataset revisions in the DVC remote
     (gold dates, training sets) whose rows name them, and the model versions trained on those training sets.

@@ -821,14 +821,26 @@ def reproduce(
 def retention(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary line last")] = False,
 ) -> None:
-    """Delete landing folders and quarantined rows older than their retention (what the DAG runs)."""
-    from pipelines.privacy import enforce_retention
+    """Delete what every layer keeps past its retention: landing, quarantine, the scoring log, the lake and
+    the training sets, DVC revisions, MLflow artifacts of versions nothing serves (what the DAG runs)."""
+    from core.errors import PipelineError
+    from mlops.chain import retention as retention_of_every_layer
 
-    record = enforce_retention(get_settings())
+    try:
+        record = retention_of_every_layer(get_settings())
+    except PipelineError as exc:
+        err.print(f"[red]retention:[/] {exc}")
+        _emit({"status": "failed", "message": str(exc)}, as_json)
+        raise typer.Exit(code=1) from None
+    objects = record["objects_removed"]
     err.print(
         f"newest ingested arrival {record['newest_ingested']}: removed landing {record['landing_removed']}, "
-        f"quarantine {record['quarantine_removed']}, scoring log {record['scoring_log_removed']}; "
-        f"kept though old: {record['kept'] or 'none'}"
+        f"quarantine {record['quarantine_removed']}, scoring log {record['scoring_log_removed']}, "
+        f"lake and training sets {len(record['lake_removed'])} entries, DVC revisions "
+        f"{record['revisions_removed']} ({sum(objects.values())} objects), model artifacts of versions "
+        f"{record['models']['artifacts_removed']}; kept though old: "
+        f"{({**record['kept'], **record['models']['kept']}) or 'none'}",
+        soft_wrap=True,
     )
     _emit(record, as_json)
 

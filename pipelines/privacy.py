@@ -34,7 +34,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -322,12 +322,25 @@ def _ingested(tables: Tables) -> list[date]:
     )
 
 
-def enforce_retention(settings: Settings) -> dict:
-    """Delete landing folders and quarantine partitions past their retention, counted back from the newest
-    arrival the lake has ingested; what was deleted and what was kept though old."""
+def enforce_retention(settings: Settings, keep_revisions: Collection[str] = ()) -> dict:
+    """Delete landing folders and quarantine partitions past their retention, then the lake's and the
+    training sets' dated entries and the DVC revisions past theirs but `keep_revisions`
+    (pipelines/retention.py), each counted back from the newest arrival the lake has ingested; what was
+    deleted and what was kept though old."""
+    from pipelines.retention import check_retention, expire_lake, expire_revisions
+
+    check_retention(settings)  # before anything is deleted
     tables = Tables(settings.lake)
     ingested = _ingested(tables)
-    report: dict = {"newest_ingested": None, "landing_removed": [], "quarantine_removed": [], "kept": {}}
+    report: dict = {
+        "newest_ingested": None,
+        "landing_removed": [],
+        "quarantine_removed": [],
+        "lake_removed": [],
+        "revisions_removed": [],
+        "objects_removed": {},
+        "kept": {},
+    }
     # The scoring log by its own dates (the service's clock), as the service expires it while it writes.
     report["scoring_log_removed"] = expire_dated_folders(
         settings.scoring_log_dir, "date=", settings.serving.log_retention_days
@@ -352,5 +365,10 @@ def enforce_retention(settings: Settings) -> dict:
         if old:
             clear_partitions(root, old, retain_s=0)
             report["quarantine_removed"] += [str(p.relative_to(settings.lake)) for p in old]
+    report["lake_removed"] = expire_lake(settings, newest)
+    revisions = expire_revisions(settings, newest, set(keep_revisions))
+    report["revisions_removed"] = revisions["revisions_removed"]
+    report["objects_removed"] = revisions["objects_removed"]
+    report["kept"].update({f"revision {k}": why for k, why in revisions["kept"].items()})
     log.info("retention: %s", report)
     return report
