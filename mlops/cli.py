@@ -796,11 +796,12 @@ def reproduce(
         _emit({"status": "refused", "model_version": version, "reason": str(exc)}, as_json)
         raise typer.Exit(code=1) from None
     data = record["training_set"]
+    compared = "equal" if data["hash_equal"] else "DIFFERENT: retrained from the recorded DVC copy"
     err.print(
         f"v{version}: commit {record['git_commit'][:12]}, image {record['image']}"
         f"{' ' + record['image_digest'] if record['image_digest'] else ''}, training set "
         f"{record['training_set_rev']} as of {data['as_of']} (DVC hash {data['recorded_md5']}; rebuilt from "
-        f"the lake: {data['rebuilt_md5']}, {'equal' if data['hash_equal'] else 'DIFFERENT'}), seed "
+        f"the lake: {data['rebuilt_md5']}, {compared}), seed "
         f"{record['config']['seed']}, hyperparameters from {record['tuning_source']}",
         markup=False,
         highlight=False,

@@ -9,9 +9,12 @@ the rebuild came (docs/lineage.md, "Reproducing a version").
 3. Rebuild the training set from the lake, as of the same date with the same window and sampling (its
    versioned metadata), into a scratch folder, and compare its DVC hash with the recorded member's: equal
    means the lake still holds the same data (later arrivals do not change a point-in-time set; a retention,
-   an erasure or a re-delivery of a date in its window does).
+   an erasure or a re-delivery of a date in its window does). When they differ, the DVC copy the version
+   recorded is what is left of its data: the rebuild goes on from it, and the record says so
+   (`training_set.source`, the reason).
 4. Retrain on the recorded revision with the recorded configuration and a fresh checkpoint folder, evaluate
-   it on the same holdout, and compare each holdout metric with the registered run's within `tolerance`.
+   it on the same holdout, and compare each holdout metric with the registered run's within `tolerance`. A
+   recorded revision the DVC remote no longer holds (its retention) stops it, naming the revision.
 
 The rebuilt run stays in MLflow (tagged `reproduce.of_version`), never registered; the scratch folder is
 removed.
@@ -150,8 +153,15 @@ def rebuild_training_set(settings: Settings, made: dict[str, Any], scratch: Path
     )
 
     rev = made["training_set_rev"]
-    recorded = revision_manifest(settings, rev)[TRAINING_SET_MEMBER]
-    metadata = json.loads(revision_files(settings, rev)[TRAINING_SET_MEMBER][METADATA_FILE].read_text())
+    try:
+        recorded = revision_manifest(settings, rev)[TRAINING_SET_MEMBER]
+        metadata = json.loads(revision_files(settings, rev)[TRAINING_SET_MEMBER][METADATA_FILE].read_text())
+    except PipelineError as exc:
+        raise ReproduceError(
+            f"the training set {rev} of v{made['model_version']} is no longer whole in the DVC remote (its "
+            "retention, MLOPS_RETENTION__DATASET_DAYS, or a deletion by hand): nothing to rebuild from "
+            f"({exc})"
+        ) from exc
     day = date.fromisoformat(metadata["as_of"])
     table, sampling = build_training_table(
         settings,
@@ -192,15 +202,9 @@ def reproduce(settings: Settings, version: str, tolerance: float = DEFAULT_TOLER
             "training_set": data,
             "tolerance": tolerance,
         }
-        if not data["hash_equal"]:
-            record.update(
-                status="training_set_differs",
-                reason=f"the training set rebuilt from the lake hashes to {data['rebuilt_md5']}, not the "
-                f"recorded {data['recorded_md5']}: the lake no longer holds the data of {data['as_of']}'s "
-                "window as it was (a retention, an erasure or a re-delivery since). The recorded set is "
-                "still in the DVC remote; nothing was retrained",
-            )
-            return record
+        # Trained on the recorded revision either way: the DVC copy the version was trained on. When the lake
+        # no longer rebuilds it, that copy is what is left of the data, and the record says so.
+        data["source"] = "lake" if data["hash_equal"] else "recorded DVC copy"
         trained = steps.train(
             settings, made["training_set_rev"], made["config"], checkpoint_dir=work / "checkpoints"
         )
@@ -222,6 +226,14 @@ def reproduce(settings: Settings, version: str, tolerance: float = DEFAULT_TOLER
             "within": value is not None and abs(value - registered) <= tolerance,
         }
     within = bool(comparison) and all(c["within"] for c in comparison.values())
+    data = record["training_set"]
+    source = (
+        ""
+        if data["hash_equal"]
+        else f"; rebuilt from the DVC copy of the training set it recorded ({made['training_set_rev']}): the "
+        f"lake no longer holds the data of {data['as_of']}'s window as it was (its rebuild hashes to "
+        f"{data['rebuilt_md5']}, not {data['recorded_md5']}: a retention, an erasure or a re-delivery since)"
+    )
     record.update(
         status="reproduced" if within else "metrics_differ",
         rebuilt_run_id=trained["run_id"],
@@ -233,6 +245,7 @@ def reproduce(settings: Settings, version: str, tolerance: float = DEFAULT_TOLER
             + ", ".join(
                 f"{m} {c['registered']} -> {c['rebuilt']}" for m, c in comparison.items() if not c["within"]
             )
-        ),
+        )
+        + source,
     )
     return record

@@ -177,3 +177,81 @@ def test_reproduce_refuses_a_checkout_at_another_commit_and_names_both(demo_stac
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert head in refused["reason"] and "git worktree add" in refused["reason"]
+
+
+def _copy_home(source: Path, target: Path) -> Path:
+    """The stack's installation copied to `target`, its SQLite databases through SQLite's own backup (the
+    running stack may be writing them); the copy is an installation of its own (local profile: MLflow's
+    registry and runs, the lake, DVC, the key all under MLOPS_HOME)."""
+    import shutil
+    import sqlite3
+
+    shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("run", "*.sock", "*.pid"))
+    for database in source.rglob("*.db"):
+        copy = target / database.relative_to(source)
+        copy.unlink(missing_ok=True)
+        with sqlite3.connect(database) as live, sqlite3.connect(copy) as kept:
+            live.backup(kept)
+    return target
+
+
+def _landed_customers(home: Path) -> list[str]:
+    """Every customer id of the landing's transactions files (CSV or JSON lines, gzipped or not)."""
+    import csv
+    import gzip
+    import io
+
+    found = set()
+    for path in sorted(home.glob("landing/*/transactions-*")):
+        with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as handle:
+            text = handle.read()
+        if ".csv" in path.name:
+            rows = list(csv.DictReader(io.StringIO(text)))
+        else:
+            rows = []
+            for line in text.splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        found |= {r["customer_id"] for r in rows if isinstance(r, dict) and r.get("customer_id")}
+    return sorted(found)
+
+
+def test_after_an_erasure_in_its_window_the_champion_is_rebuilt_from_its_recorded_training_set(
+    demo_stack, tmp_path
+):
+    """#57 item 5, on a copy of the stack's installation (the shared stack is left as it was): a customer of
+    the champion's training set is erased (the lake rebuilt without them), so the lake no longer rebuilds
+    that set; `mlops reproduce` retrains from the DVC copy the version recorded, says so, and comes within
+    the tolerance. The erasure names that copy and the champion as what still holds the customer. Costs an
+    erasure's rebuild of gold (a Spark driver of its own) and one retrain."""
+    from core import pseudonym
+    from core.settings import Settings
+    from training.dataset import TRAINING_SET_MEMBER, read_training_set
+
+    version = demo_stack.summary["champion_version"]
+    [made] = [r for r in demo_stack.summary["retrains"] if r.get("model_version") == version]
+    home = _copy_home(demo_stack.home, tmp_path / "home")
+    settings = Settings(home=home)
+    trained_on = set(
+        read_training_set(settings, made["training_set_rev"], columns=["customer_id"])["customer_id"]
+    )
+    pseudonyms = pseudonym.for_settings(settings)
+    who = next(c for c in _landed_customers(home) if pseudonyms.customer(c) in trained_on)
+    env = {"MLOPS_HOME": str(home)}
+
+    erased = mlops_json(demo_stack, "erase", "--customer", who, env=env)
+    assert erased["rebuilt"], erased
+    held = erased["held_by"]
+    assert TRAINING_SET_MEMBER in held["dataset_revisions"][made["training_set_rev"]]
+    champion = [v for v in held["model_versions"] if v["version"] == version]
+    assert champion and "champion" in champion[0]["aliases"], held["model_versions"]
+
+    record = mlops_json(demo_stack, "reproduce", version, env=env)
+    data = record["training_set"]
+    assert not data["hash_equal"] and data["source"] == "recorded DVC copy", data
+    assert data["recorded_md5"] in record["reason"] and made["training_set_rev"] in record["reason"]
+    assert record["status"] == "reproduced", record
+    for metric, compared in record["metrics"].items():
+        assert compared["within"], (metric, compared)
