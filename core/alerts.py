@@ -6,7 +6,8 @@ Kinds: `task_failed` (any DAG task's last try, through orchestration/alerts.py's
 partial), `estimate_drop` (the label-free performance estimate fell), `estimate_unreliable` (the scores imply
 a fraud rate far from the holdout's), `service` (the scoring service missed an objective),
 `approval_requested` (a gate pass waits for a person's sign-off: to the approvers), `alias_out_of_band`
-(MLflow's champion alias points where the promotion history never put it). Sending never
+(MLflow's champion alias points where the promotion history never put it), `erasure_requested` (an
+erasure waits for an approver: the request's reference, never the id). Sending never
 raises: a channel that fails is logged with the reason and reported in the result, and the pipeline goes
 on; an alert is bounded (its text to MAX_TEXT characters).
 
@@ -42,6 +43,7 @@ KINDS = (
     "service",
     "approval_requested",
     "alias_out_of_band",
+    "erasure_requested",
 )
 MAX_TEXT = 8000
 

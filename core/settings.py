@@ -205,8 +205,8 @@ class RetentionSettings(BaseModel):
 
     landing_days: int = Field(default=90, ge=1, description="landing folders (raw files, raw identifiers)")
     quarantine_days: int = Field(default=90, ge=1, description="quarantined rows (raw records)")
-    # The layers above (pipelines/retention.py): the lake's dated partitions (bronze, silver, gold, their states,
-    # the training rows, batch decisions) and the training sets; at least what one retrain reads (checked).
+    # The layers above (pipelines/retention.py): the lake's dated partitions (bronze, silver, gold, their
+    # states, the training rows, batch decisions) and the training sets; at least what one retrain reads.
     lake_days: int = Field(default=400, ge=1, description="lake partitions and training sets")
     # DVC revisions of gold dates and training sets, and the objects only they use; the training sets of the
     # versions an alias names are kept.

@@ -74,6 +74,10 @@ def _dags(settings: Settings) -> Check:
 
     product = product_dag_ids() - DEMO_DAGS
     url = settings.airflow_sql_conn
+    # In the cluster Airflow's metadata has a database of its own (the chart's metadata Secret, which it hands
+    # its pods as Airflow's own setting), not the promotion history's.
+    if settings.profile is Profile.CLUSTER and os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
+        url = os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     if url.startswith("sqlite:///"):  # read only: the doctor looks, it creates no database
         database = Path(url.removeprefix("sqlite:///"))
         if not database.is_file():
@@ -95,7 +99,7 @@ def _dags(settings: Settings) -> Check:
         return Check(
             "dags",
             Status.WARN,
-            f"Airflow's metadata database cannot be read ({_redact(settings.airflow_sql_conn)}): "
+            f"Airflow's metadata database cannot be read ({_redact(url)}): "
             f"{str(exc).splitlines()[0][:200]}",
             "start Airflow (`make up`, or the chart in the cluster) and run this again",
         )

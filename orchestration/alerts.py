@@ -84,6 +84,41 @@ class ApprovalRequestNotifier(BaseNotifier):
         )
 
 
+class ErasureRequestNotifier(BaseNotifier):
+    """An erasure request as an alert (`erasure_requested`), sent when its approval task starts waiting: the
+    request's reference, who asked and who may answer; the id itself stays in Airflow (the UI shows it to
+    the approvers), not in a mail or a webhook's log."""
+
+    template_fields = ()
+
+    def notify(self, context: Any) -> None:
+        from core.alerts import Alert, send
+        from core.settings import get_settings
+
+        settings = get_settings()
+        ti = context.get("ti") or context.get("task_instance")
+        asked = ti.xcom_pull(task_ids="request") or {}
+        approvers = settings.approval.approvers
+        who = ", ".join(approvers) if approvers else "any user allowed to act on the DAG (no approvers set)"
+        send(
+            settings,
+            Alert(
+                "erasure_requested",
+                f"erasure requested: {asked.get('request') or 'no reference'}",
+                f"An erasure of a customer's data waits for a decision (the Airflow UI's Required actions, "
+                f"run {getattr(ti, 'run_id', None)} of {getattr(ti, 'dag_id', None)}) within "
+                f"{settings.approval.timeout_hours:g} hours; asked by "
+                f"{asked.get('started_by') or 'an unnamed user'}; who may answer: {who}.",
+                {
+                    "request": asked.get("request"),
+                    "approvers": approvers,
+                    "dag_id": getattr(ti, "dag_id", None),
+                    "run_id": getattr(ti, "run_id", None),
+                },
+            ),
+        )
+
+
 def approval_assigned_users(approvers: list[str]) -> list[HITLUser] | None:
     """The approval task's assigned users (Airflow's HITL respondents) from the approvers group; None: any
     user allowed to act on the DAG."""

@@ -203,11 +203,18 @@ def _erase_in_quarantine(root: Path, column: str | None, values: set[str]) -> di
     return removed
 
 
-def erase_customer(settings: Settings, customer: str) -> dict:
-    """Remove the customer's raw rows from landing and quarantine, and their chargebacks; the report."""
+def customer_id(customer: str) -> str:
+    """`customer` as an id (surrounding blanks dropped), or a ValueError naming it: ids are letters, digits,
+    `_` and `-`, so one can never be a path or a pattern."""
     customer = customer.strip()
     if not customer or not re.fullmatch(r"[\w-]+", customer):
         raise ValueError(f"{customer!r} is not a customer id (letters, digits, _ and - only)")
+    return customer
+
+
+def erase_customer(settings: Settings, customer: str) -> dict:
+    """Remove the customer's raw rows from landing and quarantine, and their chargebacks; the report."""
+    customer = customer_id(customer)
     tables = Tables(settings.lake)
     report: dict = {
         "landing": {},

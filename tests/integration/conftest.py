@@ -323,7 +323,8 @@ def data_claim_mount_problems(namespace: str, pod_spec: dict[str, Any]) -> list[
 # No helm binary reaches this machine (nor CI's), so the chart is rendered by the small renderer below, which
 # knows exactly the template language the chart uses and refuses anything else: actions with Go's trim markers
 # (`{{- ` and ` -}}`), values (`.Values.a.b`, `.Release.Name|Namespace|Service`, `.Chart.Name|Version|
-# AppVersion`), `range $key, $value := <map>` (keys in sorted order, as Go ranges over a map) ... `end`,
+# AppVersion`), `range $key, $value := <map or list>` (a map's keys in sorted order, as Go ranges over a
+# map; a list's index and element in order) ... `end`,
 # `if <value's path>` ... [`else` ...] `end` (Go's truth: false, 0, nil and empty are false), and
 # the functions quote, toYaml, nindent and indent with Helm's (sprig's) meanings. A value printed or quoted
 # must be a string: Helm prints numbers of a values file as floats (2e+06), so the values file has none.
@@ -393,15 +394,17 @@ def _template_tree(text: str) -> list[Any]:
 
 
 def _lookup(path: str, scope: dict[str, Any]) -> Any:
-    if path.startswith("$"):
-        name = path[1:]
+    node: Any
+    if path.startswith("$"):  # a variable, or a field of one ($item.name)
+        name, _, rest = path[1:].partition(".")
         if name not in scope["vars"]:
-            raise TemplateError(f"undefined variable {path}")
-        return scope["vars"][name]
-    if not path.startswith("."):
+            raise TemplateError(f"undefined variable ${name}")
+        node, parts = scope["vars"][name], rest.split(".") if rest else []
+    elif path.startswith("."):
+        node, parts = scope["root"], path[1:].split(".")
+    else:
         raise TemplateError(f"unsupported term: {path}")
-    node: Any = scope["root"]
-    for part in path[1:].split("."):
+    for part in parts:
         if not isinstance(node, dict) or part not in node:
             raise TemplateError(f"{path}: no such value")
         node = node[part]
@@ -460,10 +463,14 @@ def _render_tree(tree: list[Any], scope: dict[str, Any]) -> str:
         else:
             _, key_name, value_name, path, body = node
             mapping = _lookup(path, scope)
-            if not isinstance(mapping, dict):
-                raise TemplateError(f"range over {path}, which is not a map")
-            for key in sorted(mapping):
-                inner = {**scope, "vars": {**scope["vars"], key_name: key, value_name: mapping[key]}}
+            if isinstance(mapping, list):  # a list: its index and element, in order
+                items = [(str(index), item) for index, item in enumerate(mapping)]
+            elif isinstance(mapping, dict):
+                items = [(key, mapping[key]) for key in sorted(mapping)]
+            else:
+                raise TemplateError(f"range over {path}, which is neither a map nor a list")
+            for key, value in items:
+                inner = {**scope, "vars": {**scope["vars"], key_name: key, value_name: value}}
                 out.append(_render_tree(body, inner))
     return "".join(out)
 
@@ -493,7 +500,7 @@ def render_chart(
     """`helm template <release_name> <chart_dir> --namespace <namespace>` with `overrides`, as objects."""
     meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
     chart = {key[0].upper() + key[1:]: str(value) for key, value in meta.items()}
-    values = merged(yaml.safe_load((chart_dir / "values.yaml").read_text()), overrides or {})
+    values = merged(yaml.safe_load((chart_dir / "values.yaml").read_text()) or {}, overrides or {})
     release = {"Name": release_name, "Namespace": namespace, "Service": "Helm"}
     objects = []
     for template in sorted((chart_dir / "templates").glob("*.yaml")):

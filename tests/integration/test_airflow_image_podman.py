@@ -45,6 +45,7 @@ DAG_IDS = {
     "tune_fraud_model",
     "enforce_retention",
     "score_fraud_batch",
+    "erase_customer",
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"skip_identical", "train", "evaluate", "register", "promote", "export", "compress"}

@@ -90,8 +90,8 @@ def _token(client, user: str) -> str:
     return answer.json()["access_token"]
 
 
-def _awaiting(timeout: float = 120.0) -> str:
-    """The run id of the approval task once it waits for input."""
+def _awaiting(timeout: float = 120.0, dag_id: str = DAG_ID) -> str:
+    """The run id of `dag_id`'s approval task once it waits for input."""
     from airflow.models import TaskInstance
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
@@ -102,7 +102,7 @@ def _awaiting(timeout: float = 120.0) -> str:
         with create_session() as session:
             ti = (
                 session.query(TaskInstance)
-                .filter(TaskInstance.dag_id == DAG_ID, TaskInstance.task_id == "approval")
+                .filter(TaskInstance.dag_id == dag_id, TaskInstance.task_id == "approval")
                 .filter(TaskInstance.state == TaskInstanceState.AWAITING_INPUT)
                 .first()
             )
@@ -157,10 +157,13 @@ def _run_and_answer(home, answer) -> tuple[dict[str, str], object]:
     return dag_run_states(run), run
 
 
-def _respond(run_id: str, user: str, choice: str, comment: str, status: int = 200) -> None:
+def _respond(
+    run_id: str, user: str, choice: str, comment: str, status: int = 200, dag_id: str = DAG_ID
+) -> None:
+    """`user` answers the approval task of `dag_id`'s run as the Airflow UI does; `status`: Airflow's."""
     client = _api_client()
     headers = {"Authorization": f"Bearer {_token(client, user)}"}
-    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval/-1/hitlDetails"
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approval/-1/hitlDetails"
     answered = client.patch(
         path, json={"chosen_options": [choice], "params_input": {"comment": comment}}, headers=headers
     )

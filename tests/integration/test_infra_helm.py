@@ -196,6 +196,66 @@ def test_the_mlflow_address_is_the_tracking_servers_service():
     assert service["metadata"]["namespace"] == contract.ORCHESTRATION_NAMESPACE
 
 
+CHECKS_DIR = REPO / "infra" / "helm" / "mlops-checks"
+# The Airflow chart's own Secret for its metadata database, which the doctor reads the DAGs' state from.
+METADATA_CONNECTION = "postgresql://airflow:placeholder@postgres.db.example.internal:5432/airflow"
+
+
+def _doctor_pod() -> dict[str, Any]:
+    """`helm template mlops-checks infra/helm/mlops-checks -f infra/helm/airflow/values.yaml`: its object."""
+    (pod,) = render_chart(CHECKS_DIR, VALUES, contract.ORCHESTRATION_NAMESPACE, "mlops-checks")
+    return pod
+
+
+def _doctor_environment(container: dict[str, Any]) -> dict[str, str]:
+    secrets = {
+        **SECRET_PLACEHOLDERS,
+        (VALUES["data"]["metadataSecretName"], "connection"): METADATA_CONNECTION,
+    }
+    env = {}
+    for item in container["env"]:
+        assert item["name"] not in env, f"{item['name']} is set twice"
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif ref := item["valueFrom"].get("secretKeyRef"):
+            env[item["name"]] = secrets[(ref["name"], ref["key"])]
+        else:
+            env[item["name"]] = DOWNWARD_API[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def test_the_post_install_check_is_the_doctor_with_the_airflow_pods_settings_volumes_and_labels(
+    monkeypatch, infra_tools
+):
+    """#57 item 1: `helm test` runs `mlops doctor` in a pod made from the Airflow release's values, so it
+    checks with what every task has: the same environment (plus Airflow's own metadata connection, where the
+    DAGs' paused state is), Secrets, shared filesystem and pseudonym key, identity and NetworkPolicies."""
+    pod = _doctor_pod()
+    assert pod["kind"] == "Pod" and pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["namespace"] == contract.ORCHESTRATION_NAMESPACE
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["mlops", "doctor", "--json"]  # exit 1 on a failed check fails `helm test`
+    assert container["image"] == "{repository}:{tag}".format(**VALUES["images"]["airflow"])
+
+    env = _doctor_environment(container)
+    assert env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") == METADATA_CONNECTION
+    assert env.pop("HOME") == "/tmp"
+    assert env == pod_environment(VALUES)
+    settings = settings_from(monkeypatch, env)
+    assert settings.profile is Profile.CLUSTER and settings.spark_remote
+    # its identity and labels are the task pods': the worker's Role, the Airflow pods' egress policies
+    assert pod["spec"]["serviceAccountName"] == contract.AIRFLOW_WORKER_SERVICE_ACCOUNT
+    assert {"tier": "airflow", "component": "worker", "release": "airflow"}.items() <= pod["metadata"][
+        "labels"
+    ].items()
+    assert pod["spec"]["volumes"][: len(VALUES["volumes"])] == VALUES["volumes"]
+    assert container["volumeMounts"][: len(VALUES["volumeMounts"])] == VALUES["volumeMounts"]
+    assert data_claim_mount_problems(contract.ORCHESTRATION_NAMESPACE, pod["spec"]) == []
+    assert contract.restricted_profile_violations(pod["spec"]) == []
+    assert schema_errors(infra_tools, [pod]) == []
+
+
 # The Spark settings the Connect server reads itself (its driver's JVM), which must be the Airflow pods' too:
 # `mlops` run in either place derives the same driver options from them.
 SPARK_DRIVER_SETTINGS = ("MLOPS_SPARK_DRIVER_MEMORY", "MLOPS_SPARK_JAVA_OPTIONS")
