@@ -99,8 +99,7 @@ def _dags(settings: Settings) -> Check:
         return Check(
             "dags",
             Status.WARN,
-            f"Airflow's metadata database cannot be read ({_redact(url)}): "
-            f"{str(exc).splitlines()[0][:200]}",
+            f"Airflow's metadata database cannot be read ({_redact(url)}): {str(exc).splitlines()[0][:200]}",
             "start Airflow (`make up`, or the chart in the cluster) and run this again",
         )
     paused = sorted(dag_id for dag_id, is_paused in rows if is_paused and dag_id in product)
