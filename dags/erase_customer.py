@@ -62,14 +62,19 @@ with DAG(
 
     @task(doc_md="Check the id and say what the erasure will do, before anyone is asked.")
     def request(params: dict, dag_run=None) -> dict:
+        from airflow.sdk.exceptions import AirflowFailException
+
         from mlops.erasure import erasure_request
 
-        return erasure_request(
-            params.get("customer", ""),
-            params.get("request", ""),
-            bool(params.get("rebuild", True)),
-            getattr(dag_run, "triggering_user_name", None) or "",
-        )
+        try:
+            return erasure_request(
+                params.get("customer", ""),
+                params.get("request", ""),
+                bool(params.get("rebuild", True)),
+                getattr(dag_run, "triggering_user_name", None) or "",
+            )
+        except ValueError as exc:  # the params are wrong: no retry can fix them
+            raise AirflowFailException(str(exc)) from None
 
     approval = HITLOperator(
         task_id="approval",

@@ -71,7 +71,13 @@ def _a_customer(settings) -> str:
 def _run(conf: dict, answer) -> dict[str, str]:
     """Run the DAG with `conf` (in this thread: a task runner sets signal handlers); `answer(run_id)`, in
     another thread, responds once the approval waits. The tasks' states."""
+    # What either thread imports, imported here first: two threads importing Airflow's models at once can
+    # deadlock on the import locks (its modules import each other).
+    import airflow.api_fastapi.app
+    import airflow.models.dagbag
+    import airflow.providers.standard.operators.trigger_dagrun  # noqa: F401
     from airflow.dag_processing.dagbag import DagBag
+    from airflow.models import TaskInstance  # noqa: F401
 
     dag = DagBag(dag_folder="dags").dags[DAG_ID]
     failure: dict = {}
