@@ -214,7 +214,7 @@ class ModelRegistry:
             raise
         # search_model_versions leaves the aliases out: the registered model has them
         aliases = self.client.get_registered_model(self.name).aliases if versions else {}
-        found = [
+        found: list[dict[str, str | list[str]]] = [
             {
                 "version": str(v.version),
                 "training_set_rev": (v.tags or {})["lineage.training_set_rev"],
