@@ -62,8 +62,7 @@ class ApprovalRequestNotifier(BaseNotifier):
         ti = context.get("ti") or context.get("task_instance")
         asked = ti.xcom_pull(task_ids="candidate") or {}
         version = asked.get("model_version")
-        approvers = settings.approval.approvers
-        who = ", ".join(approvers) if approvers else "any user allowed to act on the DAG (no approvers set)"
+        approvers, who = who_may_answer(settings)
         send(
             settings,
             Alert(
@@ -84,6 +83,12 @@ class ApprovalRequestNotifier(BaseNotifier):
         )
 
 
+def who_may_answer(settings: Any) -> tuple[list[str], str]:
+    """The approvers group, and who may answer a request in words."""
+    approvers = list(settings.approval.approvers)
+    return approvers, ", ".join(approvers) or "any user allowed to act on the DAG (no approvers set)"
+
+
 class ErasureRequestNotifier(BaseNotifier):
     """An erasure request as an alert (`erasure_requested`), sent when its approval task starts waiting: the
     request's reference, who asked and who may answer; the id itself stays in Airflow (the UI shows it to
@@ -98,8 +103,7 @@ class ErasureRequestNotifier(BaseNotifier):
         settings = get_settings()
         ti = context.get("ti") or context.get("task_instance")
         asked = ti.xcom_pull(task_ids="request") or {}
-        approvers = settings.approval.approvers
-        who = ", ".join(approvers) if approvers else "any user allowed to act on the DAG (no approvers set)"
+        approvers, who = who_may_answer(settings)
         send(
             settings,
             Alert(

@@ -324,6 +324,26 @@ def reference_lake(target: Path, phase: str | None = None) -> ReferenceLake:
     return ReferenceLake(home=target, events=events)
 
 
+def landing_records(path: Path) -> list[dict]:
+    """The rows of a landing file that parse (CSV or JSON lines, gzipped or not), as dicts: an independent
+    reading with the csv and json modules."""
+    import csv
+    import gzip
+    import io
+
+    with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as handle:
+        text = handle.read()
+    if ".csv" in path.name:
+        return list(csv.DictReader(io.StringIO(text)))
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 def snapshot(root: Path) -> dict[str, tuple[str, int]]:
     """Every file under `root`: its content's hash and its mode (a writer that changed a linked file in
     place, or its permissions, shows here)."""

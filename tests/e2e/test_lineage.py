@@ -188,6 +188,9 @@ def _copy_home(source: Path, target: Path) -> Path:
 
     shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("run", "*.sock", "*.pid"))
     for database in source.rglob("*.db"):
+        with database.open("rb") as head:
+            if head.read(16) != b"SQLite format 3\x00":  # Feast's registry.db is a protobuf file
+                continue
         copy = target / database.relative_to(source)
         copy.unlink(missing_ok=True)
         with sqlite3.connect(database) as live, sqlite3.connect(copy) as kept:
@@ -196,26 +199,11 @@ def _copy_home(source: Path, target: Path) -> Path:
 
 
 def _landed_customers(home: Path) -> list[str]:
-    """Every customer id of the landing's transactions files (CSV or JSON lines, gzipped or not)."""
-    import csv
-    import gzip
-    import io
+    """Every customer id of the landing's transactions files."""
+    from tests.lake import landing_records
 
-    found = set()
-    for path in sorted(home.glob("landing/*/transactions-*")):
-        with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as handle:
-            text = handle.read()
-        if ".csv" in path.name:
-            rows = list(csv.DictReader(io.StringIO(text)))
-        else:
-            rows = []
-            for line in text.splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-        found |= {r["customer_id"] for r in rows if isinstance(r, dict) and r.get("customer_id")}
-    return sorted(found)
+    rows = [r for path in sorted(home.glob("landing/*/transactions-*")) for r in landing_records(path)]
+    return sorted({r["customer_id"] for r in rows if isinstance(r, dict) and r.get("customer_id")})
 
 
 def test_after_an_erasure_in_its_window_the_champion_is_rebuilt_from_its_recorded_training_set(

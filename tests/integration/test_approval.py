@@ -30,12 +30,9 @@ APPROVERS = ["risk-officer", "ml-engineer"]  # the approvers group; the analyst 
 DAG_ID = "approve_fraud_model"
 
 
-@pytest.fixture
-def approval_home(airflow_db, tmp_path, monkeypatch):
-    """An installation with champion v1 and v2 (a better model) registered; Airflow's API with two users."""
-    from training.ledger import Ledger
-    from training.registry import ModelRegistry, promote_manually
-
+def simple_auth_with_approvers(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Airflow's simple auth manager with USERS (each an admin of Airflow, as the UI's login), and the
+    approvers group APPROVERS in the settings."""
     passwords = tmp_path / "passwords.json"
     passwords.write_text(json.dumps(USERS))
     monkeypatch.setenv(
@@ -44,8 +41,17 @@ def approval_home(airflow_db, tmp_path, monkeypatch):
     )
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", ",".join(f"{u}:admin" for u in USERS))
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
-    monkeypatch.setenv("MLOPS_APPROVAL__ENABLED", "true")
     monkeypatch.setenv("MLOPS_APPROVAL__APPROVERS", json.dumps(APPROVERS))
+
+
+@pytest.fixture
+def approval_home(airflow_db, tmp_path, monkeypatch):
+    """An installation with champion v1 and v2 (a better model) registered; Airflow's API with two users."""
+    from training.ledger import Ledger
+    from training.registry import ModelRegistry, promote_manually
+
+    simple_auth_with_approvers(monkeypatch, tmp_path)
+    monkeypatch.setenv("MLOPS_APPROVAL__ENABLED", "true")
     get_settings.cache_clear()
     settings = get_settings()
     settings.ensure_dirs()

@@ -20,7 +20,7 @@ import pytest
 from core.settings import get_settings
 from tests import lake as reference
 from tests.integration.conftest import dag_run_states
-from tests.integration.test_approval import APPROVERS, USERS, _awaiting, _respond
+from tests.integration.test_approval import APPROVERS, _awaiting, _respond, simple_auth_with_approvers
 from tests.integration.test_feed_week import _xcom
 
 DAG_ID = "erase_customer"
@@ -30,16 +30,8 @@ DAG_ID = "erase_customer"
 def erase_home(airflow_db, tmp_path, monkeypatch):
     """A copy of the reference lake as MLOPS_HOME; Airflow's API with the approvers and an analyst."""
     home = reference.reference_lake(tmp_path / "home").home
-    passwords = tmp_path / "passwords.json"
-    passwords.write_text(json.dumps(USERS))
-    monkeypatch.setenv(
-        "AIRFLOW__CORE__AUTH_MANAGER",
-        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-    )
-    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", ",".join(f"{u}:admin" for u in USERS))
-    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
+    simple_auth_with_approvers(monkeypatch, tmp_path)
     monkeypatch.setenv("MLOPS_HOME", str(home))
-    monkeypatch.setenv("MLOPS_APPROVAL__APPROVERS", json.dumps(APPROVERS))
     get_settings.cache_clear()
     yield get_settings()
     get_settings.cache_clear()

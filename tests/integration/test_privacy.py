@@ -7,9 +7,6 @@ partitions one by one: tests/unit/test_erase_files.py."""
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import json
 from collections import Counter
 from datetime import timedelta
@@ -31,24 +28,9 @@ from pipelines.privacy import ERASED_FROM
 from tests import lake as reference
 
 
-def _records(path) -> list[dict]:
-    """The rows of a landing file that parse, as dicts (an independent reading: csv and json modules)."""
-    with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as handle:
-        text = handle.read()
-    if ".csv" in path.name:
-        return list(csv.DictReader(io.StringIO(text)))
-    rows = []
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
 def _landing(settings: Settings, feed: str) -> dict[str, list[dict]]:
     return {
-        str(p.relative_to(settings.landing)): _records(p)
+        str(p.relative_to(settings.landing)): reference.landing_records(p)
         for p in sorted(settings.landing.glob(f"*/{feed}-*"))
     }
 
