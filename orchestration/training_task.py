@@ -168,8 +168,9 @@ def _gpu_placement(settings: Settings, manifest: dict[str, Any]) -> None:
 
 
 def _pod_operator(settings: Settings, task_id: str, manifest: dict[str, Any], **operator_args: Any):
+    """The pod task; `operator_args` over the manifest's (e.g. a templated `image`: a version's own)."""
     return _training_pod_operator_class()(
-        **_pod_operator_kwargs(settings, task_id, manifest), **operator_args
+        **{**_pod_operator_kwargs(settings, task_id, manifest), **operator_args}
     )
 
 

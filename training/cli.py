@@ -186,6 +186,46 @@ def approve(
     )  # fmt: skip
 
 
+@app.command("resolve-image")
+def resolve_image(
+    version: Annotated[str, typer.Option(help="the registered version to reproduce")],
+    xcom_path: XcomPath = None,
+) -> None:
+    """The image a version was trained in, by digest, and the tag it recorded: what its reproduce pod runs."""
+    from training.reproduce import image_by_digest, resolve
+
+    made = resolve(get_settings(), version)
+    record = {"model_version": version, "image": image_by_digest(made), "image_tag": made["image"]}
+    emit(
+        {**record, "git_commit": made["git_commit"], "training_set_rev": made["training_set_rev"]}, xcom_path
+    )
+
+
+@app.command()
+def reproduce(
+    version: Annotated[str, typer.Option(help="the registered version to rebuild")],
+    tolerance: Annotated[float, typer.Option(min=0.0, help="how far each holdout metric may lie")] = 0.02,
+    image: Annotated[
+        str, typer.Option(help="the image tag the version recorded (this pod runs it by digest)")
+    ] = "",
+    xcom_path: XcomPath = None,
+) -> None:
+    """Rebuild a version in the image it was trained in (`mlops reproduce`'s work, in a pod): its training
+    set checked against the lake, retrained and compared. Fails unless it is reproduced."""
+    from core.errors import PipelineError
+    from training.reproduce import reproduce as rebuild
+
+    settings = get_settings()
+    if image:  # the identity check compares the image the version recorded, which this pod runs by digest
+        settings = settings.model_copy(
+            update={"training": settings.training.model_copy(update={"image": image})}
+        )
+    record = rebuild(settings, version, tolerance)
+    emit(record, xcom_path)
+    if record["status"] != "reproduced":
+        raise PipelineError(f"v{version}: {record['status']}: {record['reason']}")
+
+
 @app.command()
 def export(version: Annotated[str, typer.Option(help="model version")], xcom_path: XcomPath = None) -> None:
     """ONNX export (+ int8 where it pays) with a parity check."""

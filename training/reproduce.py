@@ -26,6 +26,7 @@ import ast
 import dataclasses
 import json
 import shutil
+import tempfile
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
@@ -89,6 +90,7 @@ def resolve(settings: Settings, version: str) -> dict[str, Any]:
         "git_commit": tags["lineage.git_commit"],
         "image": tags.get("lineage.image", ""),
         "image_digest": tags.get("lineage.image_digest"),
+        "image_id": tags.get("lineage.image_id"),
         "training_set_rev": tags["lineage.training_set_rev"],
         "as_of": tags["lineage.as_of"],
         "retrain_key": tags.get("lineage.retrain_key", ""),
@@ -96,6 +98,24 @@ def resolve(settings: Settings, version: str) -> dict[str, Any]:
         "config": _config(run.data.params),
         "metrics": {k: run.data.metrics[k] for k in COMPARED if k in run.data.metrics},
     }
+
+
+def image_by_digest(made: dict[str, Any]) -> str:
+    """The image the version was trained in, by digest (`repository@sha256:...`): what a reproduce pod runs,
+    since a tag can be pushed again with other contents. The node's own report of the image where the version
+    recorded it (`lineage.image_id`), else the recorded image's repository with its digest. A version the
+    local runner trained has neither: a ReproduceError says what to run instead."""
+    if "@sha256:" in (made.get("image_id") or ""):
+        return str(made["image_id"])
+    if not made.get("image_digest"):
+        raise ReproduceError(
+            f"v{made['model_version']} recorded no image digest (its image: {made['image'] or 'none'}): it "
+            f"was not trained in a pod; rebuild it from a checkout of commit {made['git_commit']} with "
+            f"`mlops reproduce {made['model_version']}`"
+        )
+    name, _, tag = made["image"].rpartition(":")
+    repository = name if name and "/" not in tag else made["image"]
+    return f"{repository}@{made['image_digest']}"
 
 
 def check_checkout(settings: Settings, made: dict[str, Any]) -> None:
@@ -192,8 +212,8 @@ def reproduce(settings: Settings, version: str, tolerance: float = DEFAULT_TOLER
 
     made = resolve(settings, version)
     check_checkout(settings, made)
-    work = settings.home / "reproduce" / f"v{version}"
-    shutil.rmtree(work, ignore_errors=True)
+    # Scratch outside MLOPS_HOME: a reproduce pod mounts the shared filesystem read-only.
+    work = Path(tempfile.mkdtemp(prefix=f"reproduce-v{version}-"))
     try:
         data = rebuild_training_set(settings, made, work / "training_set")
         record: dict[str, Any] = {

@@ -34,6 +34,7 @@ POD_TASKS = {
     "monitor_fraud_model": {"check"},
     "tune_fraud_model": {"start_study", "finish_study"},
     "score_fraud_batch": {"score"},
+    "reproduce_fraud_model": {"resolve_image", "reproduce"},
 }
 
 

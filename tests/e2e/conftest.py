@@ -37,6 +37,7 @@ DAG_IDS = {
     "enforce_retention",
     "score_fraud_batch",
     "erase_customer",
+    "reproduce_fraud_model",
 }
 # Three days of 1500 rows: the first two build the champion, the third a challenger. Labels are taken as
 # known after one day (the default of three would leave nothing to train on), and the first model needs no

@@ -46,6 +46,7 @@ DAG_IDS = {
     "enforce_retention",
     "score_fraud_batch",
     "erase_customer",
+    "reproduce_fraud_model",
 }
 # The retrain DAG's steps that run in the training image, each its own pod, under the cluster profile.
 POD_STEPS = {"skip_identical", "train", "evaluate", "register", "promote", "export", "compress"}
