@@ -206,6 +206,35 @@ def _landed_customers(home: Path) -> list[str]:
     return sorted({r["customer_id"] for r in rows if isinstance(r, dict) and r.get("customer_id")})
 
 
+def _holding(home: Path, values: set[str]) -> dict[str, str]:
+    """Each file under `home` holding one of `values` as text: its path (to `home`) -> its content's md5."""
+    import hashlib
+
+    from tests.e2e.test_privacy import _texts
+
+    wanted = [value.encode() for value in values]
+    return {
+        str(path.relative_to(home)): hashlib.md5(path.read_bytes()).hexdigest()
+        for path in sorted(home.rglob("*"))
+        if path.is_file() and not path.is_symlink() and any(w in t for t in _texts(path) for w in wanted)
+    }
+
+
+def _held_contents(settings, held: dict) -> set[str]:
+    """The md5 of every file of the DVC revisions an erasure's report names: their objects in the remote,
+    and any copy of them (the cache, the working copies) by their content."""
+    import hashlib
+
+    from pipelines.versioning import revision_files
+
+    return {
+        hashlib.md5(path.read_bytes()).hexdigest()
+        for rev in held["dataset_revisions"]
+        for files in revision_files(settings, rev).values()
+        for path in files.values()
+    }
+
+
 def test_after_an_erasure_in_its_window_the_champion_is_rebuilt_from_its_recorded_training_set(
     demo_stack, tmp_path
 ):
@@ -235,6 +264,13 @@ def test_after_an_erasure_in_its_window_the_champion_is_rebuilt_from_its_recorde
     assert TRAINING_SET_MEMBER in held["dataset_revisions"][made["training_set_rev"]]
     champion = [v for v in held["model_versions"] if v["version"] == version]
     assert champion and "champion" in champion[0]["aliases"], held["model_versions"]
+    # Every store the demo wrote, scanned byte by byte (tests/e2e/test_privacy.py's reading): neither their
+    # id nor their pseudonym anywhere but in the DVC objects of the revisions the report names (the cache, the
+    # remote, and the working copies: the same contents).
+    kept = _held_contents(settings, held)
+    found = _holding(home, {who, pseudonyms.customer(who)})
+    assert {path for path, md5 in found.items() if md5 not in kept} == set()
+    assert any(md5 in kept for md5 in found.values())  # the scan can find them: in what the report names
 
     record = mlops_json(demo_stack, "reproduce", version, env=env)
     data = record["training_set"]
