@@ -12,7 +12,7 @@ pipelines/privacy.py): the lake's own dates, never a clock.
   table's lock, no older version kept.
 - **DVC revisions** (`retention.dataset_days`): a revision (a gold date's or a training set's manifest) dated
   before the cut-off by the dates its members version is deleted, unless it is in `keep` (the training sets of
-  the registry's aliased versions: a champion stays reproducible); then every object of the DVC cache and
+  the versions that may serve again: training/retention.py); then every object of the DVC cache and
   remote that no kept revision and no current `.dvc` file uses is deleted, with dvc-data's own `gc`, under the
   repository's lock.
 
@@ -142,15 +142,15 @@ def expire_revisions(settings: Settings, newest: date, keep: set[str]) -> dict:
     url = remote_url(settings)
     with _repo(settings) as repo, lock_repo(repo):
         used: dict[str, str] = {}  # a folder's listing -> the revision or DVC file that uses it
+        expired = []
         for manifest in sorted(folder.glob("*.json")):
             members = json.loads(manifest.read_text())
             day = revision_date(members)
             if day is not None and day < cutoff:
                 if manifest.stem not in keep:
-                    manifest.unlink()
-                    report["revisions_removed"].append(manifest.stem)
+                    expired.append(manifest)
                     continue
-                report["kept"][manifest.stem] = "the training set of a version the registry names by alias"
+                report["kept"][manifest.stem] = "the training set of a version that may serve again"
             used |= {member["md5"]: f"revision {manifest.stem}" for member in members.values()}
         for stage in sorted((settings.home / "datasets").rglob("*.dvc")):
             outs = (yaml.safe_load(stage.read_text()) or {}).get("outs", [])
@@ -174,6 +174,9 @@ def expire_revisions(settings: Settings, newest: date, keep: set[str]) -> dict:
                     "nothing was deleted (a retention would lose what that revision still names); restore it "
                     "or delete that revision's manifest"
                 )
+        for manifest in expired:  # only once every kept listing was found
+            manifest.unlink()
+            report["revisions_removed"].append(manifest.stem)
         hashes = [HashInfo("md5", value) for value in sorted(objects)]
         report["objects_removed"]["cache"] = gc(cache, hashes, shallow=True)
         if remote is not None:

@@ -117,7 +117,7 @@ def test_every_layer_keeps_its_retention_and_what_may_serve_again(settings):
     # DVC: the old revision and the objects only it used are gone from the remote; the protected one stays.
     assert report["revisions_removed"] == [old_rev]
     assert report["kept"] == {
-        f"revision {protected_rev}": "the training set of a version the registry names by alias"
+        f"revision {protected_rev}": "the training set of a version that may serve again"
     }
     manifests = settings.home / "datasets" / "revisions"
     assert not (manifests / f"{old_rev}.json").exists()
