@@ -21,8 +21,9 @@ and silver (and their chargebacks silver's labels), partition by partition with 
 every file of the scoring service's log. The online store (features/materialize.py `erase_customers`), gold,
 its DVC revisions and the training rows are the layers above: `mlops erase` (mlops/chain.py `erase`) removes
 their online entities, then rebuilds gold from silver (the features backfill finds the arrivals whose silver
-changed). What none of this reaches yet: the earlier DVC revisions and the models trained on them, and
-MLflow's artifacts; the report names them and gives the pseudonym to look for.
+changed), and names what still holds them: the earlier DVC revisions and the models trained on them, kept
+(a version's training set is its record) until their retention (pipelines/retention.py,
+training/retention.py), which `enforce_retention` here runs first for the raw layers.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ ERASED_FROM = ("landing", "quarantine", "lake", "scoring_log")
 NOT_REACHED = (
     "the earlier DVC revisions of gold and of the training sets (the DVC cache and remote) and the models "
     "trained on them: kept, each named under held_by",
-    "MLflow artifacts",
+    "MLflow artifacts (models, plots, model cards: no rows of a person), until their retention",
     "the scoring service's live state (rebuilt from silver at its start)",
 )
 
