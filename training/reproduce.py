@@ -105,8 +105,9 @@ def image_by_digest(made: dict[str, Any]) -> str:
     since a tag can be pushed again with other contents. The node's own report of the image where the version
     recorded it (`lineage.image_id`), else the recorded image's repository with its digest. A version the
     local runner trained has neither: a ReproduceError says what to run instead."""
-    if "@sha256:" in (made.get("image_id") or ""):
-        return str(made["image_id"])
+    reference = str(made.get("image_id") or "").split("://", 1)[-1]  # docker-pullable://repo@sha256:...
+    if "@sha256:" in reference:
+        return reference
     if not made.get("image_digest"):
         raise ReproduceError(
             f"v{made['model_version']} recorded no image digest (its image: {made['image'] or 'none'}): it "
