@@ -744,7 +744,7 @@ def erase(
     kept = record["held_by"]
     if kept["dataset_revisions"] is None:
         err.print(f"the DVC remote's revisions were not read: {kept['not_read']}", soft_wrap=True)
-    for rev, members in kept["dataset_revisions"].items():
+    for rev, members in (kept["dataset_revisions"] or {}).items():
         err.print(f"kept: DVC revision {rev} ({', '.join(members)}) holds them", soft_wrap=True)
     for version in kept["model_versions"] or []:
         aliases = f", {', '.join(version['aliases'])}" if version["aliases"] else ""
