@@ -92,7 +92,6 @@ def chart_spark(work: Path, home: Path, jvm_options: dict[str, str]) -> Iterator
     def pod(name: str, container: dict[str, Any], ports: dict[str, int]) -> _Pod:
         tmp = work / name / "tmp"  # the pod's own /tmp
         args = [*container["command"], *container.get("args", [])]
-        args[0] = str(Path(sys.executable).with_name(args[0]))  # the image's PATH: /opt/venv/bin
         # A port given as "--flag N" is the pod's: a free one on loopback instead.
         pairs = [f"{previous} {arg}" for previous, arg in itertools.pairwise(["", *args])]
         assert set(ports) <= set(pairs), f"{container['name']}: the manifest no longer says {sorted(ports)}"
@@ -100,6 +99,9 @@ def chart_spark(work: Path, home: Path, jvm_options: dict[str, str]) -> Iterator
             str(ports[pair]) if pair in ports else local(arg, tmp)
             for pair, arg in zip(pairs, args, strict=True)
         ]
+        # The command from the image's PATH (/opt/venv/bin): this environment's, never mapped as a path (a
+        # virtual environment under /tmp would read as the pod's /tmp).
+        args[0] = str(Path(sys.executable).with_name(container["command"][0]))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLOPS_", "SPARK_", "PYSPARK_"))}
         for item in container.get("env", []):
             if "value" in item:
