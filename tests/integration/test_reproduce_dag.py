@@ -28,7 +28,10 @@ def registry(tmp_path, monkeypatch):
     get_settings.cache_clear()
     settings = get_settings()
     settings.ensure_dirs()
-    client = MlflowClient(tracking_uri=settings.mlflow_tracking_uri)
+    # registry_uri too: unset, MLflow takes the process's global one, which an earlier test may have set
+    client = MlflowClient(
+        tracking_uri=settings.mlflow_tracking_uri, registry_uri=settings.mlflow_tracking_uri
+    )
     experiment = client.create_experiment("e", artifact_location=(tmp_path / "artifacts").as_uri())
     client.create_registered_model("fraud-detector")
     images = (

@@ -372,7 +372,10 @@ def test_the_revisions_that_hold_a_customer_and_the_versions_trained_on_them_are
 
     # Two registered versions, one trained on the set that holds them (MLflow's own client records them).
     registry = ModelRegistry(settings.mlflow_tracking_uri)
-    client = MlflowClient(tracking_uri=settings.mlflow_tracking_uri)
+    # registry_uri too: unset, MLflow takes the process's global one, which an earlier test may have set
+    client = MlflowClient(
+        tracking_uri=settings.mlflow_tracking_uri, registry_uri=settings.mlflow_tracking_uri
+    )
     client.create_registered_model(registry.name)
     for rev in (clean, training_set):
         run = client.create_run(client.create_experiment(f"e-{rev}"))
