@@ -111,13 +111,31 @@ def retention(settings: Settings) -> dict:
     """Every layer's retention (the `enforce_retention` DAG, `mlops retention`): landing, quarantine and the
     scoring log (pipelines/privacy.py), the lake, the training sets and the DVC revisions but the training
     sets of versions that may serve again (pipelines/retention.py), then those versions' artifacts in MLflow
-    (training/retention.py), each counted back from the newest arrival the lake has ingested."""
+    (training/retention.py), each counted back from the newest arrival the lake has ingested. Where MLflow
+    cannot be imported (the Airflow image carries none) nothing says which versions may serve again: every
+    training set's revision is kept, no artifact is removed, and the report says so."""
     from pipelines.privacy import enforce_retention
     from pipelines.retention import check_retention
-    from training.retention import expire_model_artifacts, protected_training_sets
+    from pipelines.versioning import revisions_with_member
+    from training.dataset import TRAINING_SET_MEMBER
 
     check_retention(settings)  # a setting too short deletes nothing
-    report = enforce_retention(settings, protected_training_sets(settings))
+    try:
+        from training.retention import expire_model_artifacts, protected_training_sets
+
+        keep = protected_training_sets(settings)
+    except ImportError as exc:  # no MLflow in this image
+        keep = revisions_with_member(settings, TRAINING_SET_MEMBER)
+        report = enforce_retention(
+            settings, keep, "a training set, kept while the registry cannot be read here"
+        )
+        why = (
+            f"the model registry cannot be read here ({exc}): every training set's DVC revision was kept and "
+            "no artifact removed; run `mlops retention` where MLflow is installed (the training image)"
+        )
+        report["models"] = {"artifacts_removed": [], "kept": {}, "not_read": why}
+        return report
+    report = enforce_retention(settings, keep)
     report["models"] = {"artifacts_removed": [], "kept": {}}
     if report["newest_ingested"]:
         report["models"] = expire_model_artifacts(settings, date.fromisoformat(report["newest_ingested"]))
@@ -131,13 +149,22 @@ def held_by(settings: Settings, pseudonyms: set[str]) -> dict:
     record (`mlops reproduce`); they go with retention. An installation whose remote is not a mounted
     folder is said, not read."""
     from pipelines.versioning import revisions_holding
-    from training.registry import ModelRegistry
 
     try:
         revisions = revisions_holding(settings, "customer_id", pseudonyms)
     except PipelineError as exc:
         return {"dataset_revisions": None, "model_versions": None, "not_read": str(exc)}
-    models = ModelRegistry(settings.mlflow_tracking_uri).trained_on(set(revisions)) if revisions else []
+    try:
+        from training.registry import ModelRegistry
+
+        models = ModelRegistry(settings.mlflow_tracking_uri).trained_on(set(revisions)) if revisions else []
+    except ImportError as exc:  # no MLflow in this image (the Airflow image)
+        return {
+            "dataset_revisions": revisions,
+            "model_versions": None,
+            "not_read": f"the model registry cannot be read here ({exc}): the versions trained on the "
+            "training sets named above are those whose lineage.training_set_rev tag names one",
+        }
     return {"dataset_revisions": revisions, "model_versions": models}
 
 

@@ -742,8 +742,8 @@ def erase(
     if record["rebuilt"]:
         err.print(f"gold rebuilt from what is left: {', '.join(record['rebuilt'])}", soft_wrap=True)
     kept = record["held_by"]
-    if kept["dataset_revisions"] is None:
-        err.print(f"the DVC remote's revisions were not read: {kept['not_read']}", soft_wrap=True)
+    if kept["dataset_revisions"] is None or kept["model_versions"] is None:
+        err.print(f"not read: {kept['not_read']}", soft_wrap=True)
     for rev, members in (kept["dataset_revisions"] or {}).items():
         err.print(f"kept: DVC revision {rev} ({', '.join(members)}) holds them", soft_wrap=True)
     for version in kept["model_versions"] or []:
@@ -834,6 +834,8 @@ def retention(
         _emit({"status": "failed", "message": str(exc)}, as_json)
         raise typer.Exit(code=1) from None
     objects = record["objects_removed"]
+    if "not_read" in record["models"]:
+        err.print(f"model artifacts: {record['models']['not_read']}", soft_wrap=True)
     err.print(
         f"newest ingested arrival {record['newest_ingested']}: removed landing {record['landing_removed']}, "
         f"quarantine {record['quarantine_removed']}, scoring log {record['scoring_log_removed']}, "

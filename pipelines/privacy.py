@@ -330,12 +330,12 @@ def _ingested(tables: Tables) -> list[date]:
     )
 
 
-def enforce_retention(settings: Settings, keep_revisions: Collection[str] = ()) -> dict:
+def enforce_retention(settings: Settings, keep_revisions: Collection[str] = (), why_kept: str = "") -> dict:
     """Delete landing folders and quarantine partitions past their retention, then the lake's and the
     training sets' dated entries and the DVC revisions past theirs but `keep_revisions`
     (pipelines/retention.py), each counted back from the newest arrival the lake has ingested; what was
     deleted and what was kept though old."""
-    from pipelines.retention import check_retention, expire_lake, expire_revisions
+    from pipelines.retention import MAY_SERVE, check_retention, expire_lake, expire_revisions
 
     check_retention(settings)  # before anything is deleted
     tables = Tables(settings.lake)
@@ -374,7 +374,7 @@ def enforce_retention(settings: Settings, keep_revisions: Collection[str] = ()) 
             clear_partitions(root, old, retain_s=0)
             report["quarantine_removed"] += [str(p.relative_to(settings.lake)) for p in old]
     report["lake_removed"] = expire_lake(settings, newest)
-    revisions = expire_revisions(settings, newest, set(keep_revisions))
+    revisions = expire_revisions(settings, newest, set(keep_revisions), why_kept or MAY_SERVE)
     report["revisions_removed"] = revisions["revisions_removed"]
     report["objects_removed"] = revisions["objects_removed"]
     report["kept"].update({f"revision {k}": why for k, why in revisions["kept"].items()})

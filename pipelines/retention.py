@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 DATED = re.compile(
     r"^(?:arrival_date|event_date|as_of)=(\d{4}-\d{2}-\d{2})(?:\.json|\.parquet|\.rev\.json|\.dvc)?$"
 )
+# Why a revision in `keep` stays, unless the caller knows better.
+MAY_SERVE = "the training set of a version that may serve again"
 # Under the lake, what other settings keep, or what is no personal data and is read to know what was ingested.
 OWN_RETENTION = ("quarantine", "reconciliation", "scoring_log")
 
@@ -121,8 +123,14 @@ def revision_date(manifest: dict[str, dict]) -> date | None:
     return max(days, default=None)
 
 
-def expire_revisions(settings: Settings, newest: date, keep: set[str]) -> dict:
-    """Delete the DVC revisions dated more than `retention.dataset_days` before `newest` but those in `keep`,
+def expire_revisions(
+    settings: Settings,
+    newest: date,
+    keep: set[str],
+    why: str = "the training set of a version that may serve again",
+) -> dict:
+    """Delete the DVC revisions dated more than `retention.dataset_days` before `newest` but those in `keep`
+    (`why`: the reason the report gives),
     then the objects of the DVC cache and remote that nothing kept uses. What was deleted, and kept though
     old. A kept revision whose listing neither the remote nor the cache holds stops it before any object
     is deleted (a PipelineError naming it)."""
@@ -150,7 +158,7 @@ def expire_revisions(settings: Settings, newest: date, keep: set[str]) -> dict:
                 if manifest.stem not in keep:
                     expired.append(manifest)
                     continue
-                report["kept"][manifest.stem] = "the training set of a version that may serve again"
+                report["kept"][manifest.stem] = why
             used |= {member["md5"]: f"revision {manifest.stem}" for member in members.values()}
         for stage in sorted((settings.home / "datasets").rglob("*.dvc")):
             outs = (yaml.safe_load(stage.read_text()) or {}).get("outs", [])

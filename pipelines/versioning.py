@@ -301,6 +301,12 @@ def fetch(settings: Settings, rev: str, destination: Path) -> dict[str, Path]:
     return restored
 
 
+def revisions_with_member(settings: Settings, member: str) -> set[str]:
+    """The dataset revisions (their manifests under datasets/revisions/) with a member of that name."""
+    folder = settings.home / "datasets" / "revisions"
+    return {p.stem for p in folder.glob("*.json") if member in json.loads(p.read_text())}
+
+
 def revisions_holding(settings: Settings, column: str, values: set[str]) -> dict[str, list[str]]:
     """Each dataset revision of this installation (gold dates, training sets: their manifests under
     datasets/revisions/) with a member whose Parquet files hold one of `values` in `column`: revision -> those

@@ -146,3 +146,34 @@ def test_a_retention_shorter_than_one_retrain_reads_deletes_nothing(settings):
         retention(short)
     assert all((settings.home / p).exists() for p in copies)
     assert sorted(p.name for p in (settings.home / "datasets" / "revisions").glob("*.json")) == before
+
+
+def test_where_mlflow_cannot_be_imported_every_training_set_is_kept_and_it_says_so(settings, monkeypatch):
+    """The Airflow image carries no MLflow (its retention task runs there in the cluster): nothing can say
+    which versions may serve again, so every training set's revision stays, no artifact goes, and the
+    report says why; the lake and the gold revisions past their retention go as before."""
+    import sys
+
+    from training.dataset import TRAINING_SET_MEMBER
+
+    _copy_dated(settings, OLD)
+    old_gold, _ = _gold_revision(settings, OLD, drop=2)
+    folder = settings.home / "training_sets" / f"as_of={OLD}"
+    folder.mkdir(parents=True)
+    pq.write_table(
+        pq.read_table(next((settings.lake / "silver").rglob("*.parquet"))), folder / "part.parquet"
+    )
+    old_set = record_revision(
+        settings, {TRAINING_SET_MEMBER: track_many(settings, [(f"training_sets/as_of={OLD}", folder)])[0]}
+    )
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError, as in that image
+
+    report = retention(settings)
+
+    assert "the model registry cannot be read here" in report["models"]["not_read"]
+    assert report["models"]["artifacts_removed"] == []
+    assert report["revisions_removed"] == [old_gold]
+    assert (
+        report["kept"][f"revision {old_set}"] == "a training set, kept while the registry cannot be read here"
+    )
+    revision_files(settings, old_set)  # still whole in the remote

@@ -390,3 +390,23 @@ def test_the_revisions_that_hold_a_customer_and_the_versions_trained_on_them_are
         training_set,
         ["champion"],
     )
+
+
+def test_where_mlflow_cannot_be_imported_the_erasure_names_the_revisions_and_says_why_not_the_versions(
+    settings, monkeypatch
+):
+    """The erase_customer DAG's task runs in the Airflow image, which carries no MLflow."""
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from mlops.chain import held_by
+
+    folder = settings.home / "set" / "training_set"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"customer_id": ["p-who"]}), folder / "part-00000.parquet")
+    rev = record_revision(settings, {"training_set": track(settings, "set/training_set", folder)})
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError, as in that image
+    held = held_by(settings, {"p-who"})
+    assert held["dataset_revisions"] == {rev: ["training_set"]} and held["model_versions"] is None
+    assert "the model registry cannot be read here" in held["not_read"]
