@@ -115,29 +115,25 @@ def retention(settings: Settings) -> dict:
     cannot be imported (the Airflow image carries none) nothing says which versions may serve again: every
     training set's revision is kept, no artifact is removed, and the report says so."""
     from pipelines.privacy import enforce_retention
-    from pipelines.retention import check_retention
     from pipelines.versioning import revisions_with_member
     from training.dataset import TRAINING_SET_MEMBER
 
-    check_retention(settings)  # a setting too short deletes nothing
     try:
         from training.retention import expire_model_artifacts, protected_training_sets
 
-        keep = protected_training_sets(settings)
+        keep, why_kept, unread = protected_training_sets(settings), "", None
     except ImportError as exc:  # no MLflow in this image
         keep = revisions_with_member(settings, TRAINING_SET_MEMBER)
-        report = enforce_retention(
-            settings, keep, "a training set, kept while the registry cannot be read here"
-        )
-        why = (
+        why_kept = "a training set, kept while the registry cannot be read here"
+        unread = (
             f"the model registry cannot be read here ({exc}): every training set's DVC revision was kept and "
             "no artifact removed; run `mlops retention` where MLflow is installed (the training image)"
         )
-        report["models"] = {"artifacts_removed": [], "kept": {}, "not_read": why}
-        return report
-    report = enforce_retention(settings, keep)
+    report = enforce_retention(settings, keep, why_kept)  # a setting too short deletes nothing
     report["models"] = {"artifacts_removed": [], "kept": {}}
-    if report["newest_ingested"]:
+    if unread:
+        report["models"]["not_read"] = unread
+    elif report["newest_ingested"]:
         report["models"] = expire_model_artifacts(settings, date.fromisoformat(report["newest_ingested"]))
     return report
 

@@ -18,7 +18,8 @@ pipelines/privacy.py): the lake's own dates, never a clock.
 
 Each has a floor: gold's date D reads silver back to D - LOOKBACK_DAYS and a training set reads `window_days`
 of gold after its label maturity, so a retention shorter than what one retrain reads would delete what the
-next one needs; such a setting is refused before anything is deleted.
+next one needs; such a setting is refused before anything is deleted (`check_retention`, which
+pipelines/privacy.py `enforce_retention`, the one caller of both, runs first).
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ def dated_entries(root: Path, skip: tuple[Path, ...] = ()) -> dict[Path, dict[da
 def expire_lake(settings: Settings, newest: date) -> list[str]:
     """Delete the lake's, the training sets' and their DVC files' dated entries older than
     `retention.lake_days` before `newest`; their paths relative to MLOPS_HOME, oldest first."""
-    check_retention(settings)
     cutoff = newest - timedelta(days=settings.retention.lake_days)
     skip = (*(settings.lake / name for name in OWN_RETENTION), settings.scoring_log_dir)
     roots = (settings.lake, settings.home / "training_sets", settings.home / "datasets")
@@ -141,7 +141,6 @@ def expire_revisions(
 
     from pipelines.versioning import _repo, remote_url
 
-    check_retention(settings)
     cutoff = newest - timedelta(days=settings.retention.dataset_days)
     folder = settings.home / "datasets" / "revisions"
     report: dict = {"revisions_removed": [], "kept": {}, "objects_removed": {}}
