@@ -449,6 +449,32 @@ class Merchant:
         del view  # an array may grow again only once no view of it is left
         return i
 
+    def remove(self, us: int, amount: float) -> bool:
+        """Take a kept transaction at `us` of `amount` USD out (an erased customer's: LiveState.forget): every
+        running total after it falls by its amount. Of several at that time any one goes, as their rows are
+        the same. False when none is kept there (trimmed away)."""
+        import numpy as np
+
+        i = self.position(us)
+        if i < 0:
+            return False
+        self.latest = None
+        del self.us[i]
+        view = np.frombuffer(self.cum, dtype=np.float64)
+        view[i + 2 :] -= amount
+        del view  # an array may shrink only once no view of it is left
+        del self.cum[i + 1]
+        return True
+
+    def drop_chargeback(self, label_ms: int) -> bool:
+        """Take one attributed chargeback reported at `label_ms` back; False when none is kept there."""
+        i = bisect_left(self.chargebacks, label_ms)
+        if i == len(self.chargebacks) or self.chargebacks[i] != label_ms:
+            return False
+        del self.chargebacks[i]
+        self.latest = None
+        return True
+
     def position(self, us: int) -> int:
         """Index of a kept transaction at `us` (any of several at that time: their rows are the same), or
         -1."""

@@ -27,6 +27,7 @@ def compact(state: LiveState) -> None:
     state._history = build(state, history, touched, state._now_ms)
     state._customers = {}
     state._copies = {}
+    state._dropped = {}  # the rows of erased customers (LiveState.forget) were left out of the new history
     state._view = state._recent_id = None  # both hold the old history, which must go now
 
 
@@ -47,6 +48,11 @@ def build(state: LiveState, history: History | None, touched: dict[str, Customer
         if c.history is not None and c.history is history:
             a[c.code], b[c.code] = c.a, c.b
             tails.append((c.code, c))
+        elif c.history is None and history is not None and c.key in history.code_of:
+            # erased (LiveState.forget): none of its history's rows, only what it did since
+            code = history.code_of[c.key]
+            a[code] = b[code]
+            tails.append((code, c))
     tails.sort(key=lambda item: item[0])
     n = len(keys)
     base_len = np.zeros(n, dtype=np.int64)

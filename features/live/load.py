@@ -315,6 +315,7 @@ def load_chargebacks(
         for copy_arrival, merchant in merchants_of.get(tid, ()):
             if arrival - CHARGEBACK_REACH_DAYS <= copy_arrival <= arrival:
                 state._merchant(merchant).chargebacks.append(us // US_PER_MS)
+                state._attributed.setdefault(tid, []).append((merchant, us // US_PER_MS))
     for merchant in state.merchants.values():
         merchant.chargebacks = array("q", sorted(merchant.chargebacks))
 

@@ -5,7 +5,7 @@ load.py, the daily fold fold.py, the memory memory.py; the package's docstring h
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -83,6 +83,12 @@ class LiveState:
         self._copies: dict[str, Copy | list[Copy]] = {}  # ids observed since the last compaction
         self._reported: dict[str, int] = {}  # transaction id of a chargeback -> its report day
         self._reported_by_day: dict[int, list[str]] = {}
+        # transaction id of an attributed fraud chargeback -> [(merchant, report ms)]: what `forget` takes back
+        self._attributed: dict[str, list[tuple[str, int]]] = {}
+        # Customers `forget` erased whose rows a history still holds until the next fold drops them: key -> that
+        # history (its rows of the customer count for nothing); and those erased while a fold ran beside.
+        self._dropped: dict[str, History] = {}
+        self._erased_in_fold: set[str] = set()
         self._now_ms = -(2**62)
         self._fold_pending = False  # a new day began and its fold (fold.compact) has not run yet
         # A fold running beside the state (begin_fold .. finish_fold): what it reads, which nothing changes.
@@ -206,8 +212,58 @@ class LiveState:
                 merchant = self._merchant(merchant_key)
                 insort(merchant.chargebacks, label_ms)
                 merchant.latest = None
+                self._attributed.setdefault(transaction_id, []).append((merchant_key, label_ms))
                 attributed = True
         return attributed
+
+    def forget(self, keys: Iterable[str]) -> dict[str, int]:
+        """Erase customers (their pseudonyms, as the state keys them): from now on the state is what it would be
+        had it never observed them: their transactions leave their merchants' running totals, the fraud
+        chargebacks of their transactions leave the merchants' counts, their ids are no longer remembered,
+        and they have no history. Their rows leave memory at the next fold (the history's columns are
+        rebuilt then: `fold_due` says it is due now). A transaction of theirs observed afterwards is new
+        history. Counts what was taken: customers known, transactions, chargebacks."""
+        erased = set(keys)
+        counts = {"customers": 0, "transactions": 0, "chargebacks": 0}
+        if not erased:
+            return counts
+        # The chargebacks first: which transactions are theirs is read from their rows, which go next.
+        for tid, attributions in list(self._attributed.items()):
+            if any(copy[0] in erased for copy in self._known(tid)):
+                for merchant_key, label_ms in attributions:
+                    merchant = self.merchants.get(merchant_key)
+                    counts["chargebacks"] += merchant is not None and merchant.drop_chargeback(label_ms)
+                del self._attributed[tid]
+        history = self._history
+        for key in erased:
+            customer = self._customer(key)
+            if customer is None:
+                continue
+            counts["customers"] += 1
+            counts["transactions"] += len(customer)
+            us, usd, _, merchants, _ = customer.columns()
+            for at, amount, code in zip(us, usd, merchants, strict=True):
+                merchant = self.merchants.get(self._merchant_keys[code])
+                if merchant is not None:  # one trimmed away no longer counts it
+                    merchant.remove(at, amount)
+            # Nothing kept: `_customer` finds this empty one first, and the fold drops the history's rows.
+            self._customers[key] = Customer(key)
+            if history is not None and key in history.code_of:
+                self._dropped[key] = history
+            if self._frozen is not None:
+                self._erased_in_fold.add(key)
+        for tid, copies in list(self._copies.items()):
+            mine = [copies] if isinstance(copies, tuple) else copies
+            left = [copy for copy in mine if copy[0] not in erased]
+            if len(left) != len(mine):
+                if not left:
+                    del self._copies[tid]
+                else:
+                    self._copies[tid] = left[0] if len(left) == 1 else left
+        self._view = self._recent_id = None
+        if counts["customers"]:
+            self._fold_pending = True  # the history's rows of theirs leave memory at the next fold
+        return counts
 
     # --- reading ------------------------------------------------------------------------------------------
 
@@ -326,16 +382,21 @@ class LiveState:
                 copies.extend(recent[3])  # asked again (refusal, then observe): the history has not changed
             else:
                 found = sorted((int(history.arrival[r]), int(history.us[r]), r) for r in history.rows_of(tid))
+                dropped = self._dropped
                 copies.extend(
-                    (history.customer_of(r), self._merchant_keys[history.merchant[r]], us, arrival)
+                    (key, self._merchant_keys[history.merchant[r]], us, arrival)
                     for arrival, us, r in found
-                    if arrival >= since
+                    if arrival >= since and dropped.get(key := history.customer_of(r)) is not history
                 )
                 self._recent_id = (tid, history, since, tuple(copies))
-        for observed in (self._frozen.copies if self._frozen is not None else {}, self._copies):
-            live = observed.get(tid)
+        if self._frozen is not None:
+            live = self._frozen.copies.get(tid)
             if live is not None:
-                copies.extend([live] if isinstance(live, tuple) else live)
+                erased = self._erased_in_fold
+                copies.extend(c for c in ([live] if isinstance(live, tuple) else live) if c[0] not in erased)
+        live = self._copies.get(tid)
+        if live is not None:
+            copies.extend([live] if isinstance(live, tuple) else live)
         return copies
 
     def _mark_reported(self, tid: str, day: int) -> None:
@@ -399,16 +460,27 @@ class LiveState:
         after_customers, after_copies = self._customers, self._copies
         self._frozen = None
         self._view = self._recent_id = None
+        erased, self._erased_in_fold = self._erased_in_fold, set()
         if not job.built:
-            # the copies observed meanwhile hold the frozen customers' rows and more: they win
+            # the copies observed meanwhile hold the frozen customers' rows and more: they win (a customer
+            # erased meanwhile is an empty one there, and its frozen ids are not taken back)
             self._customers = {**job.customers, **after_customers}
-            self._copies = dict(job.copies)
-            for tid, copies in after_copies.items():
-                for copy in [copies] if isinstance(copies, tuple) else copies:
-                    self._remember(tid, copy)
+            self._copies = {}
+            for observed, skip in ((job.copies, erased), (after_copies, set())):
+                for tid, copies in observed.items():
+                    for copy in [copies] if isinstance(copies, tuple) else copies:
+                        if copy[0] not in skip:
+                            self._remember(tid, copy)
             self._fold_pending = True
             return
         self._history, self._customers, self._copies = job.result, {}, {}
+        # Customers erased while the fold ran: the new history still has their frozen rows, which count for
+        # nothing (the next fold drops them); what they did since is inserted into an empty state below.
+        self._dropped = {key: job.result for key in erased if job.result is not None}
+        for key in erased:
+            self._customers[key] = Customer(key)
+        if erased:
+            self._fold_pending = True
         again: list[tuple[int, str, Copy, tuple]] = []
         for tid, copies in after_copies.items():
             for copy in [copies] if isinstance(copies, tuple) else copies:
@@ -416,7 +488,9 @@ class LiveState:
                 k = next(k for k, known in enumerate(c.ids) if known == tid and c.us[k] == copy[2])
                 again.append((copy[2], tid, copy, (c.usd[k], c.foreign[k], c.merchant[k])))
         for us, tid, copy, (amount, foreign, merchant) in sorted(again, key=lambda item: (item[0], item[1])):
-            customer = self._customer(copy[0]) or Customer(copy[0])
+            customer = self._customer(copy[0])
+            if customer is None:  # (an erased customer's is empty, and still the one to insert into)
+                customer = Customer(copy[0])
             if customer is self._view:
                 self._view = None
             self._customers.setdefault(customer.key, customer)
@@ -450,3 +524,5 @@ class LiveState:
             for tid in self._reported_by_day.pop(day):
                 if self._reported.get(tid) == day:
                     del self._reported[tid]
+        for tid in [t for t, made in self._attributed.items() if made[-1][1] <= cutoff]:
+            del self._attributed[tid]  # past every window a later row reads: nothing left to take back
