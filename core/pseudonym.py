@@ -198,3 +198,12 @@ def for_settings(settings: Settings) -> Pseudonymiser:
 @functools.lru_cache(maxsize=8)
 def _cached(key_file: Path | None, home: Path, create: bool) -> Pseudonymiser:
     return load(key_file, home, create=create)
+
+
+def customer_id(customer: str) -> str:
+    """`customer` as an id (surrounding blanks dropped), or a ValueError naming it: ids are letters, digits,
+    `_` and `-`, so one can never be a path or a pattern."""
+    customer = customer.strip()
+    if not customer or not re.fullmatch(r"[\w-]+", customer):
+        raise ValueError(f"{customer!r} is not a customer id (letters, digits, _ and - only)")
+    return customer

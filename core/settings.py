@@ -289,6 +289,11 @@ class ServingSettings(BaseModel):
     # Batches kept (Redis trims the oldest, roughly): enough for those since the last landing, which a
     # starting replica needs (docs/serving.md, "Replicas").
     replication_max_entries: int = Field(default=2_000_000, ge=1_000)
+    # How often a replica applies what the others appended while it scores nothing (an erasure reaches an
+    # idle replica within it), and how long `mlops erase` waits for every replica to have forgotten the person
+    # before it rewrites the files (serving/replication.py).
+    replication_poll_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    erasure_wait_s: float = Field(default=60.0, ge=0.0, le=3600.0)
     # The scoring log: Parquet under $MLOPS_HOME/scoring_log/date=YYYY-MM-DD, written by a background thread
     # in files of up to this many rows, or what came in this many seconds.
     scoring_log: bool = Field(default=True, description="write the scoring log (monitoring reads it)")

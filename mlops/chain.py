@@ -83,9 +83,17 @@ def erase(settings: Settings, customer: str, rebuild: bool = True, progress: Pro
     online store, the training rows). `rebuilt`: each date rebuilt and why. With `rebuild=False` gold still
     holds them; the report says so."""
     from features.materialize import erase_customers
-    from pipelines.privacy import erase_customer
+    from pipelines.privacy import customer_id, erase_customer, pseudonym_of
+    from serving.erasure import forget_in_service
 
+    customer = customer_id(customer)
+    # The scoring service first (every replica): it forgets the person and writes what their scoring had on
+    # its way to the scoring log and the online store, which are rewritten next.
+    live_state = forget_in_service(settings, customer, pseudonym_of(settings, customer))
     record = erase_customer(settings, customer)
+    record["live_state"] = live_state
+    if live_state["status"] in ("not_reached", "pending", "no_replica_running"):
+        record["not_reached"] = [f"the scoring service: {live_state['why']}", *record["not_reached"]]
     # the online store is the features layer's: past landing the customer is their pseudonym
     known_as = {record["pseudonym"]} if record["pseudonym"] else set()
     record["online_store"] = erase_customers(settings, known_as)

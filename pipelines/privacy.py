@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from core import pseudonym
 from core.errors import PipelineError
+from core.pseudonym import customer_id
 from core.retention import dated_folders, expire_dated_folders
 from pipelines.ingest.landing import data_format
 from pipelines.lake import Tables, clear_partitions, clear_replaced, rewrite_partitions, table_lock
@@ -60,11 +61,10 @@ NOT_REACHED = (
     "the earlier DVC revisions of gold and of the training sets (the DVC cache and remote) and the models "
     "trained on them: kept, each named under held_by",
     "MLflow artifacts (models, plots, model cards: no rows of a person), until their retention",
-    "the scoring service's live state (rebuilt from silver at its start)",
 )
 
 
-def _pseudonym_of(settings: Settings, customer: str) -> str | None:
+def pseudonym_of(settings: Settings, customer: str) -> str | None:
     """The customer's pseudonym in the stores past landing, or None without the key (said in the log)."""
     try:
         return pseudonym.for_settings(settings).customer(customer)
@@ -204,15 +204,6 @@ def _erase_in_quarantine(root: Path, column: str | None, values: set[str]) -> di
     return removed
 
 
-def customer_id(customer: str) -> str:
-    """`customer` as an id (surrounding blanks dropped), or a ValueError naming it: ids are letters, digits,
-    `_` and `-`, so one can never be a path or a pattern."""
-    customer = customer.strip()
-    if not customer or not re.fullmatch(r"[\w-]+", customer):
-        raise ValueError(f"{customer!r} is not a customer id (letters, digits, _ and - only)")
-    return customer
-
-
 def erase_customer(settings: Settings, customer: str) -> dict:
     """Remove the customer's raw rows from landing and quarantine, and their chargebacks; the report."""
     customer = customer_id(customer)
@@ -222,7 +213,7 @@ def erase_customer(settings: Settings, customer: str) -> dict:
         "quarantine": {},
         "failed": {},
         "not_reached": list(NOT_REACHED),
-        "pseudonym": _pseudonym_of(settings, customer),
+        "pseudonym": pseudonym_of(settings, customer),
     }
     transactions: set[str] = set()
     for path in _landing_files(settings, "transactions"):

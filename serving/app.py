@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -51,6 +53,7 @@ audit = logging.getLogger("serving.audit")
 AUDITED_IDS = 100
 
 RETRY_AFTER = {"retry-after": "1"}
+MAX_ERASED = 100  # customers one POST /erasures names
 # Generous per transaction (a full one is ~300 bytes of JSON): what lets a body be refused before parsing.
 BYTES_PER_ITEM = 4096
 SERVER_NAME = "mlops-fraud-scoring"
@@ -195,6 +198,11 @@ class Service:
             settings.serving.max_queued_requests,
         )
         self._loader = threading.Thread(target=self._load, name="live-state-load", daemon=True)
+        # Replicated: what the others append reaches this replica while it scores nothing too (an erasure
+        # above all), and it says how far it has applied (serving/replication.py).
+        self._stopping = threading.Event()
+        self.replica_name = f"{socket.gethostname()}:{os.getpid()}"
+        self._ticker = threading.Thread(target=self._tick, name="replication-tick", daemon=True)
 
     @property
     def state(self) -> EntityState:
@@ -208,6 +216,31 @@ class Service:
 
     def start_loading(self) -> None:
         self._loader.start()
+        if self.scorer.replication is not None:
+            self._ticker.start()
+
+    def erase(self, pseudonyms: list[str]) -> dict[str, Any]:
+        """Forget these customers (POST /erasures; on the scorer's thread). Replicated, the erasure is an
+        entry of the log, applied here at once (and by every replica at the same point of the order) or,
+        while the state loads, after the log's earlier entries; alone, it is applied under the scorer's lock,
+        or kept for the state that is loading. Then what the person's scoring already handed to the scoring
+        log and the online store is written (`settle`), so the caller's rewrite of those finds all of it."""
+        from serving.features import NOTHING_FORGOTTEN, PendingState
+        from serving.replication import encode_erasure
+
+        replication = self.scorer.replication
+        answer: dict[str, Any] = {"customers": len(pseudonyms), "forgotten": dict(NOTHING_FORGOTTEN)}
+        with self.scorer._lock:
+            if replication is not None:
+                answer["sequence"], _ = replication.append(encode_erasure(pseudonyms, self.clock.now()))
+                if not isinstance(self.state, PendingState):
+                    replication.catch_up(self.state, getattr(self.state, "live", None))
+                    answer["forgotten"] = replication.forgotten.get(answer["sequence"])
+            else:
+                answer["forgotten"] = self.state.forget(pseudonyms)
+            answer["state"] = "loading: applied once loaded" if self.loading else "forgotten"
+        answer["settled"] = self.settle()
+        return answer
 
     def _load(self) -> None:
         from serving.features import open_state
@@ -239,10 +272,53 @@ class Service:
         gc.collect()
         gc.freeze()
         with self.scorer._lock:
+            pending = getattr(self.scorer.state, "forgotten", None)
+            if pending:  # erased while the state loaded (alone: replicated, the log brought them)
+                forgotten = state.forget(sorted(pending))
+                log.info("live state: %d erased while it loaded, forgotten: %s", len(pending), forgotten)
             self.scorer.state = state
         self.loading = None
 
+    def settle(self, timeout_s: float = 30.0) -> bool:
+        """Write what scoring handed to the scoring log and the online store's writer so far; False when
+        either did not finish within `timeout_s` (logged)."""
+        done = True
+        if self.scoring_log is not None:
+            try:
+                self.scoring_log.flush(timeout_s)
+            except TimeoutError as exc:
+                log.error("%s", exc)
+                done = False
+        settle = getattr(self.state, "settle", None)
+        if settle is not None and not settle(timeout_s):
+            log.error("the online store's writer did not finish its backlog in %.0f s", timeout_s)
+            done = False
+        return done
+
+    def _tick(self) -> None:
+        """Replicated: every `serving.replication_poll_s`, apply what the others appended (under the scorer's
+        lock, as a batch would), write what an erasure among it left on its way to disk, and report how far
+        this replica has applied the log."""
+        replication = self.scorer.replication
+        assert replication is not None
+        settled = 0  # erasures applied (here or by a batch's sync) whose rows in flight were written
+        while not self._stopping.wait(self.settings.serving.replication_poll_s):
+            if self.loading is not None:
+                continue
+            try:
+                with self.scorer._lock:
+                    replication.catch_up(self.state, getattr(self.state, "live", None))
+                    erasures = replication.erasures
+                if erasures != settled and self.settle():
+                    settled = erasures
+                if erasures == settled:  # never past an erasure whose rows are not all on disk yet
+                    replication.report(self.replica_name)
+            except Exception:
+                # broken (readiness says so) or Redis away for now: the next batch or tick tries again
+                log.exception("replication: the log could not be applied or reported")
+
     def close(self) -> None:
+        self._stopping.set()
         self.models.stop()
         self.scorer.close()  # the shadow's backlog reaches the scoring log first
         if self.scoring_log is not None:
@@ -441,6 +517,48 @@ def create_app(settings: Settings | None = None, live_from: datetime | None = No
             "transaction_ids": [i["transaction_id"] for i in reported][:AUDITED_IDS],
             "ids_left_out": max(0, len(reported) - AUDITED_IDS),
         }
+        audit.info("%s", orjson.dumps(record).decode())
+        return answer
+
+    @app.post(
+        "/erasures",
+        summary="Forget people: their state leaves the service (`mlops erase` calls it)",
+        description="`customer_ids`: the raw ids (1 to 100) of the people erased; `request`: the erasure "
+        "request's reference, for the audit record. Their transactions leave their merchants' running "
+        "totals and their chargebacks the merchants' counts, and they have no history from here on; then "
+        "what their scoring already handed to the scoring log and the online store is written, so the "
+        "erasure's rewrite of those finds it. Replicated, every replica forgets them at the same point of "
+        "the log. Needs the `erase` role.",
+    )
+    async def erasures(request: Request):
+        import asyncio
+
+        from core.pseudonym import customer_id
+
+        body, refused = await _read_items(request, limit)
+        if refused:
+            return refused
+        ids = body.get("customer_ids") if isinstance(body, dict) else None
+        reference = body.get("request", "") if isinstance(body, dict) else ""
+        if not isinstance(ids, list) or not 1 <= len(ids) <= MAX_ERASED or not isinstance(reference, str):
+            return _error(
+                422,
+                f'the body is {{"customer_ids": [1 to {MAX_ERASED} customer ids], "request": "<reference>"}}',
+            )
+        try:
+            customers = sorted({customer_id(c) if isinstance(c, str) else customer_id(repr(c)) for c in ids})
+        except ValueError as exc:
+            return _error(422, f"customer_ids: {exc}")
+        service = service_of(request)
+        pseudonyms = [service.pseudonyms.customer(c) for c in customers]
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(
+                service.batcher.executor, service.erase, pseudonyms
+            )
+        except ReplicationUnavailableError as exc:
+            return ORJSONResponse({"detail": str(exc)}, status_code=503, headers=RETRY_AFTER)
+        # the audit record names the request and the counts, never the people
+        record = {"call": "erasures", "caller": caller_of(request), "request": reference[:200], **answer}
         audit.info("%s", orjson.dumps(record).decode())
         return answer
 

@@ -9,7 +9,8 @@
   tokens file (`serving.tokens_file`), each of which names its caller and roles: `score` (POST /score and
   the Open Inference Protocol's infer), `chargebacks` (POST /chargebacks: fraud reports move every customer's
   merchant features, so the feed has a role of its own), `read` (GET /status, /docs, /openapi.json and the
-  protocol's metadata; open to all when `serving.public_read`). No token or an unknown one: 401; a token
+  protocol's metadata; open to all when `serving.public_read`), `erase` (POST /erasures: a person's state
+  forgotten, `mlops erase`). No token or an unknown one: 401; a token
   without the route's role: 403. The file holds tokens as their SHA-256 digests or as plain text; the
   service keeps only digests in memory.
 - **Content type.** A POST must say `Content-Type: application/json` (415 otherwise): a web page can send a
@@ -41,13 +42,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROLES = ("score", "chargebacks", "read")
+ROLES = ("score", "chargebacks", "read", "erase")
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 DIGEST_PREFIX = "sha256:"
 # What `mlops serve` generates for the local profile: one caller per role a local tool needs.
 LOCAL_CALLERS = {
     "local-scorer": ("score", "read"),
     "local-chargebacks": ("chargebacks", "read"),
+    "local-eraser": ("erase",),
 }
 
 Scope = MutableMapping[str, Any]
@@ -81,7 +83,7 @@ def route_role(method: str, path: str) -> str | None:
     if path in OPEN_PATHS:
         return None
     if method == "POST":
-        return "chargebacks" if path == "/chargebacks" else "score"
+        return {"/chargebacks": "chargebacks", "/erasures": "erase"}.get(path, "score")
     return "read"
 
 

@@ -26,7 +26,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -90,8 +90,13 @@ class EntityState(Protocol):
 
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool: ...
 
+    def forget(self, customers: Iterable[str]) -> dict[str, int]:
+        """Erase these customers (pseudonyms) from what the state keeps (`mlops erase`); counts taken."""
+
     def close(self) -> None: ...
 
+
+NOTHING_FORGOTTEN = {"customers": 0, "transactions": 0, "chargebacks": 0}
 
 Rows = list[tuple[dict | None, dict | None]]
 
@@ -194,6 +199,14 @@ class LiveFeatures:
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
         return self.live.observe_chargeback(transaction_id, label_time)
 
+    def forget(self, customers: Iterable[str]) -> dict[str, int]:
+        return self.live.forget(customers)
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait until the rows already handed to the online store's writer are written (an erasure then
+        removes the store's rows knowing none of the person's is still on its way); False past the wait."""
+        return self.store_writes is None or self.store_writes.drain(timeout_s)
+
     def close(self) -> None:
         if self.store_writes is not None:
             self.store_writes.close()
@@ -252,6 +265,9 @@ class StoreFeatures:
     def observe_chargeback(self, transaction_id: str, label_time: datetime) -> bool:
         return False  # the store's merchant state moves with the daily materialization only
 
+    def forget(self, customers: Iterable[str]) -> dict[str, int]:
+        return dict(NOTHING_FORGOTTEN)  # nothing kept here: the erasure removes the store's rows itself
+
     def close(self) -> None:
         pass
 
@@ -288,6 +304,7 @@ class StoreWrites:
         # Batches go on a deque that wakes nobody (a queue's put woke the writer for every scored batch, a
         # thread hand-off per request); the writer takes what is there every `flush_interval_s`.
         self._backlog: deque[list[tuple[dict, dict]]] = deque()
+        self._writing = False
         self._stop = threading.Event()
         self._opened = threading.Event()
         self._thread = threading.Thread(target=self._run, name="online-writes", daemon=True)
@@ -333,6 +350,15 @@ class StoreWrites:
             return
         self._backlog.append(rows)
 
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every batch put so far is written (or its write failed); False past `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self._backlog or self._writing:
+            if time.monotonic() >= deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.02)
+        return True
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
@@ -350,11 +376,15 @@ class StoreWrites:
             stop = self._stop.wait(self.flush_interval_s)
             waiting = len(self._backlog)  # what is there now; later batches wait for the next interval
             while waiting:
+                self._writing = True  # before the backlog lets go of them: `drain` sees one or the other
                 pairs: list[tuple[dict, dict]] = []
                 while waiting and len(pairs) < FLUSH_ROWS:
                     pairs += self._backlog.popleft()
                     waiting -= 1
-                self._write(pairs)
+                try:
+                    self._write(pairs)
+                finally:
+                    self._writing = False
             if stop:
                 for writer, _, _ in self.writers.values():  # SQLite connections close on their own thread
                     writer.close()
@@ -397,7 +427,16 @@ class StoreWrites:
 
 
 class PendingState:
-    """The entity state while the real one loads: the service answers 503 before reaching it."""
+    """The entity state while the real one loads: the service answers 503 before reaching it. An erasure
+    that comes meanwhile is kept and applied to the loaded state before it serves (the load may have read
+    the person's rows before the lake lost them)."""
+
+    def __init__(self) -> None:
+        self.forgotten: set[str] = set()
+
+    def forget(self, customers: Iterable[str]) -> dict[str, int]:
+        self.forgotten.update(customers)
+        return dict(NOTHING_FORGOTTEN)
 
     def rows(self, txns: Sequence[dict[str, Any]]) -> list[tuple[dict | None, dict | None]]:
         raise RuntimeError("the live state is still loading")

@@ -20,6 +20,13 @@ A replica that starts (a rollout, a node drain, a scale-up) loads the lake and t
 process does, then applies the whole stream: a transaction it already has is a resend to the state (the
 same transaction id) and changes nothing, so nothing counts twice. It is ready once it has caught up.
 
+An erasure (`mlops erase`, or POST /erasures) is an entry of the log too: every replica forgets the person
+(LiveState.forget) at the same point of the order, so the replicas stay equal, and a replica that starts
+forgets them after applying their earlier entries. An idle replica applies what the others appended every
+`serving.replication_poll_s` (`Replication.tick`), and says in a hash beside the stream how far it has
+applied, stamped with Redis's clock, never its own: the erasure waits on that (`wait_applied`) before the
+files are rewritten, so no replica writes a row of the person's to the scoring log after them.
+
 Bounds: the stream keeps at most `serving.replication_max_entries` entries (Redis trims the oldest, roughly);
 size it to hold the batches between two landings, since a replica that starts needs the ones the lake does
 not have yet (the scoring log has them too, a few seconds behind). A replica that finds the sequence broken
@@ -51,7 +58,23 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 's', seq, 'e
 local entries = redis.call('XRANGE', KEYS[1], ARGV[3], '+')
 return {id, entries}
 """
+# KEYS[1] the stream, KEYS[2] its sequence counter; ARGV[1] the bound, ARGV[2] the entry: appended by a
+# writer that applies nothing (the erasure's command); returns its sequence number.
+_APPEND = """
+local seq = redis.call('INCR', KEYS[2])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 's', seq, 'e', ARGV[2])
+return {seq, id}
+"""
+# KEYS[1] the replicas' hash; ARGV[1] this replica, ARGV[2] the last sequence it applied: stamped with Redis's
+# clock (seconds), so no replica's clock decides which replicas are alive.
+_REPORT = """
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. now[1])
+return now[1]
+"""
 CATCH_UP_COUNT = 5_000  # entries read per round trip while catching up at start
+REPLICA_ALIVE_S = 30  # a replica that reported within this long is waited on by an erasure
+REPLICA_FORGOTTEN_S = 86_400  # a replica silent this long is removed from the hash (gone for good)
 
 
 class ReplicationUnavailableError(RuntimeError):
@@ -79,9 +102,15 @@ def encode_chargebacks(reports: list[tuple[str, datetime]], now: datetime | None
     return orjson.dumps({"k": "c", "n": now, "r": reports})
 
 
+def encode_erasure(pseudonyms: list[str], now: datetime | None) -> bytes:
+    return orjson.dumps({"k": "e", "n": now, "p": sorted(pseudonyms)})
+
+
 def decode(raw: bytes) -> dict[str, Any]:
     entry = orjson.loads(raw)
     entry["n"] = _timestamp(entry["n"])
+    if entry["k"] == "e":
+        return entry
     if entry["k"] == "t":
         for unit in entry["u"]:
             for txn in unit:
@@ -91,14 +120,17 @@ def decode(raw: bytes) -> dict[str, Any]:
     return entry
 
 
-def apply(state: EntityState, live: LiveState | None, entry: dict[str, Any]) -> None:
-    """An entry of another replica, as its origin applied it (see the module docstring)."""
+def apply(state: EntityState, live: LiveState | None, entry: dict[str, Any]) -> dict[str, int] | None:
+    """An entry of another replica, as its origin applied it (see the module docstring); for an erasure,
+    what it took from the state."""
     if entry["n"] is not None:
         state.advance(entry["n"])
+    if entry["k"] == "e":
+        return state.forget(entry["p"])
     if entry["k"] == "c":
         for tid, when in entry["r"]:
             state.observe_chargeback(tid, when)
-        return
+        return None
     for unit in entry["u"]:
         if state.refusal(unit) is not None:
             continue  # its origin refused it (422) and kept none of it
@@ -107,6 +139,7 @@ def apply(state: EntityState, live: LiveState | None, entry: dict[str, Any]) -> 
                 live.observe(txn)  # the state only: the origin wrote its rows to the online store
         else:
             state.rows(unit)
+    return None
 
 
 @dataclass
@@ -119,6 +152,9 @@ class Replication:
     last_id: str | None = None
     last_seq: int = 0
     applied: int = 0  # entries of other replicas applied
+    erasures: int = 0  # erasure entries applied (LiveState.forget)
+    # what the last few erasures applied took from the state, by sequence number (POST /erasures answers it)
+    forgotten: dict[int, dict[str, int]] = field(default_factory=dict)
     problem: str | None = None
     _script: Any = field(default=None, repr=False)
 
@@ -133,6 +169,46 @@ class Replication:
     @property
     def sequence_key(self) -> str:
         return f"{self.key}:seq"
+
+    @property
+    def replicas_key(self) -> str:
+        return f"{self.key}:replicas"
+
+    def append(self, entry: bytes) -> tuple[int, str]:
+        """Append an entry this process does not apply itself (an erasure's); its sequence number and id."""
+        seq, entry_id = self.client.eval(_APPEND, 2, self.key, self.sequence_key, self.max_entries, entry)
+        return int(seq), entry_id.decode()
+
+    def trim_before(self, entry_id: str) -> int:
+        """Remove the entries before `entry_id` (an erasure's, once every replica alive has applied it and
+        written what it scored: the scoring log holds what they held, and a replica that starts reads it);
+        how many went. A replica that had not applied them finds its sequence broken and stops scoring until
+        it restarts, never inexact."""
+        return int(self.client.xtrim(self.key, minid=entry_id, approximate=False))
+
+    def report(self, replica: str) -> None:
+        """Say in the replicas' hash how far this replica has applied the log (`wait_applied` reads it)."""
+        self.client.eval(_REPORT, 1, self.replicas_key, replica, self.last_seq)
+
+    def wait_applied(self, seq: int, timeout_s: float, poll_s: float = 0.5) -> dict[str, Any]:
+        """Wait until every replica alive (reported within REPLICA_ALIVE_S of Redis's clock) has applied the
+        log up to `seq`, at most `timeout_s`. {"applied": [...], "waiting": [...]} by replica name; a replica
+        silent for a day is removed from the hash."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = int(self.client.time()[0])
+            applied: list[str] = []
+            waiting: list[str] = []
+            for name, value in self.client.hgetall(self.replicas_key).items():
+                last, _, stamped = value.decode().partition(" ")
+                age = now - int(stamped or 0)
+                if age > REPLICA_FORGOTTEN_S:
+                    self.client.hdel(self.replicas_key, name)
+                elif age <= REPLICA_ALIVE_S:
+                    (applied if int(last) >= seq else waiting).append(name.decode())
+            if not waiting or time.monotonic() >= deadline:
+                return {"applied": sorted(applied), "waiting": sorted(waiting)}
+            time.sleep(poll_s)
 
     def _check(self, seq: int) -> None:
         if self.last_seq and seq != self.last_seq + 1:
@@ -191,15 +267,22 @@ class Replication:
     def _apply(self, state: EntityState, live: LiveState | None, entry_id: bytes, fields: dict) -> None:
         """Another replica's entry, after the last one applied (its sequence checked first)."""
         self._check(int(fields[b"s"]))
-        apply(state, live, decode(fields[b"e"]))
+        entry = decode(fields[b"e"])
+        taken = apply(state, live, entry)
         self.last_id = entry_id.decode()
         self.applied += 1
+        if taken is not None:
+            self.erasures += 1
+            self.forgotten[self.last_seq] = taken
+            while len(self.forgotten) > 16:
+                del self.forgotten[min(self.forgotten)]
 
     def status(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "last_sequence": self.last_seq,
             "applied_from_others": self.applied,
+            "erasures_applied": self.erasures,
             "problem": self.problem,
         }
 

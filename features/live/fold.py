@@ -50,9 +50,9 @@ def build(state: LiveState, history: History | None, touched: dict[str, Customer
             tails.append((c.code, c))
         elif c.history is None and history is not None and c.key in history.code_of:
             # erased (LiveState.forget): none of its history's rows, only what it did since
-            code = history.code_of[c.key]
-            a[code] = b[code]
-            tails.append((code, c))
+            erased = history.code_of[c.key]
+            a[erased] = b[erased]
+            tails.append((erased, c))
     tails.sort(key=lambda item: item[0])
     n = len(keys)
     base_len = np.zeros(n, dtype=np.int64)

@@ -83,10 +83,10 @@ class LiveState:
         self._copies: dict[str, Copy | list[Copy]] = {}  # ids observed since the last compaction
         self._reported: dict[str, int] = {}  # transaction id of a chargeback -> its report day
         self._reported_by_day: dict[int, list[str]] = {}
-        # transaction id of an attributed fraud chargeback -> [(merchant, report ms)]: what `forget` takes back
+        # transaction id of an attributed fraud chargeback -> [(merchant, report ms)]: what `forget` takes
         self._attributed: dict[str, list[tuple[str, int]]] = {}
-        # Customers `forget` erased whose rows a history still holds until the next fold drops them: key -> that
-        # history (its rows of the customer count for nothing); and those erased while a fold ran beside.
+        # Customers `forget` erased whose rows a history still holds until the next fold drops them: key ->
+        # that history (its rows of the customer count for nothing); and those erased while a fold ran beside.
         self._dropped: dict[str, History] = {}
         self._erased_in_fold: set[str] = set()
         self._now_ms = -(2**62)
@@ -217,8 +217,8 @@ class LiveState:
         return attributed
 
     def forget(self, keys: Iterable[str]) -> dict[str, int]:
-        """Erase customers (their pseudonyms, as the state keys them): from now on the state is what it would be
-        had it never observed them: their transactions leave their merchants' running totals, the fraud
+        """Erase customers (their pseudonyms, as the state keys them): from now on the state is what it would
+        be had it never observed them: their transactions leave their merchants' running totals, the fraud
         chargebacks of their transactions leave the merchants' counts, their ids are no longer remembered,
         and they have no history. Their rows leave memory at the next fold (the history's columns are
         rebuilt then: `fold_due` says it is due now). A transaction of theirs observed afterwards is new

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
+from tests.conftest import free_port
 from tests.e2e.conftest import mlops_json
 
 MODEL = "fraud-detector"
@@ -256,10 +257,12 @@ def test_after_an_erasure_in_its_window_the_champion_is_rebuilt_from_its_recorde
     )
     pseudonyms = pseudonym.for_settings(settings)
     who = next(c for c in _landed_customers(home) if pseudonyms.customer(c) in trained_on)
-    env = {"MLOPS_HOME": str(home)}
+    # The copy has no scoring service of its own: the stack's, on the stack's port, serves the original.
+    env = {"MLOPS_HOME": str(home), "MLOPS_SERVING__PORT": str(free_port())}
 
     erased = mlops_json(demo_stack, "erase", "--customer", who, env=env)
     assert erased["rebuilt"], erased
+    assert erased["live_state"]["status"] == "not_running", erased["live_state"]
     held = erased["held_by"]
     assert TRAINING_SET_MEMBER in held["dataset_revisions"][made["training_set_rev"]]
     champion = [v for v in held["model_versions"] if v["version"] == version]

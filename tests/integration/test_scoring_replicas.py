@@ -12,6 +12,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -262,3 +263,77 @@ def test_replicas_answer_every_request_with_the_state_a_single_process_would_hav
     assert not differ, f"{len(differ)} of {len(got)} differ from the single process, first: {differ[:3]}"
     # the traffic did move state: velocity features were not all zero
     assert sum(1 for f in got.values() if f["customer_txn_count_1h"]) > len(got) // 2
+
+
+def test_an_erasure_reaches_every_replica_at_one_point_of_the_log_and_trims_what_named_the_person(
+    replicated,
+):
+    """`mlops erase` in the cluster: an erasure entry in the log; the replica that scored the person and the
+    one that scores nothing both forget them (the idle one by its tick) and say so; the erasure then removes
+    the log's earlier entries, which named them. A replica started afterwards, and the two, serve a state
+    that never saw them."""
+    import redis
+
+    from serving.erasure import forget_in_service
+
+    home, _, _ = replicated
+    key = f"mlops:test:erasure:{uuid.uuid4().hex[:12]}"  # a log of its own: no replica of another test in it
+    env = {
+        "MLOPS_SERVING__REPLICATED": "true",
+        "MLOPS_SERVING__REPLICATION_KEY": key,
+        "MLOPS_CLUSTER__REDIS_URL": REDIS_URL,
+        "MLOPS_SERVING__SHADOW": "false",
+        "MLOPS_SERVING__REPLICATION_POLL_S": "0.3",
+    }
+    client = redis.Redis.from_url(REDIS_URL)
+    # Serving live (no replay clock), as in the cluster: a replica that starts restores what the others
+    # scored since the last landing from the scoring log, so the erasure may trim the log's earlier entries.
+    busy, idle = Server(home, live_from=None, **env), Server(home, live_from=None, **env)
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=30)
+    later = None
+    try:
+        wait_for(lambda: _ready(busy) and _ready(idle), 180, "two replicas to be ready")
+        wait_for(lambda: client.hlen(f"{key}:replicas") == 2, 30, "both replicas to report")
+        erased, merchant = "c0880001", "m088001"
+
+        def score(server: Server, n: int, customer: str) -> dict:
+            item = transaction(
+                880 + n,
+                customer_id=customer,
+                merchant_id=merchant,
+                event_timestamp=(start + timedelta(minutes=n)).isoformat(),
+            )
+            answer = server.client.post("/score", json=item)
+            assert answer.status_code == 200, answer.text
+            return answer.json()["features"]
+
+        for n, customer in enumerate([erased, "c0880002", erased, erased]):
+            score(busy, n, customer)
+        settings = Settings(
+            home=home,
+            serving={"replicated": True, "replication_key": key, "erasure_wait_s": 60},
+            cluster={"redis_url": REDIS_URL},
+        )
+        keyed = pseudonym.for_settings(settings)
+        told = forget_in_service(settings, erased, keyed.customer(erased))
+        assert told["status"] == "forgotten", told
+        assert len(told["applied"]) == 2 and told["waiting"] == [], told
+        assert told["earlier_entries_removed"] >= 4, told  # the person's batches are no longer in Redis
+        entries = [decode(fields[b"e"]) for _, fields in client.xrange(key, "-", "+")]
+        assert entries[0]["k"] == "e" and entries[0]["p"] == [keyed.customer(erased)]
+        for server in (busy, idle):
+            status = server.client.get("/status").json()["replication"]
+            assert status["erasures_applied"] == 1 and status["problem"] is None, status
+        # the idle replica, the busy one and one started now: a state that never saw the person
+        later = Server(home, live_from=None, **env)
+        wait_for(lambda: _ready(later), 180, "a replica started after the erasure")
+        for n, server in enumerate((idle, busy, later), start=10):
+            features = score(server, n, erased)
+            # no history but what they did since, whichever replica scored it
+            assert features["customer_txn_count_24h"] == ((n - 10) or None), (server.url, features)
+            assert features["merchant_txn_count_24h"] == 1 + n - 10, (server.url, features)
+    finally:
+        for server in (busy, idle, later):
+            if server is not None:
+                server.stop()
+        client.delete(key, f"{key}:seq", f"{key}:replicas")

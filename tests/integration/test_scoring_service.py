@@ -38,6 +38,7 @@ TOKENS = {
     "test-all": "all-roles-token-0123456789abcdef",
     "test-scorer": "scorer-only-token-0123456789abcdef",
     "test-feed": "feed-only-token-0123456789abcdef",
+    "test-eraser": "eraser-only-token-0123456789abcdef",
 }
 BEARER = {"authorization": f"Bearer {TOKENS['test-all']}"}
 LOAD_ANSWERS = 50  # answers from each champion while the alias moves under load
@@ -123,6 +124,7 @@ class Server:
                         },
                         {"name": "test-scorer", "roles": ["score"], "token": TOKENS["test-scorer"]},
                         {"name": "test-feed", "roles": ["chargebacks"], "token": f"sha256:{feed_digest}"},
+                        {"name": "test-eraser", "roles": ["erase"], "token": TOKENS["test-eraser"]},
                     ]
                 }
             )
@@ -1028,3 +1030,66 @@ def test_champion_and_shadow_each_decide_at_their_own_operating_point(server, ch
         assert row["shadow_decision"] == expected
     # the same transactions, two decisions: each version at its own threshold
     assert any(row["decision"] != row["shadow_decision"] for row in shadowed)
+
+
+def test_an_erased_customer_leaves_the_live_state_and_what_they_scored_reaches_the_log_first(
+    server, champion, registry_home
+):
+    """POST /erasures (what `mlops erase` calls first): the person's history is gone, their transactions
+    leave their merchant's counts, and the rows their scoring had on the way are on disk when it answers."""
+    from serving.erasure import forget_in_service
+
+    erased, other, merchant = "c0790001", "c0790002", "m079001"
+
+    def scored(n: int, customer: str, minute: int) -> dict:
+        item = transaction(
+            7900 + n,
+            customer_id=customer,
+            merchant_id=merchant,
+            event_timestamp=f"2026-01-10T16:{minute:02d}:00Z",
+        )
+        answer = server.client.post("/score", json=item)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    for n, customer in enumerate([erased, other, erased, other, erased]):
+        scored(n, customer, n)
+    assert scored(5, erased, 10)["features"]["customer_txn_count_24h"] == 3
+    eraser = {"authorization": f"Bearer {TOKENS['test-eraser']}"}
+    body = {"customer_ids": [erased], "request": "REQ-7"}
+    with httpx.Client(base_url=server.url, timeout=60) as bare:
+        # a role of its own: every other caller is refused, and a body that is not a list of ids says so
+        assert bare.post("/erasures", json=body, headers=BEARER).status_code == 403
+        assert (
+            bare.post(
+                "/erasures", json=body, headers={"authorization": f"Bearer {TOKENS['test-scorer']}"}
+            ).status_code
+            == 403
+        )
+        bad = bare.post("/erasures", json={"customer_ids": ["c1/../x"]}, headers=eraser)
+        assert bad.status_code == 422 and "c1/../x" in bad.text, bad.text
+        assert bare.post("/erasures", json=[erased], headers=eraser).status_code == 422
+        answer = bare.post("/erasures", json=body, headers=eraser)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["forgotten"] == {"customers": 1, "transactions": 4, "chargebacks": 0}
+    assert answer.json()["settled"] is True
+    # what they scored was on disk when it answered: the erasure's rewrite of the log finds all of it
+    keyed = pseudonym.for_settings(Settings(home=registry_home))
+    logged = pq.read_table(registry_home / "scoring_log", columns=["customer_id"]).column("customer_id")
+    assert logged.to_pylist().count(keyed.customer(erased)) == 4
+    # the audit names the request and the counts, never the person
+    audited = [line for line in server.log.read_text().splitlines() if " audit " in line and "REQ-7" in line]
+    assert audited and erased not in audited[-1] and keyed.customer(erased) not in audited[-1]
+
+    # From here on the state is one that never saw them: no history, and the merchant counts the other's two.
+    again = scored(6, erased, 20)
+    assert again["features"]["customer_txn_count_24h"] is None and "customer_id" in again["missing_entities"]
+    assert again["features"]["merchant_txn_count_24h"] == 2
+    assert scored(7, erased, 21)["features"]["customer_txn_count_24h"] == 1  # new history is kept
+
+    # `mlops erase`'s call: the service named by the settings, with the tokens file's eraser
+    settings = Settings(home=registry_home, serving={"port": server.port})
+    told = forget_in_service(settings, erased, keyed.customer(erased))
+    assert told["status"] == "forgotten" and told["forgotten"]["transactions"] == 2, told
+    nobody = forget_in_service(Settings(home=registry_home, serving={"port": free_port()}), erased, None)
+    assert nobody["status"] == "not_running" and "erased lake" in nobody["why"], nobody

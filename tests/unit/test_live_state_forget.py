@@ -75,7 +75,8 @@ def _run(mode: str) -> tuple[LiveState, LiveState, dict, list[tuple]]:
     """The erased state and the state that never saw the customer's events before the forget (at two thirds
     of the events). `mode`: "between" folds; "beside", a fold begun a day or more before the forget that
     installs after it; "failed", the same fold put back unbuilt. Right after the forget and at the end,
-    chargebacks of their earlier transactions arrive (as a bank's feed would): neither state attributes them."""
+    chargebacks of their earlier transactions arrive (as a bank's feed would): neither state attributes
+    them."""
     events = _events()
     owner = _customer_of(events)
     cut, begin = len(events) * 2 // 3, len(events) // 2
