@@ -48,7 +48,12 @@ def _through_the_log(settings: Settings, pseudonym: str | None) -> dict[str, Any
     import redis
 
     from core.residency import redact
-    from serving.replication import REPLICA_ALIVE_S, Replication, encode_erasure
+    from serving.replication import (
+        REPLICA_ALIVE_S,
+        Replication,
+        ReplicationUnavailableError,
+        encode_erasure,
+    )
 
     where = f"the replicas' log {settings.serving.replication_key} at {redact(settings.cluster.redis_url)}"
     if pseudonym is None:
@@ -72,7 +77,7 @@ def _through_the_log(settings: Settings, pseudonym: str | None) -> dict[str, Any
         everyone = waited["applied"] and not waited["waiting"]
         replayed = settings.serving.live_from is not None
         trimmed = replication.trim_before(entry_id) if everyone and not replayed else None
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, ReplicationUnavailableError) as exc:
         return {
             "status": "not_reached",
             "why": f"{where} cannot be reached ({exc}): the replicas keep the person's state until they "
@@ -108,16 +113,15 @@ def _through_the_api(settings: Settings, customer: str) -> dict[str, Any]:
     scheme = "https" if serving.tls_cert_file else "http"
     url = f"{scheme}://{host}:{serving.port}/erasures"
     headers = {"content-type": "application/json"}
+    no_token = ""
     if serving.auth and tokens_path(settings).exists():  # no file: the service never started here
         try:
             headers["authorization"] = f"Bearer {token_for(settings, 'erase')}"
-        except (TokensFileError, OSError, ValueError) as exc:
-            return {
-                "status": "not_reached",
-                "why": f"{exc}: add a caller with the `erase` role and a plain-text token to the tokens file "
-                '(docs/serving.md, "Callers"), then run `mlops erase` again; until then the running '
-                f"service at {url} keeps the person's state",
-            }
+        except (TokensFileError, OSError, ValueError) as exc:  # asked anyway: is a service there at all?
+            no_token = (
+                f" ({exc}: add a caller with the `erase` role and a plain-text token to the tokens file, "
+                'docs/serving.md "Callers")'
+            )
     body = json.dumps({"customer_ids": [customer], "request": "mlops erase"}).encode()
     context = None
     if serving.tls_cert_file:
@@ -131,8 +135,8 @@ def _through_the_api(settings: Settings, customer: str) -> dict[str, Any]:
         detail = exc.read()[:500].decode(errors="replace")
         return {
             "status": "not_reached",
-            "why": f"the scoring service at {url} answered {exc.code} ({detail}): it keeps the person's "
-            "state until it restarts; fix that and run `mlops erase` again",
+            "why": f"the scoring service at {url} answered {exc.code} ({detail}){no_token}: it keeps the "
+            "person's state until it restarts; fix that and run `mlops erase` again",
         }
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -175,8 +175,17 @@ class Replication:
         return f"{self.key}:replicas"
 
     def append(self, entry: bytes) -> tuple[int, str]:
-        """Append an entry this process does not apply itself (an erasure's); its sequence number and id."""
-        seq, entry_id = self.client.eval(_APPEND, 2, self.key, self.sequence_key, self.max_entries, entry)
+        """Append an entry this process does not apply itself (an erasure's); its sequence number and id.
+        Raises ReplicationUnavailableError when Redis cannot be reached (whether it was appended is unknown:
+        an erasure sent again is applied again, which takes nothing more)."""
+        import redis
+
+        try:
+            seq, entry_id = self.client.eval(_APPEND, 2, self.key, self.sequence_key, self.max_entries, entry)
+        except redis.exceptions.RedisError as exc:
+            raise ReplicationUnavailableError(
+                f"the replication log {self.key} cannot be reached ({exc}); try again"
+            ) from exc
         return int(seq), entry_id.decode()
 
     def trim_before(self, entry_id: str) -> int:

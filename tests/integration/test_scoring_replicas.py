@@ -126,7 +126,7 @@ def replicated(tmp_path_factory):
     yield home, key, start
     import redis
 
-    redis.Redis.from_url(REDIS_URL).delete(key, f"{key}:seq")
+    redis.Redis.from_url(REDIS_URL).delete(key, f"{key}:seq", f"{key}:replicas")
 
 
 def _differences(got: dict, expected: dict) -> dict:
