@@ -15,6 +15,13 @@ calendar, so a replayed or late feed is not emptied by the clock):
 
 A retention shorter than what one retrain reads deletes nothing and fails, naming the setting. The same work
 by hand: `mlops retention`; a person's rows on request: `mlops erase --customer ID`.
+
+- Cluster (`training.runner=kubernetes`): the Airflow image has no MLflow, so the models' part runs in a CPU
+  pod of the training image with the promoter's identity (it reads the promotion history): **plan** checks
+  the retentions' floor and finds the newest arrival ingested, **models** (`python -m training
+  retention-models`) names the training sets of the versions that may serve again and deletes the expired
+  versions' artifacts, **enforce** deletes the rest, keeping those training sets.
+- Local: **enforce** does all of it in the worker.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
+from core.settings import get_settings
 from orchestration.alerts import failure_alerts
 
 DEFAULT_ARGS = {
@@ -44,12 +52,32 @@ with DAG(
     tags=["fraud", "privacy", "retention"],
     doc_md=__doc__,
 ):
+    if get_settings().training_runner == "kubernetes":
+        from orchestration.training_task import step_pod_operator
 
-    @task(doc_md="Delete what every layer keeps past its retention; report what went and what stayed.")
-    def enforce() -> dict:
-        from core.settings import get_settings
-        from mlops.chain import retention
+        @task(doc_md="Check the retentions' floor before anything is deleted; the newest arrival ingested.")
+        def plan() -> dict:
+            from mlops.chain import retention_plan
 
-        return retention(get_settings())
+            return retention_plan(get_settings())
 
-    enforce()
+        NEWEST = "{{ ti.xcom_pull(task_ids='plan')['newest_ingested'] }}"
+        models = step_pod_operator(get_settings(), "retention-models", ["--newest", NEWEST], "models")
+
+        @task(doc_md="Delete what the lake and the datasets keep past their retention, but what may serve.")
+        def enforce(models: dict) -> dict:
+            from mlops.chain import retention
+
+            return retention(get_settings(), models=models)
+
+        plan() >> models
+        enforce(models.output)
+    else:
+
+        @task(doc_md="Delete what every layer keeps past its retention; report what went and what stayed.")
+        def enforce() -> dict:
+            from mlops.chain import retention
+
+            return retention(get_settings())
+
+        enforce()

@@ -115,17 +115,34 @@ def erase(settings: Settings, customer: str, rebuild: bool = True, progress: Pro
     return record
 
 
-def retention(settings: Settings) -> dict:
+def retention_plan(settings: Settings) -> dict:
+    """The cluster's first retention step (the Airflow image): the retentions' floor checked, before anything
+    anywhere is deleted, and the newest arrival ingested, which the models' pod counts back from."""
+    from pipelines.privacy import newest_ingested
+    from pipelines.retention import check_retention
+
+    check_retention(settings)
+    newest = newest_ingested(settings)
+    return {"newest_ingested": newest.isoformat() if newest else ""}
+
+
+def retention(settings: Settings, models: dict | None = None) -> dict:
     """Every layer's retention (the `enforce_retention` DAG, `mlops retention`): landing, quarantine and the
     scoring log (pipelines/privacy.py), the lake, the training sets and the DVC revisions but the training
     sets of versions that may serve again (pipelines/retention.py), then those versions' artifacts in MLflow
     (training/retention.py), each counted back from the newest arrival the lake has ingested. Where MLflow
     cannot be imported (the Airflow image carries none) nothing says which versions may serve again: every
-    training set's revision is kept, no artifact is removed, and the report says so."""
+    training set's revision is kept, no artifact is removed, and the report says so. `models`: the models'
+    part already done where MLflow is (the cluster's pod of the training image, `retention_plan` first):
+    its training sets are the ones kept, its report the models' part of this one."""
     from pipelines.privacy import enforce_retention
     from pipelines.versioning import revisions_with_member
     from training.dataset import TRAINING_SET_MEMBER
 
+    if models is not None:
+        report = enforce_retention(settings, set(models["protected_training_sets"]))
+        report["models"] = models["models"]
+        return report
     try:
         from training.retention import expire_model_artifacts, protected_training_sets
 

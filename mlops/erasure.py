@@ -23,9 +23,9 @@ def erasure_request(customer: str, request: str, rebuild: bool, started_by: str)
     )
     body = (
         f"Erase customer **{customer}** ({request or 'no request reference given'}), asked by "
-        f"{started_by or 'an unnamed user'}: the scoring service (every replica) forgets them, and their rows "
-        f"leave landing, the quarantine, bronze, silver (their chargebacks too), the scoring log and the "
-        f"online store; {gold}. The DVC revisions and model "
+        f"{started_by or 'an unnamed user'}: the scoring service (every replica) forgets them, and their "
+        f"rows leave landing, the quarantine, bronze, silver (their chargebacks too), the scoring log and "
+        f"the online store; {gold}. The DVC revisions and model "
         "versions that still hold them are named in the report and leave with their retention. This cannot "
         "be undone."
     )

@@ -42,7 +42,7 @@ TRAINING_SERVICE_ACCOUNT = "mlops-trainer"
 # database login that cannot write that history (infra/README.md, "Separated duties"). Granted nothing in
 # the Kubernetes API either.
 PROMOTER_SERVICE_ACCOUNT = "mlops-promoter"
-LEDGER_STEPS = frozenset({"promote", "approve"})
+LEDGER_STEPS = frozenset({"promote", "approve", "retention-models"})  # they read or write the history
 AIRFLOW_WORKER_SERVICE_ACCOUNT = "airflow-worker"
 AIRFLOW_TRIGGERER_SERVICE_ACCOUNT = "airflow-triggerer"
 TRAINING_LAUNCHER_ROLE = "training-pod-launcher"

@@ -321,6 +321,12 @@ def _ingested(tables: Tables) -> list[date]:
     )
 
 
+def newest_ingested(settings: Settings) -> date | None:
+    """The newest arrival the lake has ingested, which every retention counts back from; None before any."""
+    ingested = _ingested(Tables(settings.lake))
+    return ingested[-1] if ingested else None
+
+
 def enforce_retention(settings: Settings, keep_revisions: Collection[str] = (), why_kept: str = "") -> dict:
     """Delete landing folders and quarantine partitions past their retention, then the lake's and the
     training sets' dated entries and the DVC revisions past theirs but `keep_revisions`

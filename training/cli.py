@@ -186,6 +186,27 @@ def approve(
     )  # fmt: skip
 
 
+@app.command("retention-models")
+def retention_models(
+    newest: Annotated[
+        str, typer.Option(help="the newest arrival ingested, counted back from (YYYY-MM-DD; empty: none yet)")
+    ] = "",
+    xcom_path: XcomPath = None,
+) -> None:
+    """The models' part of the retention run (the cluster's enforce_retention DAG): the training sets of the
+    versions that may serve again, which the datasets' retention keeps, and the expired versions' artifacts
+    deleted."""
+    from datetime import date
+
+    from training.retention import models_retention
+
+    try:
+        since = date.fromisoformat(newest) if newest else None
+    except ValueError:
+        raise typer.BadParameter(f"{newest!r} is not a date (YYYY-MM-DD)", param_hint="--newest") from None
+    emit(models_retention(get_settings(), since), xcom_path)
+
+
 @app.command("resolve-image")
 def resolve_image(
     version: Annotated[str, typer.Option(help="the registered version to reproduce")],

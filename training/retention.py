@@ -99,3 +99,12 @@ def expire_model_artifacts(settings: Settings, newest: date) -> dict:
         report["artifacts_removed"].append(number)
     log.info("model retention: %s", report)
     return report
+
+
+def models_retention(settings: Settings, newest: date | None) -> dict:
+    """The models' part of a retention run, where MLflow and the promotion history can be read (the cluster's
+    training image; `python -m training retention-models`): the training sets the datasets' retention must
+    keep, then the expired artifacts (none before any arrival was ingested)."""
+    keep = protected_training_sets(settings)
+    models = expire_model_artifacts(settings, newest) if newest else {"artifacts_removed": [], "kept": {}}
+    return {"protected_training_sets": sorted(keep), "models": models}

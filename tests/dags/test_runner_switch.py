@@ -35,6 +35,7 @@ POD_TASKS = {
     "tune_fraud_model": {"start_study", "finish_study"},
     "score_fraud_batch": {"score"},
     "reproduce_fraud_model": {"resolve_image", "reproduce"},
+    "enforce_retention": {"models"},
 }
 
 

@@ -84,7 +84,24 @@ def _version(client: MlflowClient, name: str, as_of: date, rev: str) -> tuple[st
     return str(version.version), artifact
 
 
-def test_every_layer_keeps_its_retention_and_what_may_serve_again(settings):
+def _in_the_cluster(settings: Settings) -> dict:
+    """The cluster's enforce_retention: the floor and the newest arrival in the Airflow image, the models'
+    part in the training image's pod (`python -m training retention-models`), the rest in the Airflow image
+    again with the pod's result (what the DAG passes it as XCom: JSON)."""
+    import json
+
+    from mlops.chain import retention_plan
+    from training.retention import models_retention
+
+    plan = retention_plan(settings)
+    newest = date.fromisoformat(plan["newest_ingested"]) if plan["newest_ingested"] else None
+    models = json.loads(json.dumps(models_retention(settings, newest)))
+    return retention(settings, models=models)
+
+
+@pytest.mark.parametrize("where", ["one process", "the cluster's steps"])
+def test_every_layer_keeps_its_retention_and_what_may_serve_again(settings, where):
+    run = retention if where == "one process" else _in_the_cluster
     old_copies = _copy_dated(settings, OLD) + _copy_dated(settings, OLD + timedelta(days=1))
     recent_copies = _copy_dated(settings, KEPT_OLD)
     assert any(p.startswith("lake/silver/") for p in old_copies)
@@ -103,7 +120,7 @@ def test_every_layer_keeps_its_retention_and_what_may_serve_again(settings):
     champion, champion_artifact = _version(client, registry.name, OLD, protected_rev)
     client.set_registered_model_alias(registry.name, "champion", champion)
 
-    report = retention(settings)
+    report = run(settings)
 
     assert report["newest_ingested"] == NEWEST.isoformat()
     # The lake, the training sets and the DVC files: the old copies gone, the others kept.
@@ -133,7 +150,7 @@ def test_every_layer_keeps_its_retention_and_what_may_serve_again(settings):
     assert DELETED_TAG not in client.get_model_version(registry.name, champion).tags
 
     # Again: nothing more to do.
-    again = retention(settings)
+    again = run(settings)
     assert again["lake_removed"] == [] and again["revisions_removed"] == []
     assert again["models"]["artifacts_removed"] == []
 
@@ -142,8 +159,10 @@ def test_a_retention_shorter_than_one_retrain_reads_deletes_nothing(settings):
     copies = _copy_dated(settings, OLD)
     before = sorted(p.name for p in (settings.home / "datasets" / "revisions").glob("*.json"))
     short = settings.model_copy(update={"retention": settings.retention.model_copy(update={"lake_days": 40})})
-    with pytest.raises(PipelineError, match=r"MLOPS_RETENTION__LAKE_DAYS=40 is shorter .* raise it to 63"):
-        retention(short)
+    refused = r"MLOPS_RETENTION__LAKE_DAYS=40 is shorter .* raise it to 63"
+    for run in (retention, _in_the_cluster):  # the cluster's first step checks it, before the models' pod
+        with pytest.raises(PipelineError, match=refused):
+            run(short)
     assert all((settings.home / p).exists() for p in copies)
     assert sorted(p.name for p in (settings.home / "datasets" / "revisions").glob("*.json")) == before
 
