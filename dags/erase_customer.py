@@ -14,8 +14,11 @@ it answers (`request`: a ticket or case reference, kept with the run).
   started this run, `mlops erase` (mlops/chain.py `erase`): the person's rows leave landing, quarantine,
   bronze, silver, the scoring log and the online store, gold is rebuilt from what is left (the `rebuild`
   param; Spark through the cluster's Spark Connect server), and the report names the DVC revisions and
-  model versions that still hold them. It runs in the Airflow worker, which writes the lake; no pod. A
-  refusal, a timeout, or an approval by the run's starter erase nothing (the last fails the task).
+  model versions that still hold them. It runs in the Airflow worker, which writes the lake. A refusal, a
+  timeout, or an approval by the run's starter erase nothing (the last fails the task).
+- **models_holding** (cluster, `training.runner=kubernetes`): the Airflow image has no MLflow, so a CPU pod of
+  the training image (`python -m training trained-on`) names the model versions trained on the training sets
+  the erasure's report lists as still holding the person.
 
 The run's params keep the id in Airflow's metadata database, as the record of the request; Airflow's own
 `airflow db clean` removes old runs.
@@ -95,4 +98,10 @@ with DAG(
 
         return erase_if_approved(ti.xcom_pull(task_ids="request"), ti.xcom_pull(task_ids="approval"))
 
-    request() >> approval >> erase()
+    erased = erase()
+    request() >> approval >> erased
+    if get_settings().training_runner == "kubernetes":
+        from orchestration.training_task import step_pod_operator
+
+        HOLDING = "{{ (ti.xcom_pull(task_ids='erase')['held_by']['dataset_revisions'] or {}) | join(',') }}"
+        erased >> step_pod_operator(get_settings(), "trained-on", ["--revisions", HOLDING], "models_holding")

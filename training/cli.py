@@ -186,6 +186,23 @@ def approve(
     )  # fmt: skip
 
 
+@app.command("trained-on")
+def trained_on(
+    revisions: Annotated[str, typer.Option(help="training-set DVC revisions, comma-separated")] = "",
+    xcom_path: XcomPath = None,
+) -> None:
+    """The model versions trained on these training sets, with their aliases (an erasure's report names them:
+    the erase_customer DAG's last step in the cluster, where the Airflow image cannot read the registry)."""
+    from training.registry import ModelRegistry
+
+    wanted = {r.strip() for r in revisions.split(",") if r.strip()}
+    for revision in wanted:
+        if not revision.isalnum():
+            raise typer.BadParameter(f"{revision!r} is not a DVC revision", param_hint="--revisions")
+    found = ModelRegistry(get_settings().mlflow_tracking_uri).trained_on(wanted) if wanted else []
+    emit({"revisions": sorted(wanted), "model_versions": found}, xcom_path)
+
+
 @app.command("retention-models")
 def retention_models(
     newest: Annotated[

@@ -36,6 +36,7 @@ POD_TASKS = {
     "score_fraud_batch": {"score"},
     "reproduce_fraud_model": {"resolve_image", "reproduce"},
     "enforce_retention": {"models"},
+    "erase_customer": {"models_holding"},
 }
 
 

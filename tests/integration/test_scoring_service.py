@@ -580,13 +580,14 @@ def test_with_a_certificate_the_service_answers_https_only(tmp_path, registry_ho
 
 def test_a_tokens_file_the_service_cannot_use_stops_its_start_with_what_to_fix(tmp_path):
     from core.settings import Settings
-    from serving.auth import TokensFileError, open_callers
+    from serving.auth import TokensFileError, open_callers, token_for
 
     mounted = Settings(home=tmp_path / "pod", serving={"tokens_file": tmp_path / "secret" / "tokens.json"})  # type: ignore[arg-type]
     with pytest.raises(TokensFileError, match=r"no tokens file at .*serving\.tokens_file"):
         open_callers(mounted)  # a named file (a Secret's mount) is never generated
     local = Settings(home=tmp_path / "local")
-    assert len(open_callers(local)) == 2  # generated on first start, readable by its owner only
+    assert len(open_callers(local)) == 3  # generated on first start, readable by its owner only
+    assert token_for(local, "erase")  # a local eraser: `mlops erase` tells the service to forget
     assert (tmp_path / "local" / "serving" / "tokens.json").stat().st_mode & 0o077 == 0
     broken = tmp_path / "broken.json"
     for text, says in (
