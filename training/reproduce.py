@@ -167,6 +167,7 @@ def rebuild_training_set(settings: Settings, made: dict[str, Any], scratch: Path
     from training.dataset import (
         METADATA_FILE,
         TRAINING_SET_MEMBER,
+        NothingToTrainError,
         as_written,
         build_training_table,
         training_set_metadata,
@@ -184,13 +185,26 @@ def rebuild_training_set(settings: Settings, made: dict[str, Any], scratch: Path
             f"({exc})"
         ) from exc
     day = date.fromisoformat(metadata["as_of"])
-    table, sampling = build_training_table(
-        settings,
-        day,
-        metadata["window_days"],
-        metadata["label_maturity_days"],
-        max_fit_rows=metadata.get("max_fit_rows"),
-    )
+    try:
+        table, sampling = build_training_table(
+            settings,
+            day,
+            metadata["window_days"],
+            metadata["label_maturity_days"],
+            max_fit_rows=metadata.get("max_fit_rows"),
+        )
+    except (NothingToTrainError, OSError) as exc:
+        # The lake cannot give the window any more (its retention took it), or not here: feature rows a date
+        # lacks would have to be written first, and a reproduce pod mounts the lake read-only. The recorded
+        # copy is what the version learnt from either way; the record says why the lake was not compared.
+        return {
+            "as_of": day.isoformat(),
+            "rows": None,
+            "recorded_md5": recorded["md5"],
+            "rebuilt_md5": None,
+            "hash_equal": False,
+            "lake_unusable": f"{type(exc).__name__}: {exc}",
+        }
     metadata_written = training_set_metadata(
         metadata["window_days"], metadata["label_maturity_days"], sampling
     )
@@ -248,13 +262,21 @@ def reproduce(settings: Settings, version: str, tolerance: float = DEFAULT_TOLER
         }
     within = bool(comparison) and all(c["within"] for c in comparison.values())
     data = record["training_set"]
-    source = (
-        ""
-        if data["hash_equal"]
-        else f"; rebuilt from the DVC copy of the training set it recorded ({made['training_set_rev']}): the "
-        f"lake no longer holds the data of {data['as_of']}'s window as it was (its rebuild hashes to "
-        f"{data['rebuilt_md5']}, not {data['recorded_md5']}: a retention, an erasure or a re-delivery since)"
-    )
+    rev = made["training_set_rev"]
+    recorded_copy = f"; rebuilt from the DVC copy of the training set it recorded ({rev}): "
+    if data["hash_equal"]:
+        source = ""
+    elif data["rebuilt_md5"] is None:
+        source = (
+            f"{recorded_copy}the lake could not rebuild {data['as_of']}'s window here "
+            f"({data['lake_unusable']}), so it was not compared"
+        )
+    else:
+        source = (
+            f"{recorded_copy}the lake no longer holds the data of {data['as_of']}'s window as it was (its "
+            f"rebuild hashes to {data['rebuilt_md5']}, not {data['recorded_md5']}: a retention, an erasure "
+            "or a re-delivery since)"
+        )
     record.update(
         status="reproduced" if within else "metrics_differ",
         rebuilt_run_id=trained["run_id"],

@@ -263,6 +263,43 @@ def test_rewriting_a_training_set_keeps_the_earlier_revision(settings, monkeypat
     _assert_cache_intact(settings)
 
 
+def test_reproduce_trains_on_the_recorded_copy_when_the_lake_cannot_give_the_window(settings, monkeypatch):
+    """A reproduce pod mounts the lake read-only: when the window's feature rows would have to be written
+    first (or the lake's retention took the window), the rebuild is not compared and says why, and the
+    version's recorded DVC copy is what it trains on; when the lake gives the same rows, the hashes agree."""
+    import errno
+
+    from training import dataset
+    from training.reproduce import rebuild_training_set
+
+    table = pa.table(
+        {
+            "transaction_id": [f"t{i}" for i in range(6)],
+            "event_timestamp": pa.array(pd.date_range("2026-01-01", periods=6, freq="h", tz="UTC")),
+            dataset.LABEL: [i % 2 for i in range(6)],
+            dataset.SPLIT: [dataset.SPLITS[i % 3] for i in range(6)],
+        }
+    )
+    monkeypatch.setattr(dataset, "build_training_table", lambda *_a, **_k: (table, {}))
+    record = dataset.write_training_set(settings, date(2026, 1, 10), window_days=30)
+    made = {"training_set_rev": record["training_set_rev"], "model_version": "3"}
+    same = rebuild_training_set(settings, made, settings.home.parent / "scratch-same")
+    assert same["hash_equal"] and same["rebuilt_md5"] == same["recorded_md5"], same
+
+    for why, failure in (
+        ("Read-only file system", OSError(errno.EROFS, "Read-only file system", "lake/training_rows")),
+        ("no silver transactions", dataset.NothingToTrainError("no silver transactions arrived ...")),
+    ):
+
+        def fail(*_a, failure=failure, **_k):
+            raise failure
+
+        monkeypatch.setattr(dataset, "build_training_table", fail)
+        found = rebuild_training_set(settings, made, settings.home.parent / "scratch-gone")
+        assert not found["hash_equal"] and found["rebuilt_md5"] is None, found
+        assert why in found["lake_unusable"] and found["recorded_md5"] == same["recorded_md5"]
+
+
 # Another process holds the DVC repository: through the pipeline's own way in (`_repo`, as version_gold,
 # the training set and promotion do), or by DVC's lock alone (as a `dvc` command run by hand does).
 HOLDER = """
