@@ -303,9 +303,12 @@ class Service:
         assert replication is not None
         settled = 0  # erasures applied (here or by a batch's sync) whose rows in flight were written
         while not self._stopping.wait(self.settings.serving.replication_poll_s):
-            if self.loading is not None:
-                continue
             try:
+                if self.loading is not None:
+                    # alive, and how far its catch-up got: an erasure waits for it and trims nothing it
+                    # has yet to read
+                    replication.report(self.replica_name)
+                    continue
                 with self.scorer._lock:
                     replication.catch_up(self.state, getattr(self.state, "live", None))
                     erasures = replication.erasures

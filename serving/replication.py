@@ -23,9 +23,11 @@ same transaction id) and changes nothing, so nothing counts twice. It is ready o
 An erasure (`mlops erase`, or POST /erasures) is an entry of the log too: every replica forgets the person
 (LiveState.forget) at the same point of the order, so the replicas stay equal, and a replica that starts
 forgets them after applying their earlier entries. An idle replica applies what the others appended every
-`serving.replication_poll_s` (`Replication.tick`), and says in a hash beside the stream how far it has
-applied, stamped with Redis's clock, never its own: the erasure waits on that (`wait_applied`) before the
-files are rewritten, so no replica writes a row of the person's to the scoring log after them.
+`serving.replication_poll_s` (the service's tick, serving/app.py), and says in a hash beside the stream how
+far it has applied, stamped with Redis's clock, never its own (a replica still loading says so too, with how
+far its catch-up got): the erasure waits on that (`wait_applied`) before the files are rewritten, so no
+replica writes a row of the person's to the scoring log after them, and trims the entries before it only
+once every replica alive is past it.
 
 Bounds: the stream keeps at most `serving.replication_max_entries` entries (Redis trims the oldest, roughly);
 size it to hold the batches between two landings, since a replica that starts needs the ones the lake does
