@@ -739,6 +739,14 @@ def erase(
         for name, count in record[layer].items():
             table.add_row(layer, name, str(count))
     err.print(table)
+    live = record["live_state"]
+    forgotten = live.get("forgotten") or {}
+    err.print(
+        f"scoring service: {live['status']}"
+        + (f" ({forgotten.get('transactions', 0)} transactions forgotten)" if forgotten else "")
+        + (f": {live['why']}" if live.get("why") else ""),
+        soft_wrap=True,
+    )
     if record["rebuilt"]:
         err.print(f"gold rebuilt from what is left: {', '.join(record['rebuilt'])}", soft_wrap=True)
     kept = record["held_by"]

@@ -16,6 +16,7 @@ import pytest
 from core import pseudonym
 from core.settings import Settings
 from pipelines.privacy import ErasureError, erase_customer
+from tests.conftest import free_port
 
 WHO = "c0000042"
 HEADER = "event_timestamp,customer_id,transaction_id,merchant_id,amount,currency\n"
@@ -243,12 +244,15 @@ def test_the_command_erases_reports_in_json_and_refuses_what_is_not_an_id(settin
     from mlops.cli import app
 
     monkeypatch.setenv("MLOPS_HOME", str(settings.home))
+    monkeypatch.setenv("MLOPS_SERVING__PORT", str(free_port()))  # no scoring service there
     get_settings.cache_clear()
     try:
         done = CliRunner().invoke(app, ["erase", "--customer", WHO, "--json"])
         assert done.exit_code == 0, done.output
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["status"] == "erased" and report["rows_removed"] == 7 and report["rebuilt"] == {}
+        assert report["live_state"]["status"] == "not_running"  # asked first: nothing there to forget
+        assert "scoring service: not_running: no scoring service answers" in done.output
         assert report["online_store"] == {} and report["lake"] == {}
         assert report["held_by"] == {"dataset_revisions": {}, "model_versions": []}  # no revision yet
         refused = CliRunner().invoke(app, ["erase", "--customer", "c0000042; rm -rf /"])
