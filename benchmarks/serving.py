@@ -274,6 +274,8 @@ def replica_throughput(
 
     import redis
 
+    from serving.replication import log_keys
+
     key = f"mlops:bench:replicas:{uuid.uuid4().hex[:12]}"
     replicated = {"replicated": "true", "replication_key": key, "max_batch_size": "64"}
     started = [serve(env, day, **replicated) for _ in range(processes)]
@@ -292,7 +294,7 @@ def replica_throughput(
         for service, _ in started:
             service.stop()
         redis.Redis.from_url(env.get("MLOPS_CLUSTER__REDIS_URL", "redis://127.0.0.1:6379/0")).delete(
-            key, f"{key}:seq"
+            *log_keys(key)
         )
     return {
         "processes": processes,

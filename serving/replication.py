@@ -79,6 +79,12 @@ REPLICA_ALIVE_S = 30  # a replica that reported within this long is waited on by
 REPLICA_FORGOTTEN_S = 86_400  # a replica silent this long is removed from the hash (gone for good)
 
 
+def log_keys(key: str) -> tuple[str, str, str]:
+    """Every Redis key a replication log `key` uses (the stream, its sequence counter, the replicas' hash):
+    what removing a log removes."""
+    return key, f"{key}:seq", f"{key}:replicas"
+
+
 class ReplicationUnavailableError(RuntimeError):
     """The replication log cannot be used now: a batch is not scored (503, try again)."""
 
@@ -170,11 +176,11 @@ class Replication:
 
     @property
     def sequence_key(self) -> str:
-        return f"{self.key}:seq"
+        return log_keys(self.key)[1]
 
     @property
     def replicas_key(self) -> str:
-        return f"{self.key}:replicas"
+        return log_keys(self.key)[2]
 
     def append(self, entry: bytes) -> tuple[int, str]:
         """Append an entry this process does not apply itself (an erasure's); its sequence number and id.

@@ -12,7 +12,13 @@ import redis
 
 from features.live import LiveState
 from serving.features import LiveFeatures
-from serving.replication import Replication, ReplicationBrokenError, encode_chargebacks, encode_units
+from serving.replication import (
+    Replication,
+    ReplicationBrokenError,
+    encode_chargebacks,
+    encode_units,
+    log_keys,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +44,7 @@ def _txn(n: int, customer: str = "pc" + "0" * 20) -> dict:
 def key():
     name = f"mlops:test:replication:{uuid.uuid4().hex[:12]}"
     yield name
-    redis.Redis.from_url(URL).delete(name, f"{name}:seq")
+    redis.Redis.from_url(URL).delete(*log_keys(name))
 
 
 def _replica(key: str) -> tuple[Replication, LiveFeatures]:

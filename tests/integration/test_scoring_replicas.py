@@ -19,7 +19,7 @@ import pytest
 
 from core import pseudonym
 from core.settings import Settings
-from serving.replication import decode
+from serving.replication import decode, log_keys
 from tests.conftest import wait_for
 from tests.integration.test_scoring_service import (
     BEARER,
@@ -126,7 +126,7 @@ def replicated(tmp_path_factory):
     yield home, key, start
     import redis
 
-    redis.Redis.from_url(REDIS_URL).delete(key, f"{key}:seq", f"{key}:replicas")
+    redis.Redis.from_url(REDIS_URL).delete(*log_keys(key))
 
 
 def _differences(got: dict, expected: dict) -> dict:
@@ -336,4 +336,4 @@ def test_an_erasure_reaches_every_replica_at_one_point_of_the_log_and_trims_what
         for server in (busy, idle, later):
             if server is not None:
                 server.stop()
-        client.delete(key, f"{key}:seq", f"{key}:replicas")
+        client.delete(*log_keys(key))
