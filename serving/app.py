@@ -306,8 +306,10 @@ class Service:
             try:
                 if self.loading is not None:
                     # alive, and how far its catch-up got: an erasure waits for it and trims nothing it
-                    # has yet to read
-                    replication.report(self.replica_name)
+                    # has yet to read. A load that failed reports nothing: an erasure does not wait on a
+                    # replica that will never serve (it is not ready, and says why).
+                    if self._loader.is_alive():
+                        replication.report(self.replica_name)
                     continue
                 with self.scorer._lock:
                     replication.catch_up(self.state, getattr(self.state, "live", None))
