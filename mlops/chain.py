@@ -144,9 +144,10 @@ def retention(settings: Settings, models: dict | None = None) -> dict:
         report["models"] = models["models"]
         return report
     try:
-        from training.retention import expire_model_artifacts, protected_training_sets
+        from training.retention import RegistryView, expire_model_artifacts, protected_training_sets
 
-        keep, why_kept, unread = protected_training_sets(settings), "", None
+        view = RegistryView.read(settings)
+        keep, why_kept, unread = protected_training_sets(settings, view), "", None
     except ImportError as exc:  # no MLflow in this image
         keep = revisions_with_member(settings, TRAINING_SET_MEMBER)
         why_kept = "a training set, kept while the registry cannot be read here"
@@ -159,7 +160,8 @@ def retention(settings: Settings, models: dict | None = None) -> dict:
     if unread:
         report["models"]["not_read"] = unread
     elif report["newest_ingested"]:
-        report["models"] = expire_model_artifacts(settings, date.fromisoformat(report["newest_ingested"]))
+        newest = date.fromisoformat(report["newest_ingested"])
+        report["models"] = expire_model_artifacts(settings, newest, view)  # the registry as read above
     return report
 
 

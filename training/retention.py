@@ -14,6 +14,7 @@ datasets' retention keeps (pipelines/retention.py): a version that may serve sta
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
@@ -60,11 +61,26 @@ def may_serve(settings: Settings, registry: ModelRegistry, versions: list) -> se
     return {str(v) for v in aliases.values()} | set(stack)
 
 
-def protected_training_sets(settings: Settings) -> set[str]:
+@dataclass(frozen=True)
+class RegistryView:
+    """The registry's versions and which of them may serve again, read once for a retention run (the
+    registry searched and the promotion history read once, whatever asks)."""
+
+    registry: ModelRegistry
+    versions: list
+    serving: set[str]
+
+    @classmethod
+    def read(cls, settings: Settings) -> RegistryView:
+        registry = _registry(settings)
+        versions = _versions(registry)
+        return cls(registry, versions, may_serve(settings, registry, versions))
+
+
+def protected_training_sets(settings: Settings, view: RegistryView | None = None) -> set[str]:
     """The training-set revisions of the versions that may serve again (`may_serve`)."""
-    registry = _registry(settings)
-    versions = _versions(registry)
-    serving = may_serve(settings, registry, versions)
+    view = view or RegistryView.read(settings)
+    versions, serving = view.versions, view.serving
     return {
         (v.tags or {})["lineage.training_set_rev"]
         for v in versions
@@ -72,14 +88,13 @@ def protected_training_sets(settings: Settings) -> set[str]:
     }
 
 
-def expire_model_artifacts(settings: Settings, newest: date) -> dict:
+def expire_model_artifacts(settings: Settings, newest: date, view: RegistryView | None = None) -> dict:
     """Delete the artifacts of the versions nothing may serve again whose training data is older than
     `retention.model_days` before `newest`; what was deleted, and what was kept though old and why."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    registry = _registry(settings)
-    versions = _versions(registry)
-    serving = may_serve(settings, registry, versions)
+    view = view or RegistryView.read(settings)
+    registry, versions, serving = view.registry, view.versions, view.serving
     cutoff = newest - timedelta(days=settings.retention.model_days)
     report: dict = {"artifacts_removed": [], "kept": {}}
     for version in sorted(versions, key=lambda v: int(v.version)):
@@ -105,6 +120,9 @@ def models_retention(settings: Settings, newest: date | None) -> dict:
     """The models' part of a retention run, where MLflow and the promotion history can be read (the cluster's
     training image; `python -m training retention-models`): the training sets the datasets' retention must
     keep, then the expired artifacts (none before any arrival was ingested)."""
-    keep = protected_training_sets(settings)
-    models = expire_model_artifacts(settings, newest) if newest else {"artifacts_removed": [], "kept": {}}
+    view = RegistryView.read(settings)
+    keep = protected_training_sets(settings, view)
+    models: dict = {"artifacts_removed": [], "kept": {}}
+    if newest:
+        models = expire_model_artifacts(settings, newest, view)
     return {"protected_training_sets": sorted(keep), "models": models}
